@@ -1,0 +1,432 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Routing contract v1, compiled: the fast twin of sidecar/_core_py.py.
+
+Same API and results to the bit (docs/routing-contract.md, tests/core/). The ring is built once
+per membership change, Envoy ring_hash style: points are hashed and sorted in C, then a bucket
+index on the top bits of the key makes owner() a short search inside one bucket instead of a
+binary search over the whole ring. Validation of construction arguments is shared with the
+twin (it is not hot); everything on the per-request path is checked here, in C.
+"""
+
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.float cimport DBL_MAX
+from libc.math cimport ceil
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdio cimport snprintf
+from libc.stdlib cimport calloc, free, malloc, qsort
+from libc.string cimport memcpy
+
+import array
+import hashlib
+
+from sidecar._core_py import (
+    BRANCH_FALLBACK,
+    BRANCH_HOME,
+    BRANCH_SPILL,
+    DEFAULT_VNODES,
+    _check_members,
+    _utf8,
+    check_key,
+    check_pick_args,
+)
+
+cdef extern from "murmur3.h":
+    uint64_t ps_murmur3_x64_128_h1(const void *key, size_t length, uint32_t seed) nogil
+
+# Hashing a whole fat prompt (240 KB) takes tens of microseconds: let other threads run.
+cdef size_t RELEASE_GIL_BYTES = 65536
+# Bucket index size: about one bucket per point, at most 2**20 buckets (4 MiB).
+cdef int MAX_INDEX_BITS = 20
+
+
+cdef inline uint64_t _hash(const char *data, size_t length) noexcept nogil:
+    return ps_murmur3_x64_128_h1(data, length, 0)
+
+
+def route_key(data):
+    """key(data): the first 64-bit word of MurmurHash3_x64_128(data, seed=0), unsigned."""
+    cdef Py_buffer view
+    cdef uint64_t result
+    cdef size_t length
+    if type(data) is bytes:
+        length = <size_t>PyBytes_GET_SIZE(data)
+        if length < RELEASE_GIL_BYTES:
+            return _hash(PyBytes_AS_STRING(data), length)
+    elif not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"route_key() needs bytes, got {type(data).__name__}; encode text as UTF-8 first"
+        )
+    if isinstance(data, memoryview) and not data.c_contiguous:
+        data = bytes(data)
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            result = _hash(<const char *>view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return result
+
+
+def prefix_id(text):
+    """A prefix's id: the lowercase hex SHA-256 of its UTF-8 bytes."""
+    return hashlib.sha256(_utf8(text, "prefix_id")).hexdigest()
+
+
+def prefix_route_key(text):
+    """A prefix's route key: key() of its UTF-8 bytes."""
+    return route_key(_utf8(text, "prefix_route_key"))
+
+
+ctypedef struct Entry:
+    uint64_t point
+    uint32_t rank    # the member's position in sorted(members): the (point, member) tie-break
+    uint32_t member  # the member's position in ring.members
+
+
+cdef int _compare_entries(const void *a, const void *b) noexcept nogil:
+    cdef const Entry *x = <const Entry *>a
+    cdef const Entry *y = <const Entry *>b
+    if x.point < y.point:
+        return -1
+    if x.point > y.point:
+        return 1
+    if x.rank < y.rank:
+        return -1
+    if x.rank > y.rank:
+        return 1
+    return 0
+
+
+cdef inline uint64_t _as_key(object key) except? 0:
+    """Fast path for a plain int; everything else goes through the twin's checks."""
+    if type(key) is int and key >= 0:
+        try:
+            return <uint64_t>key
+        except OverflowError:
+            pass
+    return <uint64_t>check_key(key)
+
+
+cdef class Ring:
+    """An immutable consistent-hash ring; build a new one when membership changes."""
+
+    cdef readonly tuple members
+    cdef readonly tuple weights
+    cdef readonly int vnodes
+    cdef readonly int64_t total_weight
+    cdef uint64_t *_points
+    cdef uint32_t *_owners
+    cdef uint32_t *_index
+    cdef size_t _size
+    cdef int _shift
+    cdef uint32_t _count
+    cdef int64_t *_weights_c
+
+    def __cinit__(self, *args, **kwargs):
+        self._points = NULL
+        self._owners = NULL
+        self._index = NULL
+        self._weights_c = NULL
+
+    def __init__(self, members, weights=None, vnodes=DEFAULT_VNODES):
+        cdef tuple member_tuple
+        cdef tuple weight_tuple
+        member_tuple, weight_tuple = _check_members(members, weights, vnodes)
+        self.members = member_tuple
+        self.weights = weight_tuple
+        self.vnodes = vnodes
+        self.total_weight = sum(weight_tuple)
+        self._count = <uint32_t>len(member_tuple)
+        self._build()
+
+    cdef void _build(self) except *:
+        cdef uint32_t count = self._count
+        cdef size_t size = <size_t>self.vnodes * <size_t>self.total_weight
+        cdef Entry *entries = <Entry *>malloc(size * sizeof(Entry))
+        cdef char *buffer = NULL
+        cdef size_t position = 0, bucket, buckets, name_length
+        cdef uint32_t member_index, rank
+        cdef int64_t i, npoints
+        cdef int written, bits
+        cdef bytes name
+        if entries == NULL:
+            raise MemoryError()
+        self._weights_c = <int64_t *>malloc(count * sizeof(int64_t))
+        if self._weights_c == NULL:
+            free(entries)
+            raise MemoryError()
+        ranks = {member: r for r, member in enumerate(sorted(self.members))}
+        try:
+            for member_index in range(count):
+                name = self.members[member_index].encode("utf-8")
+                name_length = <size_t>len(name)
+                buffer = <char *>malloc(name_length + 32)
+                if buffer == NULL:
+                    raise MemoryError()
+                memcpy(buffer, PyBytes_AS_STRING(name), name_length)
+                buffer[name_length] = b'#'
+                rank = ranks[self.members[member_index]]
+                self._weights_c[member_index] = self.weights[member_index]
+                npoints = <int64_t>self.vnodes * self.weights[member_index]
+                with nogil:
+                    for i in range(npoints):
+                        written = snprintf(buffer + name_length + 1, 24, "%lld", <long long>i)
+                        entries[position].point = _hash(buffer, name_length + 1 + written)
+                        entries[position].rank = rank
+                        entries[position].member = member_index
+                        position += 1
+                free(buffer)
+                buffer = NULL
+            with nogil:
+                qsort(entries, size, sizeof(Entry), _compare_entries)
+            self._points = <uint64_t *>malloc(size * sizeof(uint64_t))
+            self._owners = <uint32_t *>malloc(size * sizeof(uint32_t))
+            if self._points == NULL or self._owners == NULL:
+                raise MemoryError()
+            for position in range(size):
+                self._points[position] = entries[position].point
+                self._owners[position] = entries[position].member
+        finally:
+            free(entries)
+            free(buffer)
+        self._size = size
+        bits = 1
+        while bits < MAX_INDEX_BITS and (<size_t>1 << bits) < size:
+            bits += 1
+        self._shift = 64 - bits
+        buckets = <size_t>1 << bits
+        self._index = <uint32_t *>malloc((buckets + 1) * sizeof(uint32_t))
+        if self._index == NULL:
+            raise MemoryError()
+        # _index[b] = first point whose top bits are >= b; _index[buckets] = size.
+        position = 0
+        for bucket in range(buckets + 1):
+            while position < size and (self._points[position] >> self._shift) < bucket:
+                position += 1
+            self._index[bucket] = <uint32_t>position
+
+    def __dealloc__(self):
+        free(self._points)
+        free(self._owners)
+        free(self._index)
+        free(self._weights_c)
+
+    def __len__(self):
+        return self._count
+
+    def __repr__(self):
+        return f"Ring({self._count} members, {self._size} points)"
+
+    def __reduce__(self):
+        return (Ring, (self.members, self.weights, self.vnodes))
+
+    cdef inline size_t _start(self, uint64_t key) noexcept nogil:
+        """Index of the first point >= key, wrapping to 0: a binary search inside one bucket."""
+        cdef size_t bucket = <size_t>(key >> self._shift)
+        cdef size_t low = self._index[bucket]
+        cdef size_t high = self._index[bucket + 1]
+        cdef size_t middle
+        while low < high:
+            middle = (low + high) >> 1
+            if self._points[middle] < key:
+                low = middle + 1
+            else:
+                high = middle
+        return 0 if low == self._size else low
+
+    def owner(self, key):
+        """The member of the first point >= key, wrapping to the first point."""
+        return self.members[self._owners[self._start(_as_key(key))]]
+
+    cdef uint32_t _walk(self, size_t start, uint32_t n, uint32_t *out) except? 0xFFFFFFFF:
+        """Write the first n distinct members clockwise from point `start` into out."""
+        cdef uint32_t found = 0, member, j
+        cdef size_t position = start
+        cdef uint8_t *seen = NULL
+        cdef bint duplicate
+        if n > self._count:
+            n = self._count
+        if n > 8:
+            seen = <uint8_t *>calloc(self._count, 1)
+            if seen == NULL:
+                raise MemoryError()
+        while found < n:
+            member = self._owners[position]
+            if seen != NULL:
+                duplicate = seen[member]
+                seen[member] = 1
+            else:
+                duplicate = False
+                for j in range(found):
+                    if out[j] == member:
+                        duplicate = True
+                        break
+            if not duplicate:
+                out[found] = member
+                found += 1
+            position += 1
+            if position == self._size:
+                position = 0
+        free(seen)
+        return found
+
+    def preference(self, key, n):
+        """The first n distinct members walking clockwise from owner(key), owner first."""
+        if type(n) is not int:
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"n is {n}; ask for at least 1 member")
+        cdef uint64_t k = _as_key(key)
+        cdef uint32_t want = self._count if n > self._count else <uint32_t>n
+        cdef uint32_t *out = <uint32_t *>malloc(want * sizeof(uint32_t))
+        cdef uint32_t found, i
+        if out == NULL:
+            raise MemoryError()
+        try:
+            found = self._walk(self._start(k), want, out)
+            return [self.members[out[i]] for i in range(found)]
+        finally:
+            free(out)
+
+    cdef inline int64_t _cap(self, double factor, int64_t total, uint32_t member) noexcept nogil:
+        # The contract's order of IEEE-754 double operations: ceil(c * (L + 1) * w / W).
+        return <int64_t>ceil(
+            factor * <double>(total + 1) * <double>self._weights_c[member]
+            / <double>self.total_weight
+        )
+
+    def pick(self, key, loads, replicas=1, factor=1.25):
+        """Bounded-load pick over the replica set; returns (member, branch)."""
+        cdef uint32_t want
+        cdef double c = 0.0
+        if type(replicas) is int and type(factor) is float:
+            c = factor
+        if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1):
+            replicas, factor = check_pick_args(replicas, factor)
+            c = factor
+        want = self._count if replicas > self._count else <uint32_t>replicas
+        cdef uint64_t k = _as_key(key)
+        cdef Py_buffer view
+        if not _get_loads(loads, &view):
+            # Not an int64 buffer (a list, say): copy once into one.
+            try:
+                converted = array.array("q", loads)
+            except OverflowError:
+                raise ValueError("a load is out of the signed 64-bit range") from None
+            _get_loads(converted, &view)
+        try:
+            return self._pick(k, <const int64_t *>view.buf, view.len // 8, want, c)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef tuple _pick(self, uint64_t key, const int64_t *loads, Py_ssize_t length,
+                     uint32_t want, double factor):
+        cdef uint32_t count = self._count, i, chosen, member, least, found
+        cdef int64_t total = 0
+        cdef uint32_t home[64]
+        cdef uint32_t *walk = home
+        cdef size_t start, position
+        cdef uint8_t *seen
+        if length != count:
+            raise ValueError(
+                f"loads has {length} entries for {count} members; "
+                "give one load per member, aligned with ring.members"
+            )
+        for i in range(count):
+            if loads[i] < 0:
+                raise ValueError(
+                    f"load {loads[i]} is negative; loads are in-flight request counts"
+                )
+            total += loads[i]
+        start = self._start(key)
+        if want > 64:
+            walk = <uint32_t *>malloc(want * sizeof(uint32_t))
+            if walk == NULL:
+                raise MemoryError()
+        try:
+            found = self._walk(start, want, walk)
+            chosen = walk[0]
+            for i in range(1, found):
+                if loads[walk[i]] < loads[chosen]:
+                    chosen = walk[i]
+        finally:
+            if walk != home:
+                free(walk)
+        if loads[chosen] + 1 <= self._cap(factor, total, chosen):
+            return self.members[chosen], BRANCH_HOME
+        # Spill: walk the whole preference order (skipping the chosen member), tracking the
+        # least-loaded member in ring order for the fallback in the same pass.
+        seen = <uint8_t *>calloc(count, 1)
+        if seen == NULL:
+            raise MemoryError()
+        try:
+            found = 0
+            position = start
+            least = self._owners[start]
+            while found < count:
+                member = self._owners[position]
+                if not seen[member]:
+                    seen[member] = 1
+                    found += 1
+                    if loads[member] < loads[least]:
+                        least = member
+                    if member != chosen and loads[member] + 1 <= self._cap(factor, total, member):
+                        return self.members[member], BRANCH_SPILL
+                position += 1
+                if position == self._size:
+                    position = 0
+        finally:
+            free(seen)
+        return self.members[least], BRANCH_FALLBACK
+
+    def shares(self):
+        """The exact fraction of the 2**64 key space each member owns."""
+        cdef uint64_t *low = <uint64_t *>calloc(self._count, sizeof(uint64_t))
+        cdef uint64_t *high = <uint64_t *>calloc(self._count, sizeof(uint64_t))
+        cdef uint64_t arc, previous
+        cdef size_t position
+        cdef uint32_t member
+        if low == NULL or high == NULL:
+            free(low)
+            free(high)
+            raise MemoryError()
+        try:
+            # Arcs are differences modulo 2**64, which is exact for the wrap-around arc of the
+            # first point too, except when it is the whole space (it then wraps to 0).
+            previous = self._points[self._size - 1]
+            for position in range(self._size):
+                member = self._owners[position]
+                arc = self._points[position] - previous
+                if position == 0 and arc == 0:
+                    high[member] += 1  # one point (or all equal): it owns all 2**64 keys
+                low[member] += arc
+                if low[member] < arc:
+                    high[member] += 1
+                previous = self._points[position]
+            space = 1 << 64
+            result = {}
+            for member in range(self._count):
+                owned = ((<object>high[member]) << 64) + low[member]
+                result[self.members[member]] = owned / space
+            return result
+        finally:
+            free(low)
+            free(high)
+
+    def points(self):
+        """The sorted (point, member) list: for golden vectors and debugging."""
+        return [(self._points[i], self.members[self._owners[i]]) for i in range(self._size)]
+
+
+cdef bint _get_loads(object loads, Py_buffer *view) except -1:
+    """Borrow an int64 buffer (array('q'), numpy int64) without copying; False if not one."""
+    try:
+        PyObject_GetBuffer(loads, view, PyBUF_SIMPLE | PyBUF_FORMAT)
+    except (TypeError, BufferError):
+        return False
+    format = view.format.decode("ascii") if view.format != NULL else "B"
+    if view.itemsize == 8 and format.lstrip("@=<") in ("q", "l"):
+        return True
+    PyBuffer_Release(view)
+    return False
