@@ -1,0 +1,128 @@
+"""The pod's Prometheus metrics, named and labelled like vLLM's (`model_name`).
+
+Each emulator gets its own CollectorRegistry so several can share a process (tests).
+Gauges are read at scrape time from callables, so they can never go stale. Durations
+are observed in MODELLED seconds (real seconds times the time scale).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# vLLM's buckets for vllm:time_to_first_token_seconds
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+# vLLM's buckets for vllm:e2e_request_latency_seconds
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class PodMetrics:
+    def __init__(
+        self,
+        model: str,
+        running: Callable[[], float],
+        waiting: Callable[[], float],
+        kv_usage: Callable[[], float],
+    ) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        for name, text, read in (
+            ("vllm:num_requests_running", "Requests running on the pod.", running),
+            ("vllm:num_requests_waiting", "Requests waiting to run.", waiting),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV cache usage by running requests (1 = full).",
+                kv_usage,
+            ),
+        ):
+            gauge = Gauge(name, text, labels, registry=self.registry)
+            gauge.labels(model).set_function(read)
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            labels,
+            registry=self.registry,
+        ).labels(model)
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            labels,
+            registry=self.registry,
+        ).labels(model)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens processed.", labels, registry=self.registry
+        ).labels(model)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens generated.", labels, registry=self.registry
+        ).labels(model)
+        self.request_success = Counter(
+            "vllm:request_success",
+            "Requests finished, by finish reason.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token (modelled seconds).",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        ).labels(model)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Request latency (modelled seconds).",
+            labels,
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
+        ).labels(model)
+        self.model = model
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
