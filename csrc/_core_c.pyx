@@ -12,7 +12,7 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_SIMPLE, PyBuffer_Release, PyObje
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.float cimport DBL_MAX
 from libc.math cimport ceil
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcpy
@@ -289,12 +289,19 @@ cdef class Ring:
         finally:
             free(out)
 
-    cdef inline int64_t _cap(self, double factor, int64_t total, uint32_t member) noexcept nogil:
+    cdef inline bint _fits(self, double factor, int64_t total, uint32_t member,
+                           int64_t load) noexcept nogil:
+        """load + 1 <= cap(member), exactly, without overflowing int64."""
         # The contract's order of IEEE-754 double operations: ceil(c * (L + 1) * w / W).
-        return <int64_t>ceil(
+        cdef double limit = ceil(
             factor * <double>(total + 1) * <double>self._weights_c[member]
             / <double>self.total_weight
         )
+        # A cap >= 2**63 (or +inf, from a huge factor) admits every int64 load; casting it to
+        # int64 would be undefined behaviour (x86 yields INT64_MIN, which admits nothing).
+        if limit >= 9223372036854775808.0:
+            return True
+        return load < <int64_t>limit
 
     def pick(self, key, loads, replicas=1, factor=1.25):
         """Bounded-load pick over the replica set; returns (member, branch)."""
@@ -309,7 +316,13 @@ cdef class Ring:
         cdef uint64_t k = _as_key(key)
         cdef Py_buffer view
         if not _get_loads(loads, &view):
-            # Not an int64 buffer (a list, say): copy once into one.
+            # Not an int64 buffer (a list, say): copy once into one. array('q', b) would
+            # reinterpret bytes as raw int64s, so refuse them (and str) by name.
+            if isinstance(loads, (str, bytes, bytearray)):
+                raise TypeError(
+                    f"loads must be a sequence of ints or an array('q'), "
+                    f"not {type(loads).__name__}"
+                )
             try:
                 converted = array.array("q", loads)
             except OverflowError:
@@ -338,6 +351,8 @@ cdef class Ring:
                 raise ValueError(
                     f"load {loads[i]} is negative; loads are in-flight request counts"
                 )
+            if loads[i] > INT64_MAX - 1 - total:
+                raise ValueError(f"the loads sum to more than {INT64_MAX - 1} (2**63 - 2)")
             total += loads[i]
         start = self._start(key)
         if want > 64:
@@ -353,7 +368,7 @@ cdef class Ring:
         finally:
             if walk != home:
                 free(walk)
-        if loads[chosen] + 1 <= self._cap(factor, total, chosen):
+        if self._fits(factor, total, chosen, loads[chosen]):
             return self.members[chosen], BRANCH_HOME
         # Spill: walk the whole preference order (skipping the chosen member), tracking the
         # least-loaded member in ring order for the fallback in the same pass.
@@ -371,7 +386,7 @@ cdef class Ring:
                     found += 1
                     if loads[member] < loads[least]:
                         least = member
-                    if member != chosen and loads[member] + 1 <= self._cap(factor, total, member):
+                    if member != chosen and self._fits(factor, total, member, loads[member]):
                         return self.members[member], BRANCH_SPILL
                 position += 1
                 if position == self._size:

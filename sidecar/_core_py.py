@@ -14,8 +14,10 @@ about n * P/N * ln(N) in the worst case; pick O(N) for the load sum plus the wal
 
 from __future__ import annotations
 
+import array
 import hashlib
 import math
+import operator
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
@@ -29,6 +31,8 @@ KEY_SPACE = 1 << 64
 MAX_KEY = KEY_SPACE - 1
 MAX_WEIGHT = 1 << 16
 MAX_POINTS = 1 << 24
+# Loads are int64 (the Cython twin reads them as array('q')); their total + 1 must fit too.
+MAX_TOTAL_LOAD = (1 << 63) - 2
 
 BRANCH_HOME = "home"
 BRANCH_SPILL = "spill"
@@ -134,9 +138,29 @@ def check_pick_args(replicas: object, factor: object) -> tuple[int, float]:
     return replicas, factor
 
 
-def cap(factor: float, total_load: int, weight: int, total_weight: int) -> int:
-    """cap(m) = ceil(c * (total_load + 1) * w_m / W), in IEEE-754 doubles, in that order."""
-    return math.ceil(factor * float(total_load + 1) * float(weight) / float(total_weight))
+def cap(factor: float, total_load: int, weight: int, total_weight: int) -> float:
+    """cap(m) = ceil(c * (total_load + 1) * w_m / W), in IEEE-754 doubles, in that order.
+
+    A float, because a huge factor overflows the double to +inf (an unbounded cap); the
+    caller's `load + 1 <= cap` compares an int with a float, which Python does exactly.
+    """
+    limit = factor * float(total_load + 1) * float(weight) / float(total_weight)
+    return limit if math.isinf(limit) else float(math.ceil(limit))
+
+
+def _int64_loads(loads: Iterable[int]) -> list[int]:
+    """Loads as the Cython twin reads them, array('q')-style: ints (or __index__), int64."""
+    if isinstance(loads, (str, bytes, bytearray)):
+        raise TypeError(
+            f"loads must be a sequence of ints or an array('q'), not {type(loads).__name__}"
+        )
+    if isinstance(loads, array.array) and loads.typecode == "q":
+        return loads.tolist()
+    values = [operator.index(load) for load in loads]
+    for load in values:
+        if not -(1 << 63) <= load < (1 << 63):
+            raise ValueError("a load is out of the signed 64-bit range")
+    return values
 
 
 class Ring:
@@ -218,6 +242,7 @@ class Ring:
         """Bounded-load pick over the replica set; returns (member, branch)."""
         replicas, factor = check_pick_args(replicas, factor)
         check_key(key)
+        loads = _int64_loads(loads)
         count = len(self.members)
         if len(loads) != count:
             raise ValueError(
@@ -229,6 +254,8 @@ class Ring:
             if load < 0:
                 raise ValueError(f"load {load} is negative; loads are in-flight request counts")
             total += load
+            if total > MAX_TOTAL_LOAD:
+                raise ValueError(f"the loads sum to more than {MAX_TOTAL_LOAD} (2**63 - 2)")
         weights = self.weights
         home = self._walk(key, replicas)
         chosen = home[0]
