@@ -1,0 +1,461 @@
+"""Where the backend list comes from: static flags, a YAML/JSON file, or DNS.
+
+Every sidecar in the fleet must hash over the *same* member ids, so all sources emit
+`Member` values whose url went through `canonical_backend_url` ("http://10.0.0.5:8000",
+never "10.0.0.5:8000/" on one sidecar and "HTTP://10.0.0.5:8000" on another).
+
+All sources share one watch loop (`_poll_sources`): it polls each source on its own
+interval, keeps each source's last good answer, and only reports a change. An error, a
+garbage file or an empty DNS answer is logged and the last good membership is kept: a
+router that drops every backend because a ConfigMap was half-written, or because CoreDNS
+hiccupped, turns a small fault into an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import math
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import dns.asyncresolver
+import dns.exception
+import dns.resolver
+import yaml
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_WEIGHT = 1000  # weights scale ring points; a typo like 100000 should not eat memory
+_HOST_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$")
+_EXAMPLE = "e.g. 'http://10.0.0.5:8000'"
+
+UpdateCallback = Callable[[list["Member"]], None]
+
+
+class MembershipError(Exception):
+    """A source could not produce a membership (unreadable file, DNS failure, ...)."""
+
+
+def canonical_backend_url(raw: str) -> str:
+    """Return the one spelling of a backend every sidecar agrees on: scheme://host:port."""
+    if not isinstance(raw, str):
+        raise ValueError(f"backend {raw!r} is a {type(raw).__name__}; expected a URL, {_EXAMPLE}")
+    text = raw.strip()
+    if not text:
+        raise ValueError(f"backend URL is empty; expected a URL, {_EXAMPLE}")
+    if "://" not in text:
+        text = "http://" + text  # "10.0.0.5:8000" and "vllm-0:8000" mean plain http
+    netloc = text.split("://", 1)[1].split("/", 1)[0]
+    if "@" in netloc:
+        raise ValueError(f"backend {raw!r} contains credentials (user@); remove them")
+    if netloc.count(":") > 1 and "[" not in netloc:
+        raise ValueError(
+            f"backend {raw!r}: put IPv6 addresses in brackets, e.g. 'http://[fd00::1]:8000'"
+        )
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"backend {raw!r} is not a valid URL ({exc}); {_EXAMPLE}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        raise ValueError(f"backend {raw!r} has scheme {scheme!r}; use http or https")
+    if parts.path not in ("", "/"):
+        raise ValueError(
+            f"backend {raw!r} has a path {parts.path!r}; give only scheme://host:port "
+            "(the sidecar adds /v1/... itself)"
+        )
+    if parts.query or parts.fragment:
+        raise ValueError(f"backend {raw!r} has a query or fragment; give only scheme://host:port")
+    host = _canonical_host(parts.hostname or "", raw)
+    if port is None:
+        port = DEFAULT_PORTS[scheme]
+    if not 1 <= port <= 65535:
+        raise ValueError(f"backend {raw!r} has port {port}; use 1-65535")
+    return f"{scheme}://{host}:{port}"
+
+
+def _canonical_host(host: str, raw: str) -> str:
+    if not host:
+        raise ValueError(f"backend {raw!r} has no host; {_EXAMPLE}")
+    if ":" in host:
+        if "%" in host:
+            raise ValueError(f"backend {raw!r}: IPv6 zone ids (%...) are host-local; drop it")
+        try:
+            return f"[{ipaddress.IPv6Address(host).compressed}]"
+        except ValueError:
+            raise ValueError(f"backend {raw!r} has an invalid IPv6 address {host!r}") from None
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            return str(ipaddress.IPv4Address(host))
+        except ValueError:
+            raise ValueError(f"backend {raw!r} has an invalid IPv4 address {host!r}") from None
+    name = host.lower().rstrip(".")  # "pod.svc." and "pod.svc" are the same host
+    labels = name.split(".")
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        raise ValueError(f"backend {raw!r} has an invalid host name {host!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Member:
+    """One backend pod: its canonical url (the ring id) and its relative weight."""
+
+    url: str
+    weight: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.weight, bool) or not isinstance(self.weight, int):
+            raise ValueError(
+                f"backend {self.url!r}: weight must be an integer, got {self.weight!r}"
+            )
+        if not 1 <= self.weight <= MAX_WEIGHT:
+            raise ValueError(
+                f"backend {self.url!r}: weight must be 1-{MAX_WEIGHT}, got {self.weight}"
+            )
+        canonical = canonical_backend_url(self.url)
+        if canonical != self.url:
+            object.__setattr__(self, "url", canonical)
+
+
+def _sorted_members(members: Iterable[Member]) -> list[Member]:
+    return sorted(members, key=lambda m: m.url)
+
+
+def parse_backends_document(text: str, source: str) -> list[Member]:
+    """Parse a YAML/JSON backend list: ["url", {url, weight}, ...] or {backends: [...]}."""
+    try:
+        doc: Any = yaml.safe_load(text)  # JSON is YAML, so one parser reads both
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{source}: not valid YAML or JSON: {exc}") from None
+    shape = "a list of backend URLs, or a mapping {backends: [...]}"
+    if doc is None:
+        raise ValueError(f"{source}: the document is empty; expected {shape}")
+    if isinstance(doc, dict):
+        unknown = sorted(str(k) for k in doc if k != "backends")
+        if unknown:
+            raise ValueError(f"{source}: unknown top-level key(s) {unknown}; expected {shape}")
+        if "backends" not in doc:
+            raise ValueError(f"{source}: missing 'backends'; expected {shape}")
+        doc = doc["backends"]
+    if not isinstance(doc, list):
+        raise ValueError(f"{source}: got {type(doc).__name__}; expected {shape}")
+    members: list[Member] = []
+    first_index: dict[str, int] = {}
+    for index, entry in enumerate(doc):
+        where = f"{source}: backends[{index}]"
+        member = _parse_entry(entry, where)
+        if member.url in first_index:
+            raise ValueError(
+                f"{where}: duplicate backend {member.url} "
+                f"(already listed at backends[{first_index[member.url]}])"
+            )
+        first_index[member.url] = index
+        members.append(member)
+    return members
+
+
+def _parse_entry(entry: Any, where: str) -> Member:
+    if isinstance(entry, str):
+        url, weight = entry, 1
+    elif isinstance(entry, dict):
+        unknown = sorted(str(k) for k in entry if k not in ("url", "weight"))
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; allowed: url, weight")
+        if "url" not in entry:
+            raise ValueError(f"{where}: missing field 'url'")
+        url, weight = entry["url"], entry.get("weight", 1)
+        if not isinstance(url, str):
+            raise ValueError(f"{where}: field 'url' must be a string, got {url!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int):
+            raise ValueError(f"{where}: field 'weight' must be an integer, got {weight!r}")
+    else:
+        raise ValueError(
+            f"{where}: expected a URL string or a {{url, weight}} mapping, "
+            f"got {type(entry).__name__} {entry!r}"
+        )
+    try:
+        return Member(url, weight)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def parse_dns_target(text: str) -> tuple[str, int]:
+    """Split "vllm-headless.llm.svc.cluster.local:8000" into (name, port)."""
+    example = "e.g. 'vllm-headless.llm.svc.cluster.local:8000'"
+    if not isinstance(text, str) or "://" in text:
+        raise ValueError(f"DNS target {text!r} must be 'name:port' without a scheme, {example}")
+    name, sep, port_text = text.strip().rpartition(":")
+    if not sep or not name:
+        raise ValueError(f"DNS target {text!r} must be 'name:port', {example}")
+    if ":" in name or "/" in name or " " in name:
+        raise ValueError(f"DNS target {text!r}: {name!r} is not a DNS name, {example}")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"DNS target {text!r}: port {port_text!r} must be 1-65535, {example}")
+    return name, int(port_text)
+
+
+class MembershipSource(ABC):
+    """A place backends come from. `interval_s` is how often `watch` re-resolves it."""
+
+    interval_s: float = math.inf
+
+    @property
+    @abstractmethod
+    def description(self) -> str:
+        """Short text naming the source in logs and errors."""
+
+    @abstractmethod
+    async def resolve(self) -> list[Member]:
+        """Resolve once, sorted by url; raise MembershipError with a clear message on failure."""
+
+    async def watch(self, on_update: UpdateCallback) -> None:
+        """Call on_update with each new non-empty membership; run until cancelled."""
+        await _poll_sources([self], on_update)
+
+
+class StaticSource(MembershipSource):
+    """Backends given on the command line or in code; never changes."""
+
+    def __init__(self, members: Sequence[Member | str]) -> None:
+        parsed = [m if isinstance(m, Member) else Member(m) for m in members]
+        if not parsed:
+            raise ValueError("static backend list is empty; give at least one backend URL")
+        urls = [m.url for m in parsed]
+        duplicates = sorted({u for u in urls if urls.count(u) > 1})
+        if duplicates:
+            raise ValueError(f"static backend list repeats {duplicates}; list each once")
+        self._members = _sorted_members(parsed)
+
+    @property
+    def description(self) -> str:
+        return f"static list ({len(self._members)} backends)"
+
+    async def resolve(self) -> list[Member]:
+        return list(self._members)
+
+
+class FileSource(MembershipSource):
+    """A YAML/JSON backend file, re-read every interval_s.
+
+    Changes are detected by content, not mtime: a Kubernetes ConfigMap volume swaps a
+    `..data` symlink to a new timestamped directory, so the path's own mtime never moves
+    and inotify on it sees nothing. Reading a small file once a second costs ~nothing.
+    """
+
+    def __init__(self, path: str | Path, interval_s: float = 1.0) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"file source interval_s must be > 0, got {interval_s}")
+        self.path = Path(path)
+        self.interval_s = interval_s
+        self._cached_bytes: bytes | None = None
+        self._cached: list[Member] | str = ""  # parsed members, or the parse error text
+
+    @property
+    def description(self) -> str:
+        return f"file {self.path}"
+
+    async def resolve(self) -> list[Member]:
+        try:
+            data = await asyncio.to_thread(self.path.read_bytes)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise MembershipError(f"cannot read backends file {self.path}: {reason}") from None
+        if data != self._cached_bytes:  # parse only when the content changed
+            self._cached_bytes = data
+            try:
+                self._cached = parse_backends_document(data.decode("utf-8"), str(self.path))
+            except UnicodeDecodeError as exc:
+                self._cached = f"backends file {self.path} is not UTF-8 text: {exc}"
+            except ValueError as exc:
+                self._cached = str(exc)
+        if isinstance(self._cached, str):
+            raise MembershipError(self._cached)
+        return _sorted_members(self._cached)
+
+
+class DnsSource(MembershipSource):
+    """All A and AAAA records of a (headless Service) name, each as one backend.
+
+    A headless Service answers with one record per ready pod, so re-resolving every
+    interval_s follows scale-ups, restarts and readiness without a Kubernetes client.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        scheme: str = "http",
+        interval_s: float = 5.0,
+        nameserver: str | None = None,
+        nameserver_port: int = 53,
+        timeout_s: float = 2.0,
+    ) -> None:
+        if scheme not in DEFAULT_PORTS:
+            raise ValueError(f"DNS source scheme {scheme!r}; use http or https")
+        if not 1 <= port <= 65535:
+            raise ValueError(f"DNS source port {port} must be 1-65535")
+        if not interval_s > 0 or not timeout_s > 0:
+            raise ValueError("DNS source interval_s and timeout_s must be > 0")
+        self.name, self.port, self.scheme = name, port, scheme
+        self.interval_s = interval_s
+        try:
+            self._resolver = dns.asyncresolver.Resolver(configure=nameserver is None)
+        except dns.exception.DNSException as exc:
+            raise MembershipError(
+                f"cannot read the system DNS configuration ({exc}); pass an explicit nameserver"
+            ) from None
+        if nameserver is not None:
+            try:
+                ipaddress.ip_address(nameserver)
+            except ValueError:
+                raise ValueError(
+                    f"DNS nameserver {nameserver!r} must be an IP address, e.g. '10.96.0.10'"
+                ) from None
+            self._resolver.nameservers = [nameserver]
+            self._resolver.port = nameserver_port
+        self._resolver.timeout = timeout_s
+        self._resolver.lifetime = timeout_s
+        # With the system resolv.conf, short names ("vllm-headless") go through the pod's
+        # search domains, as they would for any other program in the pod.
+        self._search = nameserver is None
+        servers = ", ".join(str(ns) for ns in self._resolver.nameservers)
+        self._server_text = f"{servers} port {self._resolver.port}"
+
+    @property
+    def description(self) -> str:
+        return f"DNS {self.name}:{self.port}"
+
+    async def resolve(self) -> list[Member]:
+        v4, v6 = await asyncio.gather(self._addresses("A"), self._addresses("AAAA"))
+        urls = {canonical_backend_url(f"{self.scheme}://{ip}:{self.port}") for ip in v4}
+        urls |= {canonical_backend_url(f"{self.scheme}://[{ip}]:{self.port}") for ip in v6}
+        return _sorted_members(Member(url) for url in urls)
+
+    async def _addresses(self, rdtype: str) -> list[str]:
+        try:
+            answer = await self._resolver.resolve(self.name, rdtype, search=self._search)
+        except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+            return []  # normal: e.g. an IPv4-only cluster has no AAAA
+        except dns.exception.DNSException as exc:
+            raise MembershipError(
+                f"DNS {rdtype} lookup of {self.name!r} via {self._server_text} failed: {exc}"
+            ) from None
+        return [rdata.address for rdata in answer]
+
+
+class CombinedSource(MembershipSource):
+    """The union of several sources (e.g. static + file + DNS), de-duplicated by url.
+
+    When two sources list the same url with different weights, the first source wins.
+    """
+
+    def __init__(self, sources: Sequence[MembershipSource]) -> None:
+        if not sources:
+            raise ValueError("combined source needs at least one source")
+        self.sources = list(sources)
+        self.interval_s = min(s.interval_s for s in self.sources)
+
+    @property
+    def description(self) -> str:
+        return " + ".join(s.description for s in self.sources)
+
+    async def resolve(self) -> list[Member]:
+        results = await asyncio.gather(*(s.resolve() for s in self.sources), return_exceptions=True)
+        pairs = list(zip(self.sources, results, strict=True))
+        errors = [f"{s.description}: {r}" for s, r in pairs if _failed(r)]
+        if errors:
+            raise MembershipError("; ".join(errors))
+        return _union([r for r in results if isinstance(r, list)])
+
+    async def watch(self, on_update: UpdateCallback) -> None:
+        await _poll_sources(self.sources, on_update)
+
+
+def _failed(result: object) -> bool:
+    if isinstance(result, BaseException) and not isinstance(result, Exception):
+        raise result  # cancellation, KeyboardInterrupt: not ours to swallow
+    return isinstance(result, Exception)
+
+
+def _union(member_lists: Iterable[list[Member]]) -> list[Member]:
+    by_url: dict[str, Member] = {}
+    for members in member_lists:
+        for member in members:
+            by_url.setdefault(member.url, member)
+    return _sorted_members(by_url.values())
+
+
+@dataclass
+class _SourceState:
+    source: MembershipSource
+    next_due: float = 0.0
+    last_good: list[Member] = field(default_factory=list)
+    error: str | None = None
+    error_logged_at: float = -math.inf
+
+
+ERROR_RELOG_S = 60.0  # a persisting error is repeated this often, not every poll
+
+
+async def _poll_sources(sources: Sequence[MembershipSource], on_update: UpdateCallback) -> None:
+    loop = asyncio.get_running_loop()
+    states = [_SourceState(s) for s in sources]
+    reported: list[Member] | None = None
+    while True:
+        started = loop.time()
+        due = [st for st in states if st.next_due <= started]
+        if due:
+            results = await asyncio.gather(
+                *(st.source.resolve() for st in due), return_exceptions=True
+            )
+            for st, result in zip(due, results, strict=True):
+                st.next_due = started + st.source.interval_s
+                _absorb(st, result, loop.time())
+            merged = _union(st.last_good for st in states)
+            if merged and merged != reported:
+                try:
+                    on_update(list(merged))
+                    reported = merged
+                except Exception:
+                    logger.exception("membership update callback failed; will retry")
+        next_due = min(st.next_due for st in states)
+        if math.isinf(next_due):
+            await loop.create_future()  # only static sources: nothing will ever change
+        else:
+            await asyncio.sleep(max(0.0, next_due - loop.time()))
+
+
+def _absorb(st: _SourceState, result: list[Member] | BaseException, now: float) -> None:
+    """Take one resolve result: keep it if good, else log why and keep the last good."""
+    if _failed(result):
+        error = str(result) if isinstance(result, MembershipError) else repr(result)
+    elif not result:
+        error = f"{st.source.description} returned no backends"
+    else:
+        assert isinstance(result, list)
+        if st.error is not None:
+            logger.info(
+                "membership source %s recovered: %d backends", st.source.description, len(result)
+            )
+        st.error = None
+        st.last_good = _sorted_members(result)
+        return
+    if error != st.error or now - st.error_logged_at >= ERROR_RELOG_S:
+        kept = f"{len(st.last_good)} backends" if st.last_good else "none yet"
+        logger.error(
+            "membership source %s: %s; keeping the last good membership (%s)",
+            st.source.description,
+            error,
+            kept,
+        )
+        st.error_logged_at = now
+    st.error = error
