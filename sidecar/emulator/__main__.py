@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import signal
 import sys
-import threading
 
 from sidecar.emulator.app import run_emulator
 from sidecar.emulator.config import EmulatorConfig, add_config_arguments, config_from_args
@@ -38,8 +37,9 @@ async def serve(config: EmulatorConfig, host: str, port: int, exit_on_stdin_eof:
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    if exit_on_stdin_eof:  # a daemon thread: it must never keep the process alive
-        threading.Thread(target=_wait_stdin_eof, args=(loop, stop), daemon=True).start()
+    watcher: asyncio.BaseTransport | None = None
+    if exit_on_stdin_eof:  # our parent holds the other end of stdin: EOF = parent gone
+        watcher, _ = await loop.connect_read_pipe(lambda: _EofWatcher(stop), sys.stdin)
     try:
         async with run_emulator(config, port=port, host=host) as url:
             print(f"READY {url}", flush=True)
@@ -47,13 +47,18 @@ async def serve(config: EmulatorConfig, host: str, port: int, exit_on_stdin_eof:
     except OSError as exc:
         print(f"emulator: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if watcher is not None:
+            watcher.close()
     return 0
 
 
-def _wait_stdin_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
-    while sys.stdin.buffer.read(4096):
-        pass
-    loop.call_soon_threadsafe(stop.set)
+class _EofWatcher(asyncio.Protocol):
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stop.set()
 
 
 def main(argv: list[str] | None = None) -> int:
