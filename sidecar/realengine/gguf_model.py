@@ -113,6 +113,7 @@ def write_model(path: str | Path, shape: ModelShape | None = None) -> Path:
 
     shape = shape or ModelShape()
     shape.validate()
+    tokens, types, scores = build_vocab(shape.vocab)  # may raise: before any file exists
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(shape.seed)
@@ -136,7 +137,6 @@ def write_model(path: str | Path, shape: ModelShape | None = None) -> Path:
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
-    tokens, types, scores = build_vocab(shape.vocab)
     writer.add_vocab_size(len(tokens))
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
