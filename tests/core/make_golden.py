@@ -1,0 +1,259 @@
+"""Generate tests/core/golden.json: the golden vectors of routing contract v1.
+
+Run `python tests/core/make_golden.py` ONLY on a deliberate contract change (and bump
+CONTRACT_VERSION): every sidecar and every client in another language must reproduce these
+vectors to the bit, so a regenerated file means all of them must change together.
+
+The vectors come from the small, slow reference below, written straight from
+docs/routing-contract.md and independent of both twins (it imports neither), so a bug the
+two twins share cannot hide in its own golden vectors. Values of 64 bits (keys, points,
+arcs) are written as decimal strings: JSON numbers above 2**53 lose precision in many
+languages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from bisect import bisect_left
+from pathlib import Path
+from typing import Any
+
+import mmh3
+
+CONTRACT_VERSION = 1
+CONTRACT_DEFAULT_VNODES = 1024
+KEY_SPACE = 1 << 64
+GOLDEN_PATH = Path(__file__).with_name("golden.json")
+
+
+# --- the reference: contract v1, one rule per function ------------------------------------
+
+
+def key(data: bytes) -> int:
+    """Rule 1: the first 64-bit word of MurmurHash3_x64_128(data, seed=0), unsigned."""
+    return int(mmh3.hash64(data, seed=0, signed=False)[0])
+
+
+def ring_points(members: list[str], weights: list[int], vnodes: int) -> list[tuple[int, str]]:
+    """Rule 3: key(f"{m}#{i}") for i < vnodes * w, sorted by (point, member by code point)."""
+    points = [
+        (key(f"{m}#{i}".encode()), m)
+        for m, w in zip(members, weights, strict=True)
+        for i in range(vnodes * w)
+    ]
+    return sorted(points)
+
+
+def preference(points: list[tuple[int, str]], k: int, n: int) -> list[str]:
+    """Rule 4: the first n distinct members clockwise from the first point >= k (wrapping)."""
+    start = bisect_left([p for p, _ in points], k) % len(points)
+    n = min(n, len({m for _, m in points}))
+    found: list[str] = []
+    position = start
+    while len(found) < n:
+        member = points[position][1]
+        if member not in found:
+            found.append(member)
+        position = (position + 1) % len(points)
+    return found
+
+
+def fits(load: int, c: float, total: int, w: int, total_w: int) -> bool:
+    """Rule 5: load + 1 <= ceil(((c * (L + 1)) * w) / W) in doubles, compared exactly."""
+    limit = c * float(total + 1) * float(w) / float(total_w)
+    return math.isinf(limit) or load + 1 <= math.ceil(limit)
+
+
+def pick(
+    points: list[tuple[int, str]],
+    members: list[str],
+    weights: list[int],
+    k: int,
+    loads: list[int],
+    replicas: int,
+    c: float,
+) -> tuple[str, str]:
+    """Rule 5: bounded-load pick; returns (member, branch)."""
+    load = dict(zip(members, loads, strict=True))
+    weight = dict(zip(members, weights, strict=True))
+    total, total_w = sum(loads), sum(weights)
+    home = preference(points, k, replicas)
+    chosen = min(home, key=lambda m: (load[m], home.index(m)))
+    if fits(load[chosen], c, total, weight[chosen], total_w):
+        return chosen, "home"
+    order = preference(points, k, len(members))
+    for m in order:
+        if m != chosen and fits(load[m], c, total, weight[m], total_w):
+            return m, "spill"
+    return min(order, key=lambda m: (load[m], order.index(m))), "fallback"
+
+
+def owned_arcs(points: list[tuple[int, str]]) -> dict[str, int]:
+    """The exact number of keys each member owns: the arc (previous point, point]."""
+    owned: dict[str, int] = {}
+    previous = points[-1][0] - KEY_SPACE
+    for point, member in points:
+        owned[member] = owned.get(member, 0) + point - previous
+        previous = point
+    return owned
+
+
+# --- the vectors ---------------------------------------------------------------------------
+
+KEY_INPUTS: list[bytes] = [
+    b"",
+    b"a",
+    b"hello",
+    b"0123456789abcdef",  # exactly one 16-byte block
+    b"0123456789abcdefg",  # one block and a 1-byte tail
+    b"The quick brown fox jumps over the lazy dog",
+    "前缀缓存 prefix cache ✓".encode(),
+    "Ünïcödé — 🚀".encode(),
+    bytes(range(256)),
+    b"\x00" * 31,
+]
+
+PREFIX_TEXTS: list[str] = [
+    "",
+    "You are the promotion assistant. Follow the platform marketing compliance rules.",
+    "平台营销合规规则：禁止使用“最低价”等绝对化用语。",
+    "emoji 🛒🎁 and a NUL \x00 inside",
+]
+
+RING_A = {
+    "name": "three members, weights [1, 2, 1], vnodes 4",
+    "members": ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"],
+    "weights": [1, 2, 1],
+    "vnodes": 4,
+}
+RING_B = {
+    "name": "five equal members, default vnodes",
+    "members": [f"http://vllm-{i}.vllm.default.svc:8000" for i in range(5)],
+    "weights": [1, 1, 1, 1, 1],
+    "vnodes": CONTRACT_DEFAULT_VNODES,
+}
+
+# (ring, key expression, loads, replicas, factor, what the case shows)
+PICK_CASES: list[tuple[dict[str, Any], str, list[int], int, float, str]] = [
+    (RING_A, "hello", [0, 0, 0], 1, 1.25, "idle fleet: the owner"),
+    (RING_A, "hello", [3, 1, 0], 1, 1.25, "owner within its cap"),
+    (RING_A, "hello", [0, 9, 0], 1, 1.25, "owner over its cap: spill to the next in preference"),
+    (RING_A, "hello", [0, 0, 0], 3, 1.25, "replicas 3, all idle: ties go to the earlier in home"),
+    (RING_A, "world", [0, 0, 5], 2, 1.25, "replicas 2: the less-loaded home member"),
+    (RING_A, "hello", [2, 4, 3], 2, 1.0, "chosen home member over cap: spill to the other one"),
+    (RING_A, "world", [0, 4, 2], 1, 1.0, "factor 1.0: the owner at its cap spills"),
+    (RING_A, "world", [0, 0, 9], 1, 1e20, "a cap above 2**63 still admits the owner"),
+    (RING_A, "world", [0, 0, 10**9], 1, 1e300, "the cap overflows to +inf: home"),
+    (
+        RING_A,
+        "hello",
+        [2**51, 2**52, 2**51],
+        1,
+        1.0,
+        "fallback: float(L + 1) rounds to L at 2**53, no member fits",
+    ),
+    (RING_B, "compliance-rules-v7", [0, 0, 0, 0, 0], 1, 1.25, "default ring, idle"),
+    (RING_B, "compliance-rules-v7", [2, 2, 40, 2, 2], 1, 1.25, "default ring, hot owner spills"),
+    (RING_B, "compliance-rules-v7", [2, 2, 40, 2, 2], 2, 1.25, "replicas 2: the other home member"),
+    (RING_B, "compliance-rules-v7", [3, 1, 5, 0, 4], 5, 1.25, "replicas 5: least-loaded of all"),
+]
+
+
+def ring_vectors(spec: dict[str, Any]) -> dict[str, Any]:
+    members, weights, vnodes = spec["members"], spec["weights"], spec["vnodes"]
+    points = ring_points(members, weights, vnodes)
+    owned = owned_arcs(points)
+    first = points[0][0]
+    last = points[-1][0]
+    probe_keys = [
+        0,
+        1,
+        first,
+        first + 1,
+        points[len(points) // 2][0] - 1,
+        1 << 63,
+        last,
+        last + 1,
+        KEY_SPACE - 1,
+        key(b"hello"),
+        key(b"world"),
+    ]
+    probe_keys = sorted({k for k in probe_keys if k < KEY_SPACE})
+    vectors: dict[str, Any] = {
+        **spec,
+        "point_count": len(points),
+        "owned": {m: str(owned[m]) for m in members},
+        "shares": {m: owned[m] / KEY_SPACE for m in members},
+        "lookups": [
+            {
+                "key": str(k),
+                "owner": preference(points, k, 1)[0],
+                "preference_2": preference(points, k, 2),
+                "preference_all": preference(points, k, len(members)),
+            }
+            for k in probe_keys
+        ],
+    }
+    if len(points) <= 64:
+        vectors["points"] = [[str(p), m] for p, m in points]
+    else:
+        vectors["points_head"] = [[str(p), m] for p, m in points[:8]]
+    return vectors
+
+
+def pick_vectors() -> list[dict[str, Any]]:
+    built: dict[str, list[tuple[int, str]]] = {}
+    cases = []
+    for spec, text, loads, replicas, factor, why in PICK_CASES:
+        name = spec["name"]
+        if name not in built:
+            built[name] = ring_points(spec["members"], spec["weights"], spec["vnodes"])
+        k = key(text.encode())
+        member, branch = pick(
+            built[name], spec["members"], spec["weights"], k, loads, replicas, factor
+        )
+        cases.append(
+            {
+                "ring": name,
+                "key_of": text,
+                "key": str(k),
+                "loads": loads,
+                "replicas": replicas,
+                "factor": factor,
+                "member": member,
+                "branch": branch,
+                "why": why,
+            }
+        )
+    return cases
+
+
+def build() -> dict[str, Any]:
+    return {
+        "contract_version": CONTRACT_VERSION,
+        "default_vnodes": CONTRACT_DEFAULT_VNODES,
+        "note": "generated by tests/core/make_golden.py; 64-bit values are decimal strings",
+        "keys": [{"data_hex": d.hex(), "key": str(key(d))} for d in KEY_INPUTS],
+        "prefixes": [
+            {
+                "text": t,
+                "utf8_hex": t.encode().hex(),
+                "prefix_id": hashlib.sha256(t.encode()).hexdigest(),
+                "route_key": str(key(t.encode())),
+            }
+            for t in PREFIX_TEXTS
+        ],
+        "rings": [ring_vectors(RING_A), ring_vectors(RING_B)],
+        "picks": pick_vectors(),
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=1, ensure_ascii=False) + "\n"
+
+
+if __name__ == "__main__":
+    GOLDEN_PATH.write_text(render(), encoding="utf-8")
+    print(f"wrote {GOLDEN_PATH}")

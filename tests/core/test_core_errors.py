@@ -1,0 +1,86 @@
+"""Bad input gets a ValueError/TypeError whose message names the problem - never a crash, a
+hang, or a silently wrong answer - in both twins."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+Case = tuple[str, Callable[[ModuleType], Any], type[Exception], str]
+
+
+def _ring(core: ModuleType) -> Any:
+    return core.Ring(["a", "b", "c"], vnodes=4)
+
+
+CASES: list[Case] = [
+    ("empty members", lambda c: c.Ring([]), ValueError, "empty"),
+    ("members is a str", lambda c: c.Ring("abc"), TypeError, "single string"),
+    ("member not a str", lambda c: c.Ring(["a", 5]), TypeError, "member 1 must be a str"),
+    ("member empty string", lambda c: c.Ring(["a", ""]), ValueError, "empty string"),
+    ("duplicate members", lambda c: c.Ring(["a", "b", "a"]), ValueError, "duplicate member 'a'"),
+    ("member lone surrogate", lambda c: c.Ring(["a\ud800"], vnodes=1), ValueError, "surrogate"),
+    ("weight 0", lambda c: c.Ring(["a", "b"], [1, 0]), ValueError, "weight of 'b' is 0"),
+    ("weight negative", lambda c: c.Ring(["a", "b"], [-2, 1]), ValueError, "weight of 'a' is -2"),
+    ("weight float", lambda c: c.Ring(["a"], [1.5]), TypeError, "weight of 'a' must be an int"),
+    ("weight bool", lambda c: c.Ring(["a"], [True]), TypeError, "weight of 'a' must be an int"),
+    ("weights too few", lambda c: c.Ring(["a", "b"], [1]), ValueError, "1 weights for 2 members"),
+    ("vnodes 0", lambda c: c.Ring(["a"], vnodes=0), ValueError, "vnodes is 0"),
+    ("vnodes str", lambda c: c.Ring(["a"], vnodes="8"), TypeError, "vnodes must be an int"),
+    ("too many points", lambda c: c.Ring(["a"], vnodes=1 << 30), ValueError, "points exceeds"),
+    ("key str", lambda c: _ring(c).owner("12"), TypeError, "key must be an int"),
+    ("key float", lambda c: _ring(c).owner(1.0), TypeError, "key must be an int"),
+    ("key bool", lambda c: _ring(c).owner(True), TypeError, "key must be an int"),
+    ("key None", lambda c: _ring(c).preference(None, 2), TypeError, "key must be an int"),
+    ("key negative", lambda c: _ring(c).owner(-1), ValueError, "out of range"),
+    ("key 2**64", lambda c: _ring(c).owner(1 << 64), ValueError, "out of range"),
+    ("pick key 2**64", lambda c: _ring(c).pick(1 << 64, [0, 0, 0]), ValueError, "out of range"),
+    ("preference n 0", lambda c: _ring(c).preference(1, 0), ValueError, "n is 0"),
+    ("preference n float", lambda c: _ring(c).preference(1, 2.0), TypeError, "n must be an int"),
+    ("loads too short", lambda c: _ring(c).pick(1, [0, 0]), ValueError, "loads has 2 entries"),
+    ("loads too long", lambda c: _ring(c).pick(1, [0] * 4), ValueError, "loads has 4 entries"),
+    ("load negative", lambda c: _ring(c).pick(1, [0, -1, 0]), ValueError, "load -1 is negative"),
+    ("load float", lambda c: _ring(c).pick(1, [0, 1.5, 0]), TypeError, "integer"),
+    ("load str", lambda c: _ring(c).pick(1, [0, "1", 0]), TypeError, "'str' object cannot"),
+    ("loads bytes", lambda c: _ring(c).pick(1, b"\0" * 24), TypeError, "not bytes"),
+    ("loads None", lambda c: _ring(c).pick(1, None), TypeError, "not iterable"),
+    ("load >= 2**63", lambda c: _ring(c).pick(1, [0, 1 << 63, 0]), ValueError, "64-bit"),
+    ("loads overflow", lambda c: _ring(c).pick(1, [1 << 62] * 3), ValueError, "loads sum to"),
+    ("replicas 0", lambda c: _ring(c).pick(1, [0, 0, 0], 0), ValueError, "replicas is 0"),
+    ("replicas float", lambda c: _ring(c).pick(1, [0, 0, 0], 1.0), TypeError, "replicas must"),
+    ("factor < 1", lambda c: _ring(c).pick(1, [0, 0, 0], 1, 0.5), ValueError, "factor is 0.5"),
+    ("factor NaN", lambda c: _ring(c).pick(1, [0, 0, 0], 1, float("nan")), ValueError, "factor"),
+    ("factor inf", lambda c: _ring(c).pick(1, [0, 0, 0], 1, float("inf")), ValueError, "finite"),
+    ("factor str", lambda c: _ring(c).pick(1, [0, 0, 0], 1, "1.25"), TypeError, "factor must"),
+    ("route_key str", lambda c: c.route_key("text"), TypeError, "needs bytes, got str"),
+    ("route_key None", lambda c: c.route_key(None), TypeError, "needs bytes"),
+    ("route_key int", lambda c: c.route_key(5), TypeError, "needs bytes"),
+    ("prefix_id bytes", lambda c: c.prefix_id(b"x"), TypeError, "needs str"),
+    ("prefix_id surrogate", lambda c: c.prefix_id("ok\udc80"), ValueError, "lone surrogate"),
+    ("prefix_route_key surrogate", lambda c: c.prefix_route_key("\ud800"), ValueError, "surrogate"),
+]
+
+
+@pytest.mark.parametrize(("name", "call", "error", "message"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_by_name(
+    core: ModuleType,
+    name: str,
+    call: Callable[[ModuleType], Any],
+    error: type[Exception],
+    message: str,
+) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        call(core)
+
+
+def test_a_refused_call_leaves_the_ring_usable(core: ModuleType) -> None:
+    ring = _ring(core)
+    expected = ring.pick(42, [0, 0, 0])
+    for bad in ([0, -1, 0], [1 << 62] * 3, [0, 0]):
+        with pytest.raises(ValueError):
+            ring.pick(42, bad)
+    assert ring.pick(42, [0, 0, 0]) == expected

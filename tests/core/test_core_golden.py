@@ -1,0 +1,96 @@
+"""Both twins against the golden vectors of routing contract v1 (docs/routing-contract.md)."""
+
+from __future__ import annotations
+
+from array import array
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+KEY_SPACE = 1 << 64
+
+
+def _ring(core: ModuleType, spec: dict[str, Any]) -> Any:
+    return core.Ring(spec["members"], spec["weights"], spec["vnodes"])
+
+
+def test_golden_file_is_what_the_reference_writes(reference: ModuleType) -> None:
+    """golden.json was not hand-edited, and the generator was not changed without regenerating."""
+    on_disk = (reference.GOLDEN_PATH).read_text(encoding="utf-8")
+    assert on_disk == reference.render(), "run tests/core/make_golden.py (contract change only)"
+
+
+def test_default_vnodes_is_the_contracts(core: ModuleType, golden: dict[str, Any]) -> None:
+    assert golden["contract_version"] == 1
+    assert golden["default_vnodes"] == core.DEFAULT_VNODES
+
+
+def test_route_key(core: ModuleType, golden: dict[str, Any]) -> None:
+    assert len(golden["keys"]) >= 8
+    for vector in golden["keys"]:
+        data = bytes.fromhex(vector["data_hex"])
+        expected = int(vector["key"])
+        assert core.route_key(data) == expected, data
+        assert core.route_key(bytearray(data)) == expected
+        assert core.route_key(memoryview(data)) == expected
+
+
+def test_route_key_of_a_non_contiguous_view(core: ModuleType, golden: dict[str, Any]) -> None:
+    data = bytes.fromhex(golden["keys"][-2]["data_hex"])  # bytes(range(256))
+    strided = memoryview(data)[::2]
+    assert core.route_key(strided) == core.route_key(data[::2])
+
+
+def test_prefix_id_and_route_key(core: ModuleType, golden: dict[str, Any]) -> None:
+    for vector in golden["prefixes"]:
+        text = vector["text"]
+        assert text.encode("utf-8").hex() == vector["utf8_hex"]
+        assert core.prefix_id(text) == vector["prefix_id"]
+        assert core.prefix_route_key(text) == int(vector["route_key"])
+        assert core.route_key(text.encode("utf-8")) == int(vector["route_key"])
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["weighted-vnodes4", "five-default"])
+def test_ring_points_and_shares(core: ModuleType, golden: dict[str, Any], which: int) -> None:
+    spec = golden["rings"][which]
+    ring = _ring(core, spec)
+    assert ring.members == tuple(spec["members"])
+    assert ring.weights == tuple(spec["weights"])
+    points = ring.points()
+    assert len(points) == spec["point_count"]
+    expected_points = [(int(p), m) for p, m in spec.get("points", spec.get("points_head", []))]
+    assert points[: len(expected_points)] == expected_points
+    owned = {m: int(arc) for m, arc in spec["owned"].items()}
+    assert sum(owned.values()) == KEY_SPACE
+    shares = ring.shares()
+    for member in spec["members"]:
+        assert shares[member] == owned[member] / KEY_SPACE == spec["shares"][member]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["weighted-vnodes4", "five-default"])
+def test_ring_lookups(core: ModuleType, golden: dict[str, Any], which: int) -> None:
+    spec = golden["rings"][which]
+    ring = _ring(core, spec)
+    count = len(spec["members"])
+    for lookup in spec["lookups"]:
+        key = int(lookup["key"])
+        assert ring.owner(key) == lookup["owner"], key
+        assert ring.preference(key, 1) == [lookup["owner"]]
+        assert ring.preference(key, 2) == lookup["preference_2"]
+        assert ring.preference(key, count) == lookup["preference_all"]
+        assert ring.preference(key, count + 3) == lookup["preference_all"]
+
+
+def test_picks(core: ModuleType, golden: dict[str, Any]) -> None:
+    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    branches = {case["branch"] for case in golden["picks"]}
+    assert branches == {"home", "spill", "fallback"}, "the vectors must cover every branch"
+    for case in golden["picks"]:
+        ring = rings[case["ring"]]
+        key = int(case["key"])
+        assert key == core.route_key(case["key_of"].encode())
+        expected = (case["member"], case["branch"])
+        for loads in (list(case["loads"]), array("q", case["loads"])):
+            got = ring.pick(key, loads, replicas=case["replicas"], factor=case["factor"])
+            assert got == expected, case["why"]

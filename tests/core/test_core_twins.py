@@ -1,0 +1,137 @@
+"""Hypothesis: the extension and the pure-Python twin agree to the bit, on anything.
+
+Valid inputs must give identical results; invalid ones must raise the same exception type.
+Rings are kept small (few vnodes) so that hundreds of examples run in seconds.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+member_ids = st.one_of(
+    st.text(min_size=1, max_size=12),
+    st.integers(0, 255).map(lambda i: f"http://10.0.{i // 16}.{i % 16}:8000"),
+)
+keys = st.one_of(
+    st.integers(0, (1 << 64) - 1),
+    st.sampled_from([0, 1, (1 << 63), (1 << 64) - 1]),
+)
+loads_value = st.one_of(
+    st.integers(0, 20),
+    st.integers(0, 1 << 20),
+    st.sampled_from([1 << 51, 1 << 52, (1 << 53) - 1, 1 << 53]),
+)
+factors = st.one_of(
+    st.sampled_from([1.0, 1.25, 1.5, 2.0, 1e20, 1e300]),
+    st.floats(min_value=1.0, max_value=1e6, allow_nan=False),
+)
+
+
+@st.composite
+def rings_and_picks(draw: st.DrawFn) -> dict[str, Any]:
+    members = draw(st.lists(member_ids, min_size=1, max_size=10, unique=True))
+    count = len(members)
+    weights = draw(
+        st.one_of(st.none(), st.lists(st.integers(1, 4), min_size=count, max_size=count))
+    )
+    return {
+        "members": members,
+        "weights": weights,
+        "vnodes": draw(st.integers(1, 16)),
+        "key": draw(keys),
+        "loads": draw(st.lists(loads_value, min_size=count, max_size=count)),
+        "replicas": draw(st.integers(1, count + 2)),
+        "factor": draw(factors),
+        "n": draw(st.integers(1, count + 2)),
+    }
+
+
+def _outcome(call: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return "ok", call()
+    except Exception as exc:  # the twins must fail the same way
+        return "raised", type(exc)
+
+
+@FAST
+@given(case=rings_and_picks())
+def test_twins_agree_on_rings_and_picks(
+    twins: tuple[ModuleType, ModuleType], case: dict[str, Any]
+) -> None:
+    c_core, py_core = twins
+    c_ring = c_core.Ring(case["members"], case["weights"], case["vnodes"])
+    py_ring = py_core.Ring(case["members"], case["weights"], case["vnodes"])
+    assert c_ring.members == py_ring.members and c_ring.weights == py_ring.weights
+    assert c_ring.points() == py_ring.points()
+    assert c_ring.shares() == py_ring.shares()
+    key = case["key"]
+    assert c_ring.owner(key) == py_ring.owner(key)
+    assert c_ring.preference(key, case["n"]) == py_ring.preference(key, case["n"])
+    args = (case["replicas"], case["factor"])
+    expected = py_ring.pick(key, case["loads"], *args)
+    assert c_ring.pick(key, case["loads"], *args) == expected
+    assert c_ring.pick(key, array("q", case["loads"]), *args) == expected
+    assert py_ring.pick(key, array("q", case["loads"]), *args) == expected
+
+
+@FAST
+@given(data=st.binary(max_size=300), text=st.text(max_size=80))
+def test_twins_agree_on_hashing(
+    twins: tuple[ModuleType, ModuleType], data: bytes, text: str
+) -> None:
+    c_core, py_core = twins
+    assert c_core.route_key(data) == py_core.route_key(data)
+    assert c_core.prefix_id(text) == py_core.prefix_id(text)
+    assert c_core.prefix_route_key(text) == py_core.prefix_route_key(text)
+
+
+anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 70), 1 << 70),
+    st.floats(),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+    st.lists(st.integers(-3, 3), max_size=4),
+)
+
+
+@FAST
+@given(key=anything, loads=anything, replicas=anything, factor=anything, n=anything)
+def test_twins_fail_alike_on_bad_arguments(
+    twins: tuple[ModuleType, ModuleType], key: Any, loads: Any, replicas: Any, factor: Any, n: Any
+) -> None:
+    c_core, py_core = twins
+    members = ["a", "b", "c"]
+    c_ring, py_ring = c_core.Ring(members, vnodes=4), py_core.Ring(members, vnodes=4)
+    assert _outcome(lambda: c_ring.owner(key)) == _outcome(lambda: py_ring.owner(key))
+    assert _outcome(lambda: c_ring.preference(key, n)) == _outcome(
+        lambda: py_ring.preference(key, n)
+    )
+    assert _outcome(lambda: c_ring.pick(key, loads, replicas, factor)) == _outcome(
+        lambda: py_ring.pick(key, loads, replicas, factor)
+    )
+    assert _outcome(lambda: c_ring.pick(7, loads)) == _outcome(lambda: py_ring.pick(7, loads))
+    assert _outcome(lambda: c_core.route_key(key)) == _outcome(lambda: py_core.route_key(key))
+
+
+@FAST
+@given(members=anything, weights=anything, vnodes=anything)
+def test_twins_fail_alike_on_bad_rings(
+    twins: tuple[ModuleType, ModuleType], members: Any, weights: Any, vnodes: Any
+) -> None:
+    c_core, py_core = twins
+
+    def build(core: ModuleType) -> Any:
+        ring = core.Ring(members, weights, vnodes)
+        return ring.points(), ring.shares()
+
+    assert _outcome(lambda: build(c_core)) == _outcome(lambda: build(py_core))
