@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -175,7 +176,7 @@ async def models(request: web.Request) -> web.Response:
     card = {
         "id": config.model,
         "object": "model",
-        "created": 0,
+        "created": int(time.time()),
         "owned_by": "vllm",
         "root": config.model,
         "parent": None,

@@ -1,6 +1,6 @@
 """Every knob of one emulated vLLM pod, and the command-line flags that set them.
 
-Defaults model one H100 serving the note's 72B model (see docs/emulator.md): a cold
+Defaults reproduce the note's H100 pod serving a 72B model (docs/emulator.md): a cold
 60k-token prefix prefills in ~3.8 s, a warm request (200 uncached tokens) in ~25 ms.
 The CLI flags and the dataclass are built from one table so they cannot drift apart.
 """

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
 import aiohttp
 import pytest
 
-from sidecar.emulator import get_stats, reset_cache, run_emulator, set_faults
+from sidecar.emulator import EmulatorConfig, get_stats, reset_cache, run_emulator, set_faults
 
 from .conftest import FAST, parse_sse, post, prompt_of_tokens
 
@@ -104,3 +105,21 @@ async def test_reset_cache(session: aiohttp.ClientSession) -> None:
         assert await reset_cache(url) == 6
         _, cold = await post(session, url, "/v1/completions", body)
         assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+async def test_client_going_away_frees_slot_and_blocks(session: aiohttp.ClientSession) -> None:
+    config = EmulatorConfig(model="m", decode_tps=10.0, time_scale=10.0)
+    async with run_emulator(config) as url:
+        body = {"prompt": prompt_of_tokens(160), "max_tokens": 100, "stream": True}
+        async with session.post(url + "/v1/completions", json=body) as response:
+            await response.content.readuntil(b"\n\n")
+            stats = await get_stats(url)
+            assert stats["running"] == 1 and stats["cache"]["pinned_blocks"] == 10
+            response.close()  # hang up mid-stream
+        for _ in range(100):
+            stats = await get_stats(url)
+            if stats["running"] == 0:
+                break
+            await asyncio.sleep(0.02)
+    assert stats["running"] == 0 and stats["aborted"] == 1
+    assert stats["cache"]["pinned_blocks"] == 0 and stats["cache"]["cached_blocks"] == 10

@@ -123,3 +123,32 @@ async def test_emulate_command_rejects_bad_flags() -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"decode_tps must be > 0" in err
+
+
+async def test_pods_exit_when_their_parent_is_killed(session: aiohttp.ClientSession) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar.cli",
+        "emulate",
+        "--pods",
+        "1",
+        "--base-port",
+        "0",
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = b""
+    while not line.startswith(b"PODS "):
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line, "emulate exited before printing its pods"
+    url = line.decode().split()[1]
+    proc.kill()  # no chance to clean up: the pod must notice on its own (stdin EOF)
+    await proc.wait()
+    for _ in range(100):
+        if not await is_answering(session, url):
+            break
+        await asyncio.sleep(0.05)
+    assert not await is_answering(session, url)
