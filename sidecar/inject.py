@@ -1,0 +1,452 @@
+"""`prefix-sidecar inject`: add the prefix-sidecar container to Kubernetes workloads.
+
+Works like `linkerd inject` / `istioctl kube-inject`: reads a multi-document YAML file (or
+stdin with `-f -`), adds the sidecar to the pod template of every Deployment, StatefulSet,
+DaemonSet, ReplicaSet, Job, CronJob and Pod, and writes the result to stdout.
+
+Documents are split the way kubectl splits them (a line starting with `---`), so a document
+that needs no change is written back byte for byte, comments included; only injected
+documents are re-serialised. Injection is "ensure" style: each piece (volumes, the sidecar
+container, the socket mount and env of each app container) is added only when missing, so
+injecting twice changes nothing and a half-injected workload gets completed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+SIDECAR_NAME = "prefix-sidecar"
+SOCKET_VOLUME = "prefix-sidecar-socket"
+CONFIG_VOLUME = "prefix-sidecar-config"
+DEFAULT_IMAGE = "prefix-sidecar:0.1.0"
+DEFAULT_CONFIGMAP = "prefix-sidecar-config"
+DEFAULT_SOCKET_DIR = "/var/run/prefix-sidecar"
+SOCKET_FILE = "sidecar.sock"
+CONFIG_DIR = "/etc/prefix-sidecar"
+CONFIG_FILE = "sidecar.yaml"
+SOCKET_ENV = "PREFIX_SIDECAR_SOCKET"
+OPT_OUT_ANNOTATION = "prefix-sidecar/inject"
+METRICS_PORT = 9464
+# The image's non-root user and group (deploy/Dockerfile).
+SIDECAR_UID = 65532
+
+# kind -> path from the object to its pod template ({metadata, spec}); Pod is its own template.
+TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Pod": (),
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+# A regular sidecar never exits, so a Job with one never completes: batch pods always get
+# the native form (an init container with restartPolicy: Always, Kubernetes >= 1.29).
+RUN_TO_COMPLETION = {"Job", "CronJob"}
+
+# kubectl's rule (k8s.io/apimachinery yaml.NewYAMLReader): a separator is a line that starts
+# with "---" followed only by blanks or a comment.
+_SEPARATOR = re.compile(r"^---[ \t]*(#.*)?\r?$")
+
+
+class InjectError(Exception):
+    """Bad input; the message says which document and what to fix."""
+
+
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class InjectOptions:
+    image: str = DEFAULT_IMAGE
+    configmap: str = DEFAULT_CONFIGMAP
+    socket_dir: str = DEFAULT_SOCKET_DIR
+    native: bool = False  # an init container with restartPolicy: Always
+
+    @property
+    def socket_path(self) -> str:
+        return f"{self.socket_dir.rstrip('/')}/{SOCKET_FILE}"
+
+    @property
+    def socket_target(self) -> str:
+        """The gRPC target apps dial: unix:///var/run/prefix-sidecar/sidecar.sock."""
+        return f"unix://{self.socket_path}"
+
+    def validate(self) -> None:
+        if not self.image or any(c.isspace() for c in self.image):
+            raise InjectError(f"--image {self.image!r} is not an image reference")
+        if not _DNS1123_SUBDOMAIN.match(self.configmap):
+            raise InjectError(
+                f"--config {self.configmap!r} is not a valid ConfigMap name "
+                "(lower-case letters, digits, '-' and '.')"
+            )
+        if not self.socket_dir.startswith("/") or self.socket_dir.rstrip("/") in ("", CONFIG_DIR):
+            raise InjectError(
+                f"--socket-dir {self.socket_dir!r} must be an absolute directory of its own"
+            )
+
+
+def sidecar_container(options: InjectOptions, native: bool) -> dict[str, Any]:
+    """The container the manifests in deploy/k8s/ use too (a test keeps them in step)."""
+
+    def health() -> list[str]:
+        return ["prefix-sidecar", "health", "--socket", options.socket_path]
+
+    container: dict[str, Any] = {
+        "name": SIDECAR_NAME,
+        "image": options.image,
+        "imagePullPolicy": "IfNotPresent",
+        # --listen as a flag: it wins over the ConfigMap, so --socket-dir is always honoured.
+        "args": ["--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--listen", options.socket_target],
+        "ports": [{"name": "sidecar-metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "volumeMounts": [
+            {"name": SOCKET_VOLUME, "mountPath": options.socket_dir},
+            {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
+        ],
+        # Prewarm before serve can take a while on a cold fleet; liveness waits for startup.
+        "startupProbe": {
+            "exec": {"command": health()},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 150,
+        },
+        "readinessProbe": {
+            "exec": {"command": health()},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "exec": {"command": health()},
+            "periodSeconds": 10,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"cpu": "1", "memory": "256Mi"},
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": SIDECAR_UID,
+            "runAsGroup": SIDECAR_UID,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if native:
+        # Started before the app containers and stopped after them (KEP-753).
+        container["restartPolicy"] = "Always"
+    else:
+        # All containers get SIGTERM together: keep routing while the app drains.
+        container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    return container
+
+
+def inject_pod_spec(spec: dict[str, Any], options: InjectOptions, native: bool, where: str) -> None:
+    """Ensure the sidecar, its volumes, and the socket mount + env of every app container."""
+    volumes = _list_field(spec, "volumes", where)
+    _ensure_named(volumes, {"name": SOCKET_VOLUME, "emptyDir": {}})
+    _ensure_named(volumes, {"name": CONFIG_VOLUME, "configMap": {"name": options.configmap}})
+
+    containers = _list_field(spec, "containers", where)
+    init_containers = spec.get("initContainers") or []
+    present = any(
+        isinstance(c, dict) and c.get("name") == SIDECAR_NAME
+        for c in [*containers, *init_containers]
+    )
+    if not present:
+        if native:
+            # First, so that later init containers can already reach the socket.
+            _list_field(spec, "initContainers", where).insert(0, sidecar_container(options, True))
+        else:
+            containers.append(sidecar_container(options, False))
+
+    for container in containers:
+        if not isinstance(container, dict):
+            raise InjectError(f"{where}: every entry of containers must be a mapping")
+        if container.get("name") == SIDECAR_NAME:
+            continue
+        _mount_socket(container, options, where)
+        env = _list_field(container, "env", where)
+        if not any(isinstance(e, dict) and e.get("name") == SOCKET_ENV for e in env):
+            env.append({"name": SOCKET_ENV, "value": options.socket_target})
+
+    # The socket is mode 0660: the app reaches it through the pod's fsGroup, which the
+    # kubelet gives to the emptyDir (setgid) and to every container as a supplementary group.
+    security = spec.setdefault("securityContext", {})
+    if not isinstance(security, dict):
+        raise InjectError(f"{where}: spec.securityContext must be a mapping")
+    if "fsGroup" not in security:
+        security["fsGroup"] = SIDECAR_UID
+        security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+
+
+def _mount_socket(container: dict[str, Any], options: InjectOptions, where: str) -> None:
+    mounts = _list_field(container, "volumeMounts", where)
+    for mount in mounts:
+        if not isinstance(mount, dict):
+            raise InjectError(f"{where}: volumeMounts entries must be mappings")
+        if mount.get("name") == SOCKET_VOLUME:
+            return
+        if str(mount.get("mountPath", "")).rstrip("/") == options.socket_dir.rstrip("/"):
+            raise InjectError(
+                f"{where}: container {container.get('name')!r} already mounts volume "
+                f"{mount.get('name')!r} at {options.socket_dir}; pick another --socket-dir"
+            )
+    mounts.append({"name": SOCKET_VOLUME, "mountPath": options.socket_dir})
+
+
+def _list_field(holder: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = holder.get(key)
+    if value is None:
+        value = holder[key] = []
+    if not isinstance(value, list):
+        raise InjectError(f"{where}: {key} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _ensure_named(items: list[Any], wanted: dict[str, Any]) -> None:
+    if not any(isinstance(item, dict) and item.get("name") == wanted["name"] for item in items):
+        items.append(wanted)
+
+
+@dataclass
+class Chunk:
+    """One document as it appeared in the input: its separator line and its body text."""
+
+    separator: str
+    body: str
+    first_line: int  # 1-based line of the body in the input
+
+
+@dataclass
+class InjectResult:
+    text: str
+    injected: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (workload, why)
+
+
+def split_documents(text: str) -> list[Chunk]:
+    """Split into documents, keeping every character so that untouched ones round-trip."""
+    chunks: list[Chunk] = []
+    separator, first_line = "", 1
+    body: list[str] = []
+    # Split on "\n" only, like kubectl (str.splitlines would also split on U+2028 and co).
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    for number, line in enumerate(lines, start=1):
+        if _SEPARATOR.match(line.rstrip("\n")):
+            chunks.append(Chunk(separator, "".join(body), first_line))
+            separator, body, first_line = line, [], number + 1
+        else:
+            body.append(line)
+    chunks.append(Chunk(separator, "".join(body), first_line))
+    # Text before the first separator is a document only if it says something.
+    if len(chunks) > 1 and not chunks[0].separator and _is_blank(chunks[0].body):
+        chunks[1].separator = chunks[0].body + chunks[1].separator
+        chunks[1].first_line = chunks[0].first_line + chunks[0].body.count("\n") + 1
+        del chunks[0]
+    return chunks
+
+
+def _is_blank(body: str) -> bool:
+    return all(not line.strip() or line.lstrip().startswith("#") for line in body.splitlines())
+
+
+def inject_text(text: str, options: InjectOptions) -> InjectResult:
+    """Inject every workload in a multi-document YAML text; other documents stay as they are."""
+    result = InjectResult(text="")
+    out: list[str] = []
+    for number, chunk in enumerate(split_documents(text), start=1):
+        where = f"document {number} (line {chunk.first_line})"
+        try:
+            obj = yaml.safe_load(chunk.body)
+        except yaml.YAMLError as exc:
+            raise InjectError(f"{where}: malformed YAML: {_yaml_reason(exc, chunk)}") from exc
+        if obj is None:  # empty document or comments only
+            out.append(chunk.separator + chunk.body)
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
+            raise InjectError(
+                f"{where}: not a Kubernetes object; every document needs a mapping "
+                "with apiVersion and kind"
+            )
+        updated = copy.deepcopy(obj)
+        try:
+            _inject_object(updated, options, result)
+        except InjectError as exc:
+            raise InjectError(f"{where}: {exc}") from None
+        if updated == obj:
+            out.append(chunk.separator + chunk.body)
+        else:
+            out.append(chunk.separator + _dump(updated))
+    result.text = "".join(out)
+    return result
+
+
+def _inject_object(obj: dict[str, Any], options: InjectOptions, result: InjectResult) -> None:
+    kind = obj["kind"]
+    if kind == "List" or (kind.endswith("List") and "items" in obj):
+        items = obj.get("items") or []
+        if not isinstance(items, list):
+            raise InjectError(f"{kind}.items must be a list")
+        for index, item in enumerate(items):
+            if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+                raise InjectError(f"{kind}.items[{index}] is not a Kubernetes object")
+            _inject_object(item, options, result)
+        return
+    if kind not in TEMPLATE_PATHS:
+        return
+    label = f"{kind.lower()}/{(obj.get('metadata') or {}).get('name', '<unnamed>')}"
+    template = _walk(obj, TEMPLATE_PATHS[kind], label)
+    spec = template.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list):
+        path = ".".join((*TEMPLATE_PATHS[kind], "spec", "containers"))
+        raise InjectError(f"{label} has no {path} list; is the manifest complete?")
+    if _opted_out(obj, label) or (template is not obj and _opted_out(template, label)):
+        result.skipped.append((label, f"annotation {OPT_OUT_ANNOTATION}: false"))
+        return
+    native = options.native or kind in RUN_TO_COMPLETION
+    before = copy.deepcopy(spec)
+    inject_pod_spec(spec, options, native=native, where=label)
+    if spec == before:
+        result.skipped.append((label, "already injected"))
+    else:
+        result.injected.append(label + (" (native sidecar)" if native else ""))
+
+
+def _walk(obj: dict[str, Any], path: tuple[str, ...], label: str) -> dict[str, Any]:
+    node: Any = obj
+    for depth, key in enumerate(path):
+        node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            raise InjectError(f"{label} has no {'.'.join(path[: depth + 1])} mapping")
+    result: dict[str, Any] = node
+    return result
+
+
+def _opted_out(holder: dict[str, Any], label: str) -> bool:
+    annotations = (holder.get("metadata") or {}).get("annotations") or {}
+    if OPT_OUT_ANNOTATION not in annotations:
+        return False
+    value = str(annotations[OPT_OUT_ANNOTATION]).strip().lower()
+    if value in ("false", "disabled"):
+        return True
+    if value in ("true", "enabled"):
+        return False
+    raise InjectError(
+        f'{label}: annotation {OPT_OUT_ANNOTATION}: "{annotations[OPT_OUT_ANNOTATION]}" '
+        'is not understood; use "false" to opt out or "true" to inject'
+    )
+
+
+def _yaml_reason(exc: yaml.YAMLError, chunk: Chunk) -> str:
+    """The parser's reason, with the line numbers of the whole file, not of the chunk."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        line = chunk.first_line + mark.line
+        problem = exc.problem or "cannot parse"
+        context = f" ({exc.context})" if exc.context else ""
+        return f"{problem}{context} at line {line}, column {mark.column + 1}"
+    return str(exc).replace("\n", " ")
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Block style, no anchors; multi-line strings (scripts, configs) as `|` literals."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _represent_str)
+
+
+def _dump(obj: dict[str, Any]) -> str:
+    return yaml.dump(
+        obj, Dumper=_ManifestDumper, sort_keys=False, default_flow_style=False, allow_unicode=True
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "inject",
+        help="add the sidecar to Kubernetes workloads in a YAML file",
+        description=(
+            "Add the prefix-sidecar container, its unix-socket volume and its config mount to "
+            "every Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob and Pod; write "
+            "the manifests to stdout. Idempotent. Opt a workload out with the annotation "
+            f'{OPT_OUT_ANNOTATION}: "false". Example: '
+            "prefix-sidecar inject -f app.yaml | kubectl apply -f -"
+        ),
+    )
+    parser.add_argument("-f", "--filename", required=True, help="manifest file, or - for stdin")
+    parser.add_argument(
+        "--config",
+        default=DEFAULT_CONFIGMAP,
+        help=f"ConfigMap with sidecar.yaml and the prefix files ({DEFAULT_CONFIGMAP})",
+    )
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"sidecar image ({DEFAULT_IMAGE})")
+    parser.add_argument(
+        "--socket-dir",
+        default=DEFAULT_SOCKET_DIR,
+        help=f"where the shared socket volume is mounted ({DEFAULT_SOCKET_DIR})",
+    )
+    parser.add_argument(
+        "--native-sidecar",
+        action="store_true",
+        help="inject as an init container with restartPolicy: Always (Kubernetes >= 1.29); "
+        "always done for Jobs and CronJobs",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = InjectOptions(
+            image=args.image,
+            configmap=args.config,
+            socket_dir=args.socket_dir,
+            native=args.native_sidecar,
+        )
+        options.validate()
+        text = _read(args.filename)
+        result = inject_text(text, options)
+    except InjectError as exc:
+        source = "<stdin>" if args.filename == "-" else args.filename
+        print(f"prefix-sidecar inject: error: {source}: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(result.text)
+    sys.stdout.flush()
+    if not args.quiet:
+        for label in result.injected:
+            print(f"{label} injected", file=sys.stderr)
+        for label, why in result.skipped:
+            print(f"{label} skipped ({why})", file=sys.stderr)
+    return 0
+
+
+def _read(filename: str) -> str:
+    try:
+        if filename == "-":
+            return sys.stdin.read()
+        with open(filename, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InjectError(f"cannot read the manifest: {exc}") from None

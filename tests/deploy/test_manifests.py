@@ -1,0 +1,153 @@
+"""deploy/k8s against the Kubernetes schemas (offline, strict) and against each other: the
+Service selects the vLLM pods, the sidecar config names that Service, the caller is exactly
+what `prefix-sidecar inject` produces, and the config loads with the sidecar's own loader."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sidecar import inject
+from tests.deploy.conftest import K8S_DIR, load_all, validate_k8s
+
+MANIFESTS = sorted(p for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def _objects() -> dict[tuple[str, str], dict[str, Any]]:
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in MANIFESTS:
+        for doc in load_all(path):
+            found[(doc["kind"], doc["metadata"]["name"])] = doc
+    return found
+
+
+def _pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def _sidecar_config() -> dict[str, Any]:
+    config_map = _objects()[("ConfigMap", inject.DEFAULT_CONFIGMAP)]
+    data: dict[str, Any] = yaml.safe_load(config_map["data"][inject.CONFIG_FILE])
+    return data
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_manifest_passes_the_strict_kubernetes_schema(path: Path, offline: None) -> None:
+    docs = load_all(path)
+    assert docs, f"{path} holds no objects"
+    for doc in docs:
+        validate_k8s(doc)
+
+
+def test_the_schema_check_catches_mistakes(offline: None) -> None:
+    vllm = copy.deepcopy(_objects()[("Deployment", "vllm")])
+    vllm["spec"]["replicas"] = "eight"
+    with pytest.raises(AssertionError, match=r"spec\.replicas"):
+        validate_k8s(vllm)
+    typo = copy.deepcopy(_objects()[("Deployment", "merchant-assistant")])
+    _pod_spec(typo)["containers"][1]["livenesProbe"] = {}  # unknown field, strict mode
+    with pytest.raises(AssertionError, match="livenesProbe"):
+        validate_k8s(typo)
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in MANIFESTS)
+
+
+def test_headless_service_publishes_the_ready_vllm_pods() -> None:
+    objects = _objects()
+    vllm, service = objects[("Deployment", "vllm")], objects[("Service", "vllm-headless")]
+    pod_labels = vllm["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["clusterIP"] == "None"  # DNS answers with the pod IPs
+    assert service["spec"].get("publishNotReadyAddresses", False) is False
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert vllm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    container = _pod_spec(vllm)["containers"][0]
+    assert "readinessProbe" in container  # readiness is what gates DNS membership
+    assert "--enable-prefix-caching" in container["args"]
+    # The opt-out annotation keeps `inject` away from the fleet itself.
+    annotations = vllm["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[inject.OPT_OUT_ANNOTATION] == "false"
+
+
+def test_sidecar_config_names_the_headless_service_by_fqdn() -> None:
+    objects = _objects()
+    service = objects[("Service", "vllm-headless")]
+    port = service["spec"]["ports"][0]["port"]
+    namespace = service["metadata"]["namespace"]
+    expected = f"vllm-headless.{namespace}.svc.cluster.local:{port}"
+    assert _sidecar_config()["backends_dns"] == expected
+
+
+def test_pdb_covers_the_vllm_pods_one_at_a_time() -> None:
+    objects = _objects()
+    pdb, vllm = objects[("PodDisruptionBudget", "vllm")], objects[("Deployment", "vllm")]
+    pod_labels = vllm["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert vllm["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_every_container_has_requests_and_limits() -> None:
+    for (kind, name), obj in _objects().items():
+        if kind != "Deployment":
+            continue
+        for container in _pod_spec(obj)["containers"]:
+            resources = container.get("resources", {})
+            where = f"{name}/{container['name']}"
+            assert resources.get("requests"), f"{where} has no resource requests"
+            assert resources.get("limits", {}).get("memory"), f"{where} has no memory limit"
+
+
+def test_caller_is_exactly_what_inject_produces() -> None:
+    caller = _objects()[("Deployment", "merchant-assistant")]
+    plain = copy.deepcopy(caller)
+    spec = _pod_spec(plain)
+    spec["containers"] = [c for c in spec["containers"] if c["name"] != inject.SIDECAR_NAME]
+    for container in spec["containers"]:
+        del container["volumeMounts"], container["env"]
+    del spec["volumes"], spec["securityContext"]
+    text = yaml.safe_dump(plain, sort_keys=False)
+    injected = inject.inject_text(text, inject.InjectOptions())
+    assert yaml.safe_load(injected.text) == caller
+    # ...and injecting the committed file again changes no byte.
+    committed = (K8S_DIR / "caller.yaml").read_text()
+    again = inject.inject_text(committed, inject.InjectOptions())
+    assert again.text == committed
+    assert again.injected == []
+
+
+def test_probes_and_socket_agree_with_the_config() -> None:
+    caller = _objects()[("Deployment", "merchant-assistant")]
+    config = _sidecar_config()
+    sidecar = next(c for c in _pod_spec(caller)["containers"] if c["name"] == inject.SIDECAR_NAME)
+    socket_path = config["listen"].removeprefix("unix://")
+    health = ["prefix-sidecar", "health", "--socket", socket_path]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["exec"]["command"] == health
+    assert sidecar["args"][sidecar["args"].index("--listen") + 1] == config["listen"]
+    ports = {p["containerPort"] for p in sidecar["ports"]}
+    assert config["metrics_port"] in ports
+
+
+def test_prefix_files_are_in_the_config_map() -> None:
+    config_map = _objects()[("ConfigMap", inject.DEFAULT_CONFIGMAP)]
+    for prefix in _sidecar_config()["prefixes"]:
+        directory, _, key = prefix["file"].rpartition("/")
+        assert directory == inject.CONFIG_DIR, f"{prefix['file']} is outside the config mount"
+        assert config_map["data"].get(key, "").strip(), f"ConfigMap has no {key} for {prefix}"
+
+
+def test_sidecar_config_loads_with_the_sidecars_loader() -> None:
+    from sidecar import config as sidecar_config  # the lead's loader: the real judge
+
+    loaded = sidecar_config.build_config(_sidecar_config(), env={}, overrides={})
+    assert loaded.backends_dns.startswith("vllm-headless.")
+    assert loaded.socket_path == "/var/run/prefix-sidecar/sidecar.sock"
+    assert [p.name for p in loaded.prefixes] == ["compliance-rules", "live-stream-script"]
