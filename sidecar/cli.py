@@ -43,7 +43,9 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if wanted and exc.name is not None and module_name.startswith(exc.name):
-                raise SystemExit(f"prefix-sidecar: command {wanted[0]!r} is not available: {exc}")
+                raise SystemExit(
+                    f"prefix-sidecar: command {wanted[0]!r} is not available: {exc}"
+                ) from None
             continue
         module.register(subparsers)
     return parser

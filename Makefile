@@ -1,0 +1,42 @@
+# Two entry points for a fresh machine (README quick start): `make demo` and `make test`.
+# Each creates .venv in the repository root if missing and installs the package into it, with
+# its Cython extension and generated gRPC modules, so .venv/bin/prefix-sidecar exists after.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# llama-cpp-python compiles llama.cpp from source (~5 min on 2 cores); pip keeps the built
+# wheel in its cache, so later runs on the same machine skip the build.
+export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+
+.PHONY: demo test test-fast lint bench clean
+
+$(STAMP): pyproject.toml setup.py csrc/_core_c.pyx csrc/murmur3.h $(wildcard proto/*/*/*.proto)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,bench,real]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/prefix-sidecar demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check sidecar tests setup.py
+	$(BIN)/ruff format --check sidecar tests setup.py
+	$(BIN)/mypy
+
+# The whole suite with the extension, then again on the pure-Python twin.
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+	SIDECAR_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_engine and not slow"
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -x -m "not real_engine and not slow"
+
+bench: $(STAMP)
+	$(BIN)/prefix-sidecar bench core
+
+clean:
+	rm -rf build dist *.egg-info sidecar/v1 sidecar/*.so .pytest_cache .mypy_cache .ruff_cache

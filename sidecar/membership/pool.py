@@ -1,0 +1,199 @@
+"""The backend pool: membership + health + warmth -> the ring that routes requests.
+
+A pod is *serving* when it is healthy and warm; only serving pods are on the routing ring.
+Removing a pod's points from the ring sends exactly its keys to the next pod clockwise,
+which is what skipping it on the full ring would do, so every sidecar that sees the same
+pods serving still agrees (routing contract v1). A pod that joins or comes back is
+*warming* until the prefixes it is home for are prewarmed on it (warm before serve); it
+then joins the ring. When no pod is serving (a cold start), traffic goes to the pods that
+are not ejected: a cold answer beats no answer.
+
+The ring is built once per change and swapped by one reference (Envoy's pattern), so the
+request path never locks; in-flight counts are kept per pod and mirrored into the
+snapshot's `loads` array, which `Ring.pick` reads without copying.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sidecar import _core
+from sidecar.membership.sources import Member
+
+logger = logging.getLogger(__name__)
+
+WARMING = "warming"
+SERVING = "serving"
+EJECTED = "ejected"
+
+
+@dataclass
+class Backend:
+    url: str
+    weight: int = 1
+    healthy: bool | None = None  # None until the first health check decides
+    warm: bool = False
+    in_flight: int = 0
+    warm_prefixes: set[str] = field(default_factory=set)
+    last_error: str = ""
+
+    @property
+    def state(self) -> str:
+        if self.healthy is False:
+            return EJECTED
+        if self.healthy and self.warm:
+            return SERVING
+        return WARMING
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    """One immutable routing snapshot; `loads` is the only mutable part (in-flight counts)."""
+
+    ring: _core.Ring | None
+    index: dict[str, int]
+    loads: array.array[int]
+    generation: int
+    cold: bool  # True when routing over warming pods because none is serving
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.ring.members if self.ring is not None else ()
+
+
+class BackendPool:
+    """Owns every Backend and rebuilds the routing table when one changes state."""
+
+    def __init__(
+        self,
+        vnodes: int = 0,
+        warm_before_serve: bool = True,
+        needs_warming: Callable[[], bool] = lambda: False,
+        on_warm_needed: Callable[[str], None] | None = None,
+        on_change: Callable[[RoutingTable], None] | None = None,
+    ) -> None:
+        self._vnodes = vnodes or _core.DEFAULT_VNODES
+        self._warm_before_serve = warm_before_serve
+        self._needs_warming = needs_warming
+        self._on_warm_needed = on_warm_needed
+        self._on_change = on_change
+        self.backends: dict[str, Backend] = {}
+        self._generation = 0
+        self.table = RoutingTable(None, {}, array.array("q"), 0, False)
+        self._target_ring: _core.Ring | None = None
+
+    # --- inputs -------------------------------------------------------------------------
+
+    def set_members(self, members: Sequence[Member]) -> None:
+        """Adopt a new membership from the sources (already canonical and de-duplicated)."""
+        wanted = {m.url: m.weight for m in members}
+        for url in list(self.backends):
+            if url not in wanted:
+                logger.info("backend %s left the membership", url)
+                del self.backends[url]
+        for url, weight in wanted.items():
+            backend = self.backends.get(url)
+            if backend is None:
+                logger.info("backend %s joined the membership (weight %d)", url, weight)
+                self.backends[url] = Backend(url=url, weight=weight)
+            else:
+                backend.weight = weight
+        self._rebuild()
+
+    def set_health(self, url: str, healthy: bool, reason: str | None = None) -> None:
+        """Health monitor callback: ejection, admission and re-admission."""
+        backend = self.backends.get(url)
+        if backend is None or backend.healthy == healthy:
+            return
+        backend.healthy = healthy
+        if not healthy:
+            backend.last_error = reason or "unhealthy"
+            backend.warm = False
+            backend.warm_prefixes.clear()
+            logger.warning("backend %s ejected: %s", url, backend.last_error)
+            self._rebuild()
+            return
+        logger.info("backend %s is healthy", url)
+        if self._warm_before_serve and self._on_warm_needed is not None and self._needs_warming():
+            backend.warm = False
+            self._rebuild()
+            self._on_warm_needed(url)
+        else:
+            backend.warm = True
+            self._rebuild()
+
+    def mark_warm(self, url: str, prefix_ids: Iterable[str] = ()) -> None:
+        """The prewarm of a warming pod finished: it joins the ring."""
+        backend = self.backends.get(url)
+        if backend is None:
+            return
+        backend.warm_prefixes.update(prefix_ids)
+        if not backend.warm and backend.healthy:
+            backend.warm = True
+            logger.info("backend %s is warm and serving", url)
+            self._rebuild()
+
+    def note_warm_prefix(self, url: str, prefix_id: str) -> None:
+        backend = self.backends.get(url)
+        if backend is not None:
+            backend.warm_prefixes.add(prefix_id)
+
+    def forget_prefix(self, prefix_id: str) -> None:
+        for backend in self.backends.values():
+            backend.warm_prefixes.discard(prefix_id)
+
+    # --- in-flight accounting --------------------------------------------------------------
+
+    def acquire(self, url: str) -> None:
+        backend = self.backends.get(url)
+        if backend is not None:
+            backend.in_flight += 1
+        table = self.table
+        index = table.index.get(url)
+        if index is not None:
+            table.loads[index] += 1
+
+    def release(self, url: str) -> None:
+        backend = self.backends.get(url)
+        if backend is not None and backend.in_flight > 0:
+            backend.in_flight -= 1
+        table = self.table
+        index = table.index.get(url)
+        if index is not None and table.loads[index] > 0:
+            table.loads[index] -= 1
+
+    # --- outputs ------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def target_ring(self) -> _core.Ring | None:
+        """The ring over every pod that is not ejected: where prefixes *will* live once
+        warming pods are warm. Prewarm targets come from here."""
+        return self._target_ring
+
+    def _rebuild(self) -> None:
+        serving = [b for b in self.backends.values() if b.state == SERVING]
+        alive = [b for b in self.backends.values() if b.state != EJECTED]
+        cold = not serving
+        chosen = alive if cold else serving
+        ring = self._ring(chosen)
+        self._target_ring = self._ring(alive)
+        index = {url: i for i, url in enumerate(ring.members)} if ring is not None else {}
+        loads = array.array("q", (self.backends[url].in_flight for url in index))
+        self._generation += 1
+        self.table = RoutingTable(ring, index, loads, self._generation, cold and bool(alive))
+        if self._on_change is not None:
+            self._on_change(self.table)
+
+    def _ring(self, backends: Sequence[Backend]) -> _core.Ring | None:
+        if not backends:
+            return None
+        ordered = sorted(backends, key=lambda b: b.url)
+        return _core.Ring(
+            [b.url for b in ordered], [b.weight for b in ordered], vnodes=self._vnodes
+        )

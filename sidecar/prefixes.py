@@ -1,0 +1,190 @@
+"""The prefix store: callers register a fat prefix once, then send its id (or name) per request.
+
+A prefix is keyed by its id (SHA-256 of the UTF-8 text), so registering the same text twice
+is idempotent and every sidecar derives the same id and route key without talking to the
+others. A name points at its newest version; older versions stay resolvable by id until they
+are unregistered, so a rules update does not break requests already in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from sidecar import _core
+
+# Prompts are matched against registered prefixes by their first characters: prefixes at
+# least this long are found by one dict lookup, shorter ones by a linear scan.
+MATCH_HEAD_CHARS = 64
+
+
+class PrefixError(ValueError):
+    """A prefix that cannot be stored; the message says what to fix."""
+
+
+class PrefixNotFound(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "prefix not found"
+
+
+class PrefixLimitExceeded(PrefixError):
+    """The store holds its configured maximum number of prefixes."""
+
+
+@dataclass
+class PrefixEntry:
+    id: str
+    name: str
+    text: str
+    route_key: int
+    replicas: int
+    size: int
+    _json: str | None = field(default=None, repr=False)
+
+    @property
+    def json_fragment(self) -> str:
+        """The text JSON-escaped without quotes, built once: a 240 KB prefix is then not
+        re-escaped on every request."""
+        if self._json is None:
+            self._json = json.dumps(self.text, ensure_ascii=False)[1:-1]
+        return self._json
+
+
+class PrefixStore:
+    """Thread-safe map of id -> entry and name -> versions (oldest first)."""
+
+    def __init__(self, max_prefixes: int = 1024, max_bytes: int = 4 * 1024 * 1024) -> None:
+        self._max_prefixes = max_prefixes
+        self._max_bytes = max_bytes
+        self._by_id: dict[str, PrefixEntry] = {}
+        self._versions: dict[str, list[str]] = {}
+        self._by_head: dict[str, list[PrefixEntry]] = {}
+        self._short: list[PrefixEntry] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[PrefixEntry]:
+        return iter(list(self._by_id.values()))
+
+    def register(self, name: str, text: str, replicas: int = 0) -> tuple[PrefixEntry, bool]:
+        """Store a prefix; returns (entry, created). Same text again is a no-op."""
+        if not name:
+            raise PrefixError("prefix name is empty; give the prefix a stable name")
+        if len(name) > 256:
+            raise PrefixError(f"prefix name is {len(name)} characters; the maximum is 256")
+        if not text:
+            raise PrefixError(f"prefix {name!r} has empty text; send the fat prefix in 'text'")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PrefixError(
+                f"prefix {name!r} is not valid UTF-8 (lone surrogate at character {exc.start})"
+            ) from None
+        if len(data) > self._max_bytes:
+            raise PrefixError(
+                f"prefix {name!r} is {len(data)} bytes; the maximum is {self._max_bytes} "
+                "(config max_prefix_bytes)"
+            )
+        entry_id = _core.prefix_id(text)
+        with self._lock:
+            existing = self._by_id.get(entry_id)
+            versions = self._versions.setdefault(name, [])
+            if existing is not None:
+                if replicas and replicas != existing.replicas:
+                    existing.replicas = replicas
+                if entry_id in versions:
+                    versions.remove(entry_id)
+                versions.append(entry_id)
+                return existing, False
+            if len(self._by_id) >= self._max_prefixes:
+                if not versions:
+                    del self._versions[name]
+                raise PrefixLimitExceeded(
+                    f"the sidecar holds {len(self._by_id)} prefixes, its maximum "
+                    "(config max_prefixes); unregister old versions first"
+                )
+            entry = PrefixEntry(
+                id=entry_id,
+                name=name,
+                text=text,
+                route_key=_core.route_key(data),
+                replicas=replicas,
+                size=len(data),
+            )
+            self._by_id[entry_id] = entry
+            versions.append(entry_id)
+            if len(text) >= MATCH_HEAD_CHARS:
+                self._by_head.setdefault(text[:MATCH_HEAD_CHARS], []).append(entry)
+            else:
+                self._short.append(entry)
+            return entry, True
+
+    def get(self, prefix_id: str) -> PrefixEntry:
+        entry = self._by_id.get(prefix_id)
+        if entry is None:
+            raise PrefixNotFound(
+                f"no prefix with id {prefix_id!r}; register it first (RegisterPrefix) "
+                "or send prefix_text"
+            )
+        return entry
+
+    def by_name(self, name: str) -> PrefixEntry:
+        versions = self._versions.get(name)
+        if not versions:
+            raise PrefixNotFound(f"no prefix named {name!r}; register it first (RegisterPrefix)")
+        return self._by_id[versions[-1]]
+
+    def versions(self, name: str) -> list[str]:
+        return list(self._versions.get(name, ()))
+
+    def unregister_id(self, prefix_id: str) -> list[str]:
+        with self._lock:
+            entry = self._by_id.get(prefix_id)
+            if entry is None:
+                raise PrefixNotFound(f"no prefix with id {prefix_id!r} to unregister")
+            self._remove(entry)
+            return [prefix_id]
+
+    def unregister_name(self, name: str) -> list[str]:
+        with self._lock:
+            ids = self._versions.get(name)
+            if not ids:
+                raise PrefixNotFound(f"no prefix named {name!r} to unregister")
+            removed = list(ids)
+            for prefix_id in removed:
+                self._remove(self._by_id[prefix_id])
+            return removed
+
+    def _remove(self, entry: PrefixEntry) -> None:
+        del self._by_id[entry.id]
+        for name in list(self._versions):
+            versions = self._versions[name]
+            if entry.id in versions:
+                versions.remove(entry.id)
+                if not versions:
+                    del self._versions[name]
+        head = self._by_head.get(entry.text[:MATCH_HEAD_CHARS])
+        if head is not None and entry in head:
+            head.remove(entry)
+            if not head:
+                del self._by_head[entry.text[:MATCH_HEAD_CHARS]]
+        if entry in self._short:
+            self._short.remove(entry)
+
+    def match(self, prompt: str) -> PrefixEntry | None:
+        """The longest registered prefix the prompt starts with, if any."""
+        best: PrefixEntry | None = None
+        for candidate in self._by_head.get(prompt[:MATCH_HEAD_CHARS], ()):
+            if prompt.startswith(candidate.text) and (best is None or candidate.size > best.size):
+                best = candidate
+        if best is None:
+            for candidate in self._short:
+                if prompt.startswith(candidate.text) and (
+                    best is None or candidate.size > best.size
+                ):
+                    best = candidate
+        return best

@@ -1,0 +1,20 @@
+"""least_loaded: the pod with the fewest in-flight requests (ties: ring member order),
+ignoring the key. Baseline: balances load, loses prefix locality.
+
+Complexity: O(N).
+"""
+
+from __future__ import annotations
+
+from sidecar.membership.pool import RoutingTable
+
+
+class LeastLoaded:
+    name = "least_loaded"
+
+    def select(
+        self, table: RoutingTable, key: int, replicas: int, factor: float
+    ) -> tuple[str, str]:
+        loads = table.loads
+        best = min(range(len(loads)), key=loads.__getitem__)
+        return table.members[best], "least_loaded"

@@ -1,0 +1,23 @@
+"""random: a uniformly random pod, ignoring the key. Baseline.
+
+Complexity: O(1).
+"""
+
+from __future__ import annotations
+
+import random
+
+from sidecar.membership.pool import RoutingTable
+
+
+class RandomPick:
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._random = random.Random(seed)
+
+    def select(
+        self, table: RoutingTable, key: int, replicas: int, factor: float
+    ) -> tuple[str, str]:
+        members = table.members
+        return members[self._random.randrange(len(members))], "random"

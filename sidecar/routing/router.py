@@ -1,0 +1,105 @@
+"""The router: a prefix, an inline prefix text or a raw prompt -> route key -> pod.
+
+Route keys follow routing contract v1: a prefix routes on key(its UTF-8 bytes); a raw
+prompt that starts with a registered prefix routes as that prefix, otherwise on key(first
+`route_window_bytes` bytes), so prompts sharing a long head still meet on one pod.
+The failover order is the chosen pod, then the rest of the key's preference order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sidecar import _core
+from sidecar.membership.pool import BackendPool
+from sidecar.prefixes import PrefixEntry, PrefixStore
+from sidecar.routing.policy import Policy
+
+
+class NoBackendError(Exception):
+    """No pod can take the request (none known, or all ejected)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    backend: str
+    preference: list[str]
+    prefix: PrefixEntry | None
+    route_key: int
+    branch: str
+    decision_ns: int
+    generation: int
+
+
+class Router:
+    def __init__(
+        self,
+        pool: BackendPool,
+        store: PrefixStore,
+        policy: Policy,
+        *,
+        route_window_bytes: int = 4096,
+        default_replicas: int = 1,
+        load_factor: float = 1.25,
+        max_attempts: int = 3,
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.policy = policy
+        self.route_window_bytes = route_window_bytes
+        self.default_replicas = default_replicas
+        self.load_factor = load_factor
+        self.max_attempts = max_attempts
+
+    def replicas_of(self, entry: PrefixEntry | None) -> int:
+        return entry.replicas if entry is not None and entry.replicas else self.default_replicas
+
+    def for_prefix(self, entry: PrefixEntry) -> Decision:
+        return self._decide(time.perf_counter_ns(), entry.route_key, entry)
+
+    def for_prefix_text(self, text: str) -> Decision:
+        """An unregistered prefix sent inline: same key as if it were registered."""
+        started = time.perf_counter_ns()
+        entry = self.store.match(text)
+        if entry is not None and entry.size == len(text.encode("utf-8")):
+            return self._decide(started, entry.route_key, entry)
+        return self._decide(started, _core.route_key(text.encode("utf-8")), None)
+
+    def for_prompt(self, prompt: str) -> Decision:
+        started = time.perf_counter_ns()
+        entry = self.store.match(prompt)
+        if entry is not None:
+            return self._decide(started, entry.route_key, entry)
+        window = prompt.encode("utf-8")[: self.route_window_bytes]
+        return self._decide(started, _core.route_key(window), None)
+
+    def _decide(self, started: int, key: int, entry: PrefixEntry | None) -> Decision:
+        table = self.pool.table
+        ring = table.ring
+        if ring is None:
+            raise NoBackendError(
+                "no healthy vLLM pod: every backend is ejected or none is configured "
+                "(check --backend / backends_file / backends_dns and the pods' health)"
+            )
+        replicas = self.replicas_of(entry)
+        backend, branch = self.policy.select(table, key, replicas, self.load_factor)
+        order = ring.preference(key, max(replicas, self.max_attempts))
+        preference = [backend, *(url for url in order if url != backend)]
+        elapsed = time.perf_counter_ns() - started
+        return Decision(
+            backend=backend,
+            preference=preference,
+            prefix=entry,
+            route_key=key,
+            branch=branch,
+            decision_ns=elapsed,
+            generation=table.generation,
+        )
+
+    def home_set(self, entry: PrefixEntry, *, target: bool = True) -> list[str]:
+        """The prefix's replica set, owner first: where it should be resident."""
+        ring = self.pool.target_ring() if target else self.pool.table.ring
+        if ring is None:
+            return []
+        return ring.preference(entry.route_key, self.replicas_of(entry))

@@ -1,0 +1,344 @@
+"""Assemble and run one sidecar: store, pool, health, router, relay, prewarm, gRPC server.
+
+Shape after hypercorn's `serve(config, shutdown_trigger=...)`: the shutdown trigger is
+injectable, so tests stop a sidecar without signals. On shutdown, health turns NOT_SERVING
+first (probes and clients stop sending), new calls are refused, streams get `grace_s` to
+finish, then the upstream session closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from sidecar.config import Config
+from sidecar.membership.health import HealthMonitor
+from sidecar.membership.pool import BackendPool, RoutingTable
+from sidecar.membership.sources import (
+    CombinedSource,
+    DnsSource,
+    FileSource,
+    Member,
+    MembershipError,
+    MembershipSource,
+    StaticSource,
+    parse_dns_target,
+)
+from sidecar.metrics import Metrics, start_metrics_server
+from sidecar.prefixes import PrefixError, PrefixStore
+from sidecar.prewarm import WARMED, Prewarmer
+from sidecar.routing.policy import make_policy
+from sidecar.routing.router import Router
+from sidecar.server.handlers import SERVICE, add_router_servicer
+from sidecar.server.relay import Relay, RelayPolicy
+from sidecar.server.servicer import RouterServicer
+from sidecar.server.unix_socket import (
+    apply_socket_permissions,
+    prepare_socket_path,
+    restrictive_umask,
+)
+from sidecar.upstream.client import UpstreamClient
+from sidecar.v1 import router_pb2
+
+logger = logging.getLogger(__name__)
+
+
+class Sidecar:
+    """One running sidecar. `async with Sidecar(config) as sidecar:` starts and stops it."""
+
+    def __init__(self, config: Config, policy: str | None = None) -> None:
+        self.config = config
+        self.metrics = Metrics(config.price_base, config.price_cache, config.price_out)
+        self.store = PrefixStore(config.max_prefixes, config.max_prefix_bytes)
+        self.client = UpstreamClient(
+            connect_timeout_s=config.connect_timeout_s,
+            per_backend_connections=config.per_backend_connections,
+            api_key=config.api_key(),
+        )
+        self.pool = BackendPool(
+            vnodes=config.vnodes,
+            warm_before_serve=config.warm_before_serve,
+            needs_warming=lambda: len(self.store) > 0,
+            on_warm_needed=self._warm_joiner,
+            on_change=self._table_changed,
+        )
+        self.router = Router(
+            self.pool,
+            self.store,
+            make_policy(policy or config.policy),
+            route_window_bytes=config.route_window_bytes,
+            default_replicas=config.replicas,
+            load_factor=config.load_factor,
+            max_attempts=config.max_attempts,
+        )
+        self.prewarmer = Prewarmer(
+            self.client,
+            concurrency=config.prewarm_concurrency,
+            attempts=config.prewarm_attempts,
+            backoff_s=config.prewarm_backoff_s,
+            timeout_s=config.prewarm_timeout_s,
+            model=config.model,
+        )
+        self.health: HealthMonitor | None = None
+        self.server: grpc.aio.Server | None = None
+        self.health_servicer = health_aio.HealthServicer()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._warming: dict[str, asyncio.Task[None]] = {}
+        self._metrics_runner: object | None = None
+        self.tcp_port: int | None = None
+        self.metrics_port: int | None = None
+
+    @property
+    def socket_path(self) -> str:
+        return self.config.socket_path
+
+    @property
+    def target(self) -> str:
+        """The gRPC target clients dial: unix:///path.sock."""
+        return self.config.listen
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._load_prefixes()
+        source = self._membership_source()
+        self.health = HealthMonitor(
+            self.client.session,
+            path=self.config.health_path,
+            interval_s=self.config.health_interval_s,
+            timeout_s=self.config.health_timeout_s,
+            failure_threshold=self.config.eject_after_failures,
+            on_change=self.pool.set_health,
+        )
+        self.server = self._grpc_server()
+        self.relay = Relay(
+            self.client,
+            self.pool,
+            self.health,
+            self.metrics,
+            RelayPolicy(
+                max_attempts=self.config.max_attempts,
+                first_token_timeout_s=self.config.first_token_timeout_s,
+                upstream_timeout_s=self.config.upstream_timeout_s,
+            ),
+        )
+        servicer = RouterServicer(
+            self.config,
+            self.store,
+            self.pool,
+            self.router,
+            self.relay,
+            self.prewarmer,
+            self.metrics,
+        )
+        add_router_servicer(servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self.server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.server,
+        )
+        prepare_socket_path(self.socket_path)
+        with restrictive_umask(self.config.socket_mode):
+            self.server.add_insecure_port(self.target)
+            self._add_tcp_port(self.server)
+            await self.server.start()
+        apply_socket_permissions(
+            self.socket_path, self.config.socket_mode, self.config.socket_group
+        )
+        if self.config.metrics_port:
+            runner = await start_metrics_server(
+                self.metrics, self.config.metrics_host, self.config.metrics_port
+            )
+            self._metrics_runner = runner
+            self.metrics_port = self.config.metrics_port
+        try:
+            first = await source.resolve()
+        except MembershipError as exc:
+            logger.error("initial membership failed (will keep trying): %s", exc)
+            first = []
+        if first:
+            self._set_members(first)
+        self._tasks.append(asyncio.create_task(source.watch(self._set_members), name="membership"))
+        self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+        for service in ("", SERVICE):
+            await self.health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        logger.info(
+            "prefix-sidecar listening on %s (%s); backends from %s",
+            self.target,
+            f"tcp {self.config.tcp_listen}" if self.config.tcp_listen else "no tcp",
+            source.description,
+        )
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        grace = self.config.grace_s if grace_s is None else grace_s
+        await self.health_servicer.enter_graceful_shutdown()
+        if self.server is not None:
+            await self.server.stop(grace)
+        for task in [*self._tasks, *self._warming.values()]:
+            task.cancel()
+        for task in [*self._tasks, *self._warming.values()]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.health is not None:
+            self.health.close()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()  # type: ignore[attr-defined]
+        await self.client.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        logger.info("prefix-sidecar stopped")
+
+    async def __aenter__(self) -> Sidecar:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- wiring -------------------------------------------------------------------------
+
+    def _grpc_server(self) -> grpc.aio.Server:
+        size = self.config.max_message_bytes
+        return grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", size),
+                ("grpc.max_send_message_length", size),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+
+    def _add_tcp_port(self, server: grpc.aio.Server) -> None:
+        config = self.config
+        if not config.tcp_listen:
+            return
+        key = Path(config.tls_key_file).read_bytes()
+        cert = Path(config.tls_cert_file).read_bytes()
+        client_ca = (
+            Path(config.tls_client_ca_file).read_bytes() if config.tls_client_ca_file else None
+        )
+        credentials = grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+        )
+        self.tcp_port = server.add_secure_port(config.tcp_listen, credentials)
+
+    def _membership_source(self) -> MembershipSource:
+        config = self.config
+        sources: list[MembershipSource] = []
+        if config.backends:
+            sources.append(StaticSource([Member(url, weight) for url, weight in config.backends]))
+        if config.backends_file:
+            sources.append(FileSource(config.backends_file, config.file_interval_s))
+        if config.backends_dns:
+            name, port = parse_dns_target(config.backends_dns)
+            nameserver, nameserver_port = None, 53
+            if config.dns_nameserver:
+                host, sep, port_text = config.dns_nameserver.rpartition(":")
+                if sep and port_text.isdigit() and "]" not in port_text:
+                    nameserver, nameserver_port = host.strip("[]"), int(port_text)
+                else:
+                    nameserver = config.dns_nameserver
+            sources.append(
+                DnsSource(
+                    name,
+                    port,
+                    interval_s=config.dns_interval_s,
+                    nameserver=nameserver,
+                    nameserver_port=nameserver_port,
+                )
+            )
+        if not sources:
+            raise ValueError(
+                "no backends configured: give --backend URL, --backends-file or --backends-dns"
+            )
+        return sources[0] if len(sources) == 1 else CombinedSource(sources)
+
+    def _load_prefixes(self) -> None:
+        for spec in self.config.prefixes:
+            try:
+                text = Path(spec.file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"prefix {spec.name!r}: cannot read {spec.file}: {exc}") from None
+            try:
+                entry, _ = self.store.register(spec.name, text, spec.replicas)
+            except PrefixError as exc:
+                raise ValueError(f"prefix {spec.name!r} from {spec.file}: {exc}") from None
+            logger.info("prefix %s loaded from %s (%s)", spec.name, spec.file, entry.id[:12])
+
+    def _set_members(self, members: list[Member]) -> None:
+        self.pool.set_members(members)
+        if self.health is not None:
+            self.health.set_members([m.url for m in members])
+
+    def _table_changed(self, table: RoutingTable) -> None:
+        for backend in self.pool.backends.values():
+            self.metrics.set_backend(backend.url, backend.state, backend.healthy)
+
+    def _warm_joiner(self, url: str) -> None:
+        """Warm before serve: prewarm what a (re)joining pod is home for, then admit it."""
+        previous = self._warming.pop(url, None)
+        if previous is not None:
+            previous.cancel()
+        self._warming[url] = asyncio.get_running_loop().create_task(self._warm_then_admit(url))
+
+    async def _warm_then_admit(self, url: str) -> None:
+        ring = self.pool.target_ring()
+        pairs = []
+        if ring is not None:
+            for entry in self.store:
+                if url in ring.preference(entry.route_key, self.router.replicas_of(entry)):
+                    pairs.append((entry, url))
+        warmed = []
+        if pairs:
+            logger.info("warming %s with %d prefix(es) before it serves", url, len(pairs))
+            for event in await self.prewarmer.warm_all(pairs):
+                self.metrics.prewarm.labels(url, event.state.lower()).inc()
+                if event.state == WARMED:
+                    warmed.append(event.prefix_id)
+                else:
+                    # A pod that cannot be warmed still serves, cold: losing capacity at
+                    # peak is worse than one slow first request.
+                    logger.warning("backend %s serves cold: %s", url, event.error)
+        self._warming.pop(url, None)
+        self.pool.mark_warm(url, warmed)
+
+
+async def serve(
+    config: Config,
+    shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
+    policy: str | None = None,
+    ready: Callable[[Sidecar], None] | None = None,
+) -> None:
+    """Run a sidecar until the trigger fires (default: SIGTERM or SIGINT)."""
+    sidecar = Sidecar(config, policy=policy)
+    await sidecar.start()
+    if ready is not None:
+        ready(sidecar)
+    try:
+        if shutdown_trigger is None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+            logger.info("signal received: draining for up to %.1f s", config.grace_s)
+        else:
+            await shutdown_trigger()
+    finally:
+        await sidecar.stop()
+
+
+__all__ = ["Sidecar", "router_pb2", "serve"]

@@ -1,0 +1,490 @@
+"""The sidecar.v1.Router servicer: validates each call, routes it, relays the pod's answer.
+
+Every refusal carries a gRPC status a client can branch on and a message that says what
+to fix (docs/api.md lists them). Handlers never let an exception escape as UNKNOWN: an
+unexpected bug is logged and reported as INTERNAL, and the sidecar keeps serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from sidecar.config import Config
+from sidecar.membership.pool import BackendPool
+from sidecar.metrics import Metrics
+from sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound, PrefixStore
+from sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent, completion_body
+from sidecar.routing.router import Decision, NoBackendError, Router
+from sidecar.server.relay import Relay, RelayAbort, RelayOutcome
+from sidecar.v1 import router_pb2, router_pb2_grpc
+
+logger = logging.getLogger("sidecar.requests")
+
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+MAX_STOP = 16
+MAX_REPLICAS = 1024
+
+T = TypeVar("T")
+
+
+class Invalid(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Map our exceptions to statuses for unary RPCs."""
+
+    @functools.wraps(method)
+    async def wrapper(self: RouterServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
+        try:
+            return await method(self, request, context)
+        except Invalid as exc:
+            await context.abort(exc.code, exc.message)
+        except Exception:
+            logger.exception("%s failed unexpectedly", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__}: internal error")
+        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+    return wrapper
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    def __init__(
+        self,
+        config: Config,
+        store: PrefixStore,
+        pool: BackendPool,
+        router: Router,
+        relay: Relay,
+        prewarmer: Prewarmer,
+        metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.pool = pool
+        self.router = router
+        self.relay = relay
+        self.prewarmer = prewarmer
+        self.metrics = metrics
+
+    # --- prefixes -----------------------------------------------------------------------
+
+    @_unary
+    async def RegisterPrefix(
+        self, request: router_pb2.RegisterPrefixRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.Prefix:
+        if not request.name:
+            raise Invalid(grpc.StatusCode.INVALID_ARGUMENT, "name is empty; name the prefix")
+        if request.replicas > MAX_REPLICAS:
+            raise Invalid(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"replicas is {request.replicas}; the maximum is {MAX_REPLICAS}",
+            )
+        text = _text(request.text, "text", self.config.max_prefix_bytes)
+        try:
+            entry, created = self.store.register(request.name, text, request.replicas)
+        except PrefixError as exc:
+            raise Invalid(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        logger.info(
+            "prefix %s registered as %s (%d bytes, %s)",
+            entry.name,
+            entry.id[:12],
+            entry.size,
+            "new" if created else "already known",
+        )
+        reply = self._prefix_message(entry)
+        if request.prewarm:
+            targets = self.router.home_set(entry)
+            if not targets:
+                raise Invalid(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
+            for event in await self.prewarmer.warm_all([(entry, url) for url in targets]):
+                self._note_warm(entry, event)
+                reply.prewarm.append(_event_message(event))
+        return reply
+
+    @_unary
+    async def UnregisterPrefix(
+        self, request: router_pb2.UnregisterPrefixRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.UnregisterPrefixReply:
+        which = request.WhichOneof("prefix")
+        try:
+            if which == "prefix_id":
+                removed = self.store.unregister_id(request.prefix_id)
+            elif which == "prefix_name":
+                removed = self.store.unregister_name(request.prefix_name)
+            else:
+                raise Invalid(
+                    grpc.StatusCode.INVALID_ARGUMENT, "set prefix_id or prefix_name to unregister"
+                )
+        except PrefixNotFound as exc:
+            raise Invalid(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+        for prefix_id in removed:
+            self.pool.forget_prefix(prefix_id)
+        return router_pb2.UnregisterPrefixReply(removed_ids=removed)
+
+    @_unary
+    async def ListPrefixes(
+        self, request: router_pb2.ListPrefixesRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ListPrefixesReply:
+        return router_pb2.ListPrefixesReply(
+            prefixes=[self._prefix_message(entry) for entry in self.store]
+        )
+
+    def _prefix_message(self, entry: PrefixEntry) -> router_pb2.Prefix:
+        return router_pb2.Prefix(
+            id=entry.id,
+            name=entry.name,
+            bytes=entry.size,
+            route_key=entry.route_key,
+            replicas=self.router.replicas_of(entry),
+            backends=self.router.home_set(entry),
+            versions=self.store.versions(entry.name),
+        )
+
+    # --- routing ------------------------------------------------------------------------
+
+    @_unary
+    async def Route(
+        self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RouteReply:
+        which = request.WhichOneof("target")
+        if which == "prefix_id":
+            decision = self._decide(lambda: self.router.for_prefix(self._by_id(request.prefix_id)))
+        elif which == "prefix_name":
+            decision = self._decide(
+                lambda: self.router.for_prefix(self._by_name(request.prefix_name))
+            )
+        elif which == "prompt":
+            prompt = _text(
+                request.prompt, "prompt", self.config.max_prefix_bytes + self.config.max_input_bytes
+            )
+            decision = self._decide(lambda: self.router.for_prompt(prompt))
+        else:
+            raise Invalid(
+                grpc.StatusCode.INVALID_ARGUMENT, "set one of prefix_id, prefix_name or prompt"
+            )
+        self.metrics.decision.labels("Route").observe(decision.decision_ns / 1e9)
+        return router_pb2.RouteReply(
+            backend=decision.backend,
+            preference=decision.preference,
+            prefix_id=decision.prefix.id if decision.prefix else "",
+            route_key=decision.route_key,
+            branch=decision.branch,
+            decision_ns=decision.decision_ns,
+        )
+
+    def _decide(self, decide: Callable[[], Decision]) -> Decision:
+        try:
+            return decide()
+        except NoBackendError as exc:
+            raise Invalid(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+
+    def _by_id(self, prefix_id: str) -> PrefixEntry:
+        try:
+            return self.store.get(prefix_id)
+        except PrefixNotFound as exc:
+            raise Invalid(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+
+    def _by_name(self, name: str) -> PrefixEntry:
+        try:
+            return self.store.by_name(name)
+        except PrefixNotFound as exc:
+            raise Invalid(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+
+    def _resolve_prefix(self, request: Any) -> tuple[str, Decision | None, PrefixEntry | None]:
+        """(prefix JSON fragment, decision if routed by prefix, entry) for Complete/Chat."""
+        which = request.WhichOneof("prefix")
+        if which == "prefix_id":
+            entry = self._by_id(request.prefix_id)
+        elif which == "prefix_name":
+            entry = self._by_name(request.prefix_name)
+        elif which == "prefix_text":
+            text = _text(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
+            if not text:
+                return "", None, None
+            decision = self._decide(lambda: self.router.for_prefix_text(text))
+            fragment = (
+                decision.prefix.json_fragment
+                if decision.prefix is not None
+                else json.dumps(text, ensure_ascii=False)[1:-1]
+            )
+            return fragment, decision, decision.prefix
+        else:
+            return "", None, None
+        return entry.json_fragment, self._decide(lambda: self.router.for_prefix(entry)), entry
+
+    # --- streaming ----------------------------------------------------------------------
+
+    async def Complete(
+        self, request: router_pb2.CompleteRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.Chunk]:
+        started = time.perf_counter()
+        outcome = RelayOutcome()
+        branch = prefix_label = ""
+        try:
+            fragment, decision, entry = self._resolve_prefix(request)
+            user_input = _text(request.input, "input", self.config.max_input_bytes)
+            if decision is None:
+                if not user_input:
+                    raise Invalid(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "no prefix and an empty input: set prefix_id, prefix_name or "
+                        "prefix_text, or send the whole prompt in input",
+                    )
+                decision = self._decide(lambda: self.router.for_prompt(user_input))
+                entry = decision.prefix
+            params = _sampling(request)
+            body = completion_body(fragment, user_input, params, request.model or self.config.model)
+            branch = decision.branch
+            prefix_label = entry.name if entry is not None else "-"
+            self.metrics.decision.labels("Complete").observe(decision.decision_ns / 1e9)
+            async for chunk in self.relay.stream(
+                decision.preference,
+                "/v1/completions",
+                body,
+                chat=False,
+                time_remaining=context.time_remaining,
+                outcome=outcome,
+            ):
+                yield chunk
+        except (Invalid, RelayAbort) as exc:
+            outcome.status = exc.code.name
+            await context.abort(exc.code, exc.message)
+        except Exception:
+            outcome.status = "INTERNAL"
+            logger.exception("Complete failed unexpectedly")
+            await context.abort(grpc.StatusCode.INTERNAL, "Complete: internal error")
+        finally:
+            self._log("Complete", prefix_label, branch, outcome, started)
+
+    async def Chat(
+        self, request: router_pb2.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.Chunk]:
+        started = time.perf_counter()
+        outcome = RelayOutcome()
+        branch = prefix_label = ""
+        try:
+            fragment, decision, entry = self._resolve_prefix(request)
+            messages = _messages(request.messages, self.config.max_input_bytes)
+            if decision is None:
+                if not messages:
+                    raise Invalid(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "no prefix and no messages: send at least one message",
+                    )
+                decision = self._decide(lambda: self.router.for_prompt(messages[0]["content"]))
+                entry = decision.prefix
+            elif not messages:
+                raise Invalid(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "messages is empty: send at least one user message after the prefix",
+                )
+            body = _chat_body(
+                fragment, messages, _sampling(request), request.model or self.config.model
+            )
+            branch = decision.branch
+            prefix_label = entry.name if entry is not None else "-"
+            self.metrics.decision.labels("Chat").observe(decision.decision_ns / 1e9)
+            async for chunk in self.relay.stream(
+                decision.preference,
+                "/v1/chat/completions",
+                body,
+                chat=True,
+                time_remaining=context.time_remaining,
+                outcome=outcome,
+            ):
+                yield chunk
+        except (Invalid, RelayAbort) as exc:
+            outcome.status = exc.code.name
+            await context.abort(exc.code, exc.message)
+        except Exception:
+            outcome.status = "INTERNAL"
+            logger.exception("Chat failed unexpectedly")
+            await context.abort(grpc.StatusCode.INTERNAL, "Chat: internal error")
+        finally:
+            self._log("Chat", prefix_label, branch, outcome, started)
+
+    def _log(
+        self, rpc: str, prefix: str, branch: str, outcome: RelayOutcome, started: float
+    ) -> None:
+        status = outcome.status
+        self.metrics.requests.labels(rpc, outcome.backend or "-", branch or "-", status).inc()
+        prompt, completion, cached = outcome.usage
+        if prompt or completion:
+            self.metrics.record_usage(prefix or "-", prompt, cached, completion)
+        ttft = f"{outcome.ttft_s * 1e3:.1f}" if outcome.ttft_s is not None else "-"
+        logger.info(
+            "%s prefix=%s backend=%s branch=%s attempts=%d status=%s ttft_ms=%s total_ms=%.1f "
+            "prompt_tokens=%d cached_tokens=%d completion_tokens=%d",
+            rpc,
+            prefix or "-",
+            outcome.backend or "-",
+            branch or "-",
+            outcome.attempts,
+            status,
+            ttft,
+            (time.perf_counter() - started) * 1e3,
+            prompt,
+            cached,
+            completion,
+        )
+
+    async def Prewarm(
+        self, request: router_pb2.PrewarmRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.PrewarmEvent]:
+        try:
+            which = request.WhichOneof("prefix")
+            if which == "prefix_id":
+                entry = self._by_id(request.prefix_id)
+            elif which == "prefix_name":
+                entry = self._by_name(request.prefix_name)
+            else:
+                raise Invalid(grpc.StatusCode.INVALID_ARGUMENT, "set prefix_id or prefix_name")
+            if request.all_backends:
+                targets = [b.url for b in self.pool.backends.values() if b.healthy is not False]
+            else:
+                targets = self.router.home_set(entry)
+            if not targets:
+                raise Invalid(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
+        except Invalid as exc:
+            await context.abort(exc.code, exc.message)
+            return
+        async for event in self.prewarmer.run([(entry, url) for url in targets]):
+            self._note_warm(entry, event)
+            yield _event_message(event)
+
+    def _note_warm(self, entry: PrefixEntry, event: WarmEvent) -> None:
+        if event.state == WARMED:
+            self.pool.note_warm_prefix(event.backend, entry.id)
+        if event.state in (WARMED, FAILED):
+            self.metrics.prewarm.labels(event.backend, event.state.lower()).inc()
+
+    @_unary
+    async def ListBackends(
+        self, request: router_pb2.ListBackendsRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ListBackendsReply:
+        backends = [
+            router_pb2.Backend(
+                url=b.url,
+                healthy=bool(b.healthy),
+                state=b.state,
+                weight=b.weight,
+                in_flight=b.in_flight,
+                warm_prefixes=sorted(b.warm_prefixes),
+                last_error=b.last_error,
+            )
+            for b in sorted(self.pool.backends.values(), key=lambda b: b.url)
+        ]
+        return router_pb2.ListBackendsReply(backends=backends, generation=self.pool.generation)
+
+
+def _text(value: str, field_name: str, limit: int) -> str:
+    """Check a text field: valid UTF-8 (protobuf already rejects bad bytes) and size."""
+    if len(value) > limit // 4:  # cheap check first: a char is at most 4 bytes
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise Invalid(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{field_name} is {size} bytes; the maximum is {limit} bytes "
+                f"(config max_{'prefix' if 'prefix' in field_name else 'input'}_bytes)",
+            )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Invalid(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{field_name} is not valid UTF-8 text (lone surrogate at character {exc.start})",
+        ) from None
+    return value
+
+
+def _sampling(request: Any) -> dict[str, object]:
+    params: dict[str, object] = {}
+    if request.max_tokens:
+        params["max_tokens"] = request.max_tokens
+    if request.HasField("temperature"):
+        if not math.isfinite(request.temperature) or request.temperature < 0:
+            raise Invalid(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"temperature is {request.temperature}; it must be a finite number >= 0",
+            )
+        params["temperature"] = request.temperature
+    if request.HasField("top_p"):
+        if not (0 < request.top_p <= 1):
+            raise Invalid(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"top_p is {request.top_p}; it must be in (0, 1]",
+            )
+        params["top_p"] = request.top_p
+    if request.stop:
+        if len(request.stop) > MAX_STOP or not all(request.stop):
+            raise Invalid(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"stop must be 1-{MAX_STOP} non-empty strings, got {len(request.stop)}",
+            )
+        params["stop"] = [_text(s, "stop", 1024) for s in request.stop]
+    if request.HasField("seed"):
+        params["seed"] = request.seed
+    return params
+
+
+def _messages(messages: Any, limit: int) -> list[dict[str, str]]:
+    result = []
+    total = 0
+    for index, message in enumerate(messages):
+        if message.role not in CHAT_ROLES:
+            raise Invalid(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"messages[{index}].role is {message.role!r}; use one of {', '.join(CHAT_ROLES)}",
+            )
+        content = _text(message.content, f"messages[{index}].content", limit)
+        total += len(content)
+        result.append({"role": message.role, "content": content})
+    if total > limit:
+        raise Invalid(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"messages hold {total} characters; the maximum is {limit} (config max_input_bytes)",
+        )
+    return result
+
+
+def _chat_body(
+    prefix_fragment: str, messages: list[dict[str, str]], params: dict[str, object], model: str
+) -> bytes:
+    """A streaming /v1/chat/completions body; the prefix is the system message, spliced in
+    pre-escaped."""
+    rest: dict[str, object] = dict(params)
+    if model:
+        rest["model"] = model
+    rest["stream"] = True
+    rest["stream_options"] = {"include_usage": True}
+    parts = []
+    if prefix_fragment:
+        parts.append('{"role":"system","content":"' + prefix_fragment + '"}')
+    parts.extend(json.dumps(m, ensure_ascii=False) for m in messages)
+    tail = json.dumps(rest, ensure_ascii=False)[1:]
+    return ('{"messages":[' + ",".join(parts) + "]," + tail).encode("utf-8")
+
+
+def _event_message(event: WarmEvent) -> router_pb2.PrewarmEvent:
+    return router_pb2.PrewarmEvent(
+        backend=event.backend,
+        state=router_pb2.PrewarmEvent.State.Value(event.state),  # type: ignore[arg-type]
+        prompt_tokens=event.prompt_tokens,
+        cached_tokens=event.cached_tokens,
+        elapsed_ms=event.elapsed_ms,
+        attempt=event.attempt,
+        error=event.error,
+        prefix_id=event.prefix_id,
+    )

@@ -1,0 +1,1 @@
+"""Upstream: the OpenAI-compatible HTTP client that streams completions from vLLM pods."""

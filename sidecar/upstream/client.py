@@ -1,0 +1,197 @@
+"""The upstream client: one pooled aiohttp session, streaming OpenAI-style SSE from pods.
+
+Errors are classified where they happen, because the caller's only question is "may I try
+the next pod?": a refused connection, a timeout, a 5xx or a 429 before the first token may
+be retried elsewhere; any other 4xx is the caller's request and retrying cannot fix it.
+Closing a stream closes its connection (not back to the pool), so a cancelled caller frees
+the vLLM slot at once instead of leaving the pod generating for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from sidecar import __version__
+from sidecar.upstream.sse import Delta, SSEDecoder, SSEProtocolError
+
+READ_CHUNK = 64 * 1024
+
+
+class UpstreamError(Exception):
+    """A pod could not serve the request. `retryable`: another pod may succeed."""
+
+    def __init__(
+        self,
+        backend: str,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        connection_failure: bool = False,
+    ) -> None:
+        super().__init__(f"{backend}: {message}")
+        self.backend = backend
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.connection_failure = connection_failure
+
+
+class UpstreamStream:
+    """One open streaming response; iterate for coalesced deltas."""
+
+    def __init__(self, backend: str, response: aiohttp.ClientResponse, chat: bool) -> None:
+        self.backend = backend
+        self._response = response
+        self._decoder = SSEDecoder(chat=chat)
+        self.finished = False
+
+    async def next_delta(self) -> Delta:
+        """Wait for the next read from the pod and return every event it completed."""
+        while True:
+            try:
+                data = await self._response.content.readany()
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+                raise UpstreamError(
+                    self.backend, f"stream broke: {exc.__class__.__name__}: {exc}", retryable=True
+                ) from None
+            if not data:
+                raise UpstreamError(
+                    self.backend,
+                    "the pod closed the stream before [DONE]",
+                    retryable=True,
+                )
+            try:
+                delta = self._decoder.feed(data)
+            except SSEProtocolError as exc:
+                raise UpstreamError(self.backend, str(exc), retryable=True) from None
+            if delta.error:
+                raise UpstreamError(
+                    self.backend, f"the pod reported an error: {delta.error}", retryable=True
+                )
+            if delta.events or delta.done:
+                if delta.done:
+                    self.finished = True
+                return delta
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Delta]:
+        while not self.finished:
+            yield await self.next_delta()
+
+    def close(self) -> None:
+        """Drop the connection unless the stream ended cleanly (then it is reusable)."""
+        if self.finished:
+            self._response.release()
+        else:
+            self._response.close()
+
+
+class UpstreamClient:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 2.0,
+        per_backend_connections: int = 512,
+        api_key: str = "",
+    ) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._per_backend = per_backend_connections
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "User-Agent": f"prefix-sidecar/{__version__}",
+        }
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=self._per_backend, enable_cleanup_closed=True
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def open(
+        self, backend: str, path: str, body: bytes, *, timeout_s: float | None, chat: bool
+    ) -> UpstreamStream:
+        """POST and wait for the response headers; raise UpstreamError on any failure."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
+        try:
+            response = await self.session.post(
+                backend + path, data=body, headers=self._headers, timeout=timeout
+            )
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamError(
+                backend,
+                f"cannot connect: {exc.os_error or exc}",
+                retryable=True,
+                connection_failure=True,
+            ) from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamError(
+                backend,
+                f"request failed: {exc.__class__.__name__}: {exc}",
+                retryable=True,
+                connection_failure=isinstance(exc, aiohttp.ServerDisconnectedError),
+            ) from None
+        if response.status != 200:
+            message = await _error_message(response)
+            response.release()
+            retryable = response.status == 429 or response.status >= 500
+            raise UpstreamError(
+                backend,
+                f"HTTP {response.status}: {message}",
+                retryable=retryable,
+                status=response.status,
+            )
+        return UpstreamStream(backend, response, chat)
+
+    async def get_json(self, backend: str, path: str, timeout_s: float) -> Any:
+        async with self.session.get(
+            backend + path, headers=self._headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
+            response.raise_for_status()
+            return await response.json(content_type=None)
+
+
+async def _error_message(response: aiohttp.ClientResponse) -> str:
+    """The pod's own words: vLLM's {"message": ...} or {"error": {"message": ...}}."""
+    try:
+        raw = await asyncio.wait_for(response.content.read(64 * 1024), timeout=2.0)
+    except (TimeoutError, aiohttp.ClientError):
+        return response.reason or "no body"
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:500] or (response.reason or "no body")
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:500]
+        if isinstance(error, str):
+            return error[:500]
+        if data.get("message"):
+            return str(data["message"])[:500]
+        if data.get("detail"):
+            return str(data["detail"])[:500]
+    return text[:500]
