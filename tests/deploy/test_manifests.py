@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from sidecar import inject
-from tests.deploy.conftest import K8S_DIR, load_all, validate_k8s
+
+from .conftest import K8S_DIR, load_all, validate_k8s
 
 MANIFESTS = sorted(p for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
 

@@ -1,0 +1,263 @@
+"""`prefix-sidecar inject` on a realistic multi-document bundle (tests/deploy/manifests):
+what is added, what is left alone byte for byte, idempotency, opt-out, errors, and the
+injected output against the strict Kubernetes schemas."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sidecar import inject
+
+from .conftest import ROOT, validate_k8s
+
+SHOP = Path(__file__).parent / "manifests" / "shop.yaml"
+SOCKET_TARGET = "unix:///var/run/prefix-sidecar/sidecar.sock"
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "inject", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def by_name(text: str) -> dict[str, dict[str, Any]]:
+    """kind/name -> object, List items included."""
+    found: dict[str, dict[str, Any]] = {}
+    for doc in yaml.safe_load_all(text):
+        for obj in doc.get("items", [doc]) if doc["kind"] == "List" else [doc]:
+            found[f"{obj['kind'].lower()}/{obj['metadata']['name']}"] = obj
+    return found
+
+
+def template_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    path = inject.TEMPLATE_PATHS[obj["kind"]]
+    node = obj
+    for key in path:
+        node = node[key]
+    spec: dict[str, Any] = node["spec"]
+    return spec
+
+
+def sidecars(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    every = [*spec.get("initContainers", []), *spec["containers"]]
+    return [c for c in every if c["name"] == inject.SIDECAR_NAME]
+
+
+@pytest.fixture(scope="module")
+def shop() -> str:
+    return SHOP.read_text()
+
+
+@pytest.fixture(scope="module")
+def injected(shop: str) -> inject.InjectResult:
+    return inject.inject_text(shop, inject.InjectOptions())
+
+
+def test_every_workload_gets_one_sidecar_and_each_app_container_the_socket(
+    injected: inject.InjectResult,
+) -> None:
+    objects = by_name(injected.text)
+    for label in (
+        "deployment/merchant-api",
+        "statefulset/script-writer",
+        "pod/debug-shell",
+        "deployment/coupon-calculator",
+        "cronjob/nightly-compliance-report",
+    ):
+        spec = template_spec(objects[label])
+        assert len(sidecars(spec)) == 1, label
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes[inject.SOCKET_VOLUME] == {"name": inject.SOCKET_VOLUME, "emptyDir": {}}
+        assert volumes[inject.CONFIG_VOLUME]["configMap"]["name"] == inject.DEFAULT_CONFIGMAP
+        for container in spec["containers"]:
+            if container["name"] == inject.SIDECAR_NAME:
+                continue
+            mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+            assert mounts[inject.SOCKET_VOLUME] == inject.DEFAULT_SOCKET_DIR, label
+            env = [e for e in container["env"] if e["name"] == inject.SOCKET_ENV]
+            assert env == [{"name": inject.SOCKET_ENV, "value": SOCKET_TARGET}], label
+    api = template_spec(objects["deployment/merchant-api"])
+    assert [c["name"] for c in api["containers"]] == ["api", "log-shipper", "prefix-sidecar"]
+    # What the app had stays: its own volume, mount, env and its multi-line script.
+    assert api["volumes"][0] == {"name": "settings", "configMap": {"name": "merchant-api-settings"}}
+    assert api["containers"][0]["env"][0] == {"name": "LOG_LEVEL", "value": "info"}
+    assert api["containers"][0]["args"] == ["./migrate --wait\nexec ./server --port 8080\n"]
+    assert api["securityContext"]["fsGroup"] == inject.SIDECAR_UID
+    assert sorted(injected.injected) == sorted(
+        [
+            "deployment/merchant-api",
+            "statefulset/script-writer",
+            "pod/debug-shell",
+            "deployment/coupon-calculator",
+            "cronjob/nightly-compliance-report (native sidecar)",
+        ]
+    )
+
+
+def test_documents_that_are_not_workloads_are_untouched_and_in_order(
+    shop: str, injected: inject.InjectResult
+) -> None:
+    before = inject.split_documents(shop)
+    after = inject.split_documents(injected.text)
+    assert len(before) == len(after)
+    kinds = [yaml.safe_load(c.body)["kind"] for c in before]
+    assert [yaml.safe_load(c.body)["kind"] for c in after] == kinds
+    for old, new, kind in zip(before, after, kinds, strict=True):
+        assert new.separator == old.separator
+        if kind in ("Service", "ConfigMap", "DaemonSet"):  # the DaemonSet opted out
+            assert new.body == old.body, kind
+    assert "# the public API" in injected.text  # comments of untouched documents survive
+
+
+def test_existing_fsgroup_and_socket_env_are_kept(injected: inject.InjectResult) -> None:
+    writer = template_spec(by_name(injected.text)["statefulset/script-writer"])
+    assert writer["securityContext"] == {"runAsNonRoot": True, "fsGroup": 2000}
+    env = writer["containers"][0]["env"]
+    assert [e["name"] for e in env] == [inject.SOCKET_ENV]
+
+
+def test_jobs_get_a_native_sidecar_that_lets_them_complete(
+    injected: inject.InjectResult,
+) -> None:
+    job = template_spec(by_name(injected.text)["cronjob/nightly-compliance-report"])
+    assert [c["name"] for c in job["containers"]] == ["report"]
+    (sidecar,) = job["initContainers"]
+    assert sidecar["name"] == inject.SIDECAR_NAME
+    assert sidecar["restartPolicy"] == "Always"
+    assert "lifecycle" not in sidecar  # native sidecars are stopped after the app anyway
+
+
+def test_opt_out_annotation_on_workload_or_template(injected: inject.InjectResult) -> None:
+    objects = by_name(injected.text)
+    for label in ("daemonset/node-exporter", "deployment/admin-ui"):
+        assert sidecars(template_spec(objects[label])) == []
+        assert (label, "annotation prefix-sidecar/inject: false") in injected.skipped
+
+
+def test_injecting_twice_changes_nothing(injected: inject.InjectResult) -> None:
+    again = inject.inject_text(injected.text, inject.InjectOptions())
+    assert again.text == injected.text
+    assert again.injected == []
+    assert len([why for _, why in again.skipped if why == "already injected"]) == 5
+
+
+def test_a_half_injected_workload_is_completed_without_duplicates(
+    injected: inject.InjectResult,
+) -> None:
+    complete = by_name(injected.text)["deployment/merchant-api"]
+    damaged = by_name(injected.text)["deployment/merchant-api"]
+    spec = template_spec(damaged)
+    spec["containers"][1].pop("env")  # log-shipper lost its env; the sidecar is still there
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] != inject.CONFIG_VOLUME]
+    result = inject.inject_text(yaml.safe_dump(damaged), inject.InjectOptions())
+    assert yaml.safe_load(result.text) == complete
+    assert result.injected == ["deployment/merchant-api"]
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["container", "native"])
+def test_injected_output_passes_the_strict_kubernetes_schema(
+    shop: str, native: bool, offline: None
+) -> None:
+    result = inject.inject_text(shop, inject.InjectOptions(native=native))
+    objects = by_name(result.text)
+    assert len(objects) == 10
+    for obj in objects.values():
+        validate_k8s(obj)
+
+
+def test_cli_reads_stdin_and_reports_on_stderr(shop: str, injected: inject.InjectResult) -> None:
+    done = run_cli("-f", "-", stdin=shop)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == injected.text
+    assert "deployment/merchant-api injected" in done.stderr
+    assert "daemonset/node-exporter skipped (annotation prefix-sidecar/inject: false)" in (
+        done.stderr
+    )
+
+
+def test_cli_options_reach_the_manifest(tmp_path: Path) -> None:
+    done = run_cli(
+        "-f",
+        str(SHOP),
+        "--config",
+        "llm-sidecar",
+        "--image",
+        "registry.example.com/prefix-sidecar:0.1.0",
+        "--socket-dir",
+        "/run/llm",
+        "-q",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    api = template_spec(by_name(done.stdout)["deployment/merchant-api"])
+    (sidecar,) = sidecars(api)
+    assert sidecar["image"] == "registry.example.com/prefix-sidecar:0.1.0"
+    assert sidecar["args"][-2:] == ["--listen", "unix:///run/llm/sidecar.sock"]
+    health = sidecar["readinessProbe"]["exec"]["command"]
+    assert health == ["prefix-sidecar", "health", "--socket", "/run/llm/sidecar.sock"]
+    volumes = {v["name"]: v for v in api["volumes"]}
+    assert volumes[inject.CONFIG_VOLUME]["configMap"]["name"] == "llm-sidecar"
+    assert api["containers"][0]["volumeMounts"][-1]["mountPath"] == "/run/llm"
+    assert api["containers"][0]["env"][-1]["value"] == "unix:///run/llm/sidecar.sock"
+
+
+def test_malformed_yaml_names_the_document_and_the_reason(shop: str) -> None:
+    broken = shop.replace("  name: merchant-api-settings\n", "  name: [merchant-api-settings\n")
+    done = run_cli("-f", "-", stdin=broken)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "error: <stdin>: document 2 (line 13): malformed YAML" in done.stderr
+    assert "at line 17, column 12" in done.stderr  # where the parser gave up, in file coordinates
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "kind: Deployment\nmetadata: {name: web}\nspec: {replicas: 1}\n",
+            "document 1 (line 1): deployment/web has no spec.template mapping",
+        ),
+        (
+            "kind: Pod\nmetadata: {name: p}\nspec: {}\n",
+            "pod/p has no spec.containers list; is the manifest complete?",
+        ),
+        ("---\n- just\n- a list\n", "document 1 (line 2): not a Kubernetes object"),
+        (
+            "kind: Pod\nmetadata:\n  name: p\n  annotations: {prefix-sidecar/inject: nope}\n"
+            "spec: {containers: [{name: a, image: a}]}\n",
+            'use "false" to opt out',
+        ),
+        (
+            "kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: a\n    image: a\n"
+            "    volumeMounts: [{name: tmp, mountPath: /var/run/prefix-sidecar}]\n",
+            "already mounts volume 'tmp' at /var/run/prefix-sidecar; pick another --socket-dir",
+        ),
+    ],
+    ids=["no-template", "no-containers", "not-an-object", "bad-annotation", "mount-clash"],
+)
+def test_bad_manifests_fail_with_what_to_fix(text: str, message: str) -> None:
+    with pytest.raises(inject.InjectError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        inject.inject_text(text, inject.InjectOptions())
+
+
+def test_bad_options_exit_2(tmp_path: Path) -> None:
+    done = run_cli("-f", str(SHOP), "--config", "Not_A_Name")
+    assert done.returncode == 2
+    assert "is not a valid ConfigMap name" in done.stderr
+    done = run_cli("-f", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2
+    assert "cannot read the manifest" in done.stderr
