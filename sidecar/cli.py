@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "prewarm": "sidecar.client_cli",
     "backends": "sidecar.client_cli",
     "prefixes": "sidecar.client_cli",
+    "health": "sidecar.client_cli",
     "emulate": "sidecar.emulator.cli",
     "demo": "sidecar.demo",
     "bench": "sidecar.bench.cli",
