@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -94,3 +95,16 @@ def test_picks(core: ModuleType, golden: dict[str, Any]) -> None:
         for loads in (list(case["loads"]), array("q", case["loads"])):
             got = ring.pick(key, loads, replicas=case["replicas"], factor=case["factor"])
             assert got == expected, case["why"]
+
+
+def test_the_contract_document_shows_the_current_vectors(golden: dict[str, Any]) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "routing-contract.md").read_text()
+    values = [v["key"] for v in golden["keys"]]
+    values += [v[field] for v in golden["prefixes"] for field in ("prefix_id", "route_key")]
+    for ring in golden["rings"]:
+        values += list(ring["owned"].values()) + [lookup["key"] for lookup in ring["lookups"]]
+        values += [point for point, _ in ring.get("points", ring.get("points_head", []))]
+    values += [case["key"] for case in golden["picks"]]
+    missing = [value for value in values if f"`{value}`" not in doc]
+    assert not missing, "docs/routing-contract.md is out of date with golden.json"
+    assert f"DEFAULT_VNODES = {golden['default_vnodes']}" in doc
