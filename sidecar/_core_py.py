@@ -156,10 +156,9 @@ def _int64_loads(loads: Iterable[int]) -> list[int]:
         )
     if isinstance(loads, array.array) and loads.typecode == "q":
         return loads.tolist()
-    values = [operator.index(load) for load in loads]
-    for load in values:
-        if not -(1 << 63) <= load < (1 << 63):
-            raise ValueError("a load is out of the signed 64-bit range")
+    values = list(map(operator.index, loads))
+    if values and (min(values) < -(1 << 63) or max(values) >= 1 << 63):
+        raise ValueError("a load is out of the signed 64-bit range")
     return values
 
 

@@ -179,3 +179,33 @@ def test_ring_pickles_and_describes_itself(core: ModuleType) -> None:
     assert len(ring) == 3
     assert "3 members" in repr(ring) and "24 points" in repr(ring)
     assert isinstance(ring.members, tuple) and isinstance(ring.weights, tuple)
+
+
+class _CollidingMmh3:
+    """A degenerate stand-in for mmh3 in which every point collides at 42."""
+
+    @staticmethod
+    def hash64(data: bytes, seed: int = 0, signed: bool = False) -> tuple[int, int]:
+        return 42, 0
+
+
+def test_tie_break_on_colliding_points_is_by_code_point(
+    monkeypatch: pytest.MonkeyPatch, reference: ModuleType
+) -> None:
+    """Real 64-bit collisions cannot be produced, so force them in the Python twin.
+
+    U+FFFF sorts before U+1F600 by code point (and by UTF-8 bytes), but after it by UTF-16
+    code unit - the mistake a Java or JavaScript client would make.
+    """
+    import sidecar._core_py as twin
+
+    members = ["pod-😀", "pod-b", "pod-\uffff", "pod-a", "pod-Z", "pod-é"]
+    monkeypatch.setattr(twin, "mmh3", _CollidingMmh3)
+    monkeypatch.setattr(reference, "key", lambda data: 42)
+    ring = twin.Ring(members, vnodes=2)
+    by_code_point = sorted(members)
+    assert by_code_point.index("pod-\uffff") < by_code_point.index("pod-😀")
+    assert [m for _, m in ring.points()] == [m for m in by_code_point for _ in range(2)]
+    assert ring.points() == reference.ring_points(members, [1] * len(members), 2)
+    assert ring.owner(0) == ring.owner(42) == ring.owner(43) == "pod-Z"
+    assert ring.preference(7, 3) == by_code_point[:3]
