@@ -273,7 +273,7 @@ cdef class Ring:
 
     def preference(self, key, n):
         """The first n distinct members walking clockwise from owner(key), owner first."""
-        if type(n) is not int:
+        if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"n must be an int, got {type(n).__name__}")
         if n < 1:
             raise ValueError(f"n is {n}; ask for at least 1 member")

@@ -106,7 +106,7 @@ def _check_members(
                 f"got {len(weight_tuple)} weights for {len(member_tuple)} members; "
                 "give one weight per member"
             )
-        for member, weight in zip(member_tuple, weight_tuple):
+        for member, weight in zip(member_tuple, weight_tuple, strict=False):
             if isinstance(weight, bool) or not isinstance(weight, int):
                 raise TypeError(f"weight of {member!r} must be an int, got {type(weight).__name__}")
             if not 1 <= weight <= MAX_WEIGHT:
@@ -134,7 +134,9 @@ def check_pick_args(replicas: object, factor: object) -> tuple[int, float]:
         raise TypeError(f"factor must be a float, got {type(factor).__name__}")
     factor = float(factor)
     if not factor >= 1.0 or math.isinf(factor):
-        raise ValueError(f"factor is {factor}; the bounded-load factor must be a finite value >= 1.0")
+        raise ValueError(
+            f"factor is {factor}; the bounded-load factor must be a finite value >= 1.0"
+        )
     return replicas, factor
 
 
@@ -182,7 +184,7 @@ class Ring:
         self.vnodes = vnodes
         self.total_weight = sum(self.weights)
         entries = []
-        for index, (member, weight) in enumerate(zip(self.members, self.weights)):
+        for index, (member, weight) in enumerate(zip(self.members, self.weights, strict=False)):
             for i in range(vnodes * weight):
                 point = mmh3.hash64(f"{member}#{i}".encode(), seed=0, signed=False)[0]
                 entries.append((point, member, index))
@@ -280,11 +282,11 @@ class Ring:
         owned = [0] * len(self.members)
         points = self._points
         previous = points[-1] - KEY_SPACE  # the wrap-around arc belongs to the first point
-        for point, member in zip(points, self._owners):
+        for point, member in zip(points, self._owners, strict=False):
             owned[member] += point - previous
             previous = point
         return {member: owned[i] / KEY_SPACE for i, member in enumerate(self.members)}
 
     def points(self) -> list[tuple[int, str]]:
         """The sorted (point, member) list: for golden vectors and debugging."""
-        return [(p, self.members[m]) for p, m in zip(self._points, self._owners)]
+        return [(p, self.members[m]) for p, m in zip(self._points, self._owners, strict=False)]
