@@ -1,0 +1,183 @@
+"""deploy/Dockerfile, checked without a container engine (none here): a static lint of its
+instructions, and its builder stage replayed for real - the build context that
+deploy/Dockerfile.dockerignore lets through is copied out and `pip wheel` builds the wheel
+from it, which must carry the Cython core, the generated gRPC modules and the entry point."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sidecar import cli, inject
+
+from .conftest import ROOT
+
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+IGNORE_FILE = ROOT / "deploy" / "Dockerfile.dockerignore"
+PINNED_PYTHON = re.compile(r"^python:3\.\d+\.\d+-slim-(bookworm|trixie)$")
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    logical: list[str] = []
+    pending = ""
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.lstrip().startswith("#") and not pending:
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        if (pending + line).strip():
+            logical.append(pending + line)
+        pending = ""
+    parsed = []
+    for text in logical:
+        keyword, _, rest = text.strip().partition(" ")
+        parsed.append((keyword.upper(), " ".join(rest.split())))
+    return parsed
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    result: list[list[tuple[str, str]]] = []
+    for keyword, rest in instructions():
+        if keyword == "FROM":
+            result.append([])
+        result[-1].append((keyword, rest))
+    return result
+
+
+def only(stage: list[tuple[str, str]], keyword: str) -> str:
+    values = [rest for kw, rest in stage if kw == keyword]
+    assert len(values) == 1, f"expected one {keyword} in the final stage, got {values}"
+    return values[0]
+
+
+def test_base_images_are_pinned_and_identical() -> None:
+    images = [rest.split()[0] for kw, rest in instructions() if kw == "FROM"]
+    assert len(images) == 2, "a builder stage and a runtime stage"
+    for image in images:
+        assert PINNED_PYTHON.match(image), f"{image} is not pinned to an exact slim tag"
+    # The wheel's extension is built for the builder's Python and glibc: they must match.
+    assert images[0] == images[1]
+
+
+def test_builder_builds_the_wheel_and_runtime_installs_it_offline() -> None:
+    builder, runtime = stages()
+    assert any(kw == "RUN" and "pip wheel" in rest and " ." in rest for kw, rest in builder)
+    assert any(kw == "RUN" and "gcc" in rest for kw, rest in builder)  # for the Cython core
+    install = [rest for kw, rest in runtime if kw == "RUN" and "pip install" in rest]
+    assert install and "--no-index" in install[0] and "prefix-sidecar" in install[0]
+
+
+def test_runtime_runs_serve_as_the_non_root_user_the_manifests_expect() -> None:
+    runtime = stages()[-1]
+    user = only(runtime, "USER")
+    assert user.split(":")[0] not in ("root", "0")
+    assert user == f"{inject.SIDECAR_UID}:{inject.SIDECAR_UID}"
+    assert json.loads(only(runtime, "ENTRYPOINT")) == ["prefix-sidecar", "serve"]
+    assert f"/{inject.METRICS_PORT}" not in only(runtime, "EXPOSE")
+    assert only(runtime, "EXPOSE") == str(inject.METRICS_PORT)
+
+
+def test_socket_dir_is_a_volume_and_the_healthcheck_uses_the_health_verb() -> None:
+    runtime = stages()[-1]
+    assert json.loads(only(runtime, "VOLUME")) == [inject.DEFAULT_SOCKET_DIR]
+    socket_path = f"{inject.DEFAULT_SOCKET_DIR}/{inject.SOCKET_FILE}"
+    env = " ".join(rest for kw, rest in runtime if kw == "ENV").split()
+    assert f"PREFIX_SIDECAR_LISTEN=unix://{socket_path}" in env
+    healthcheck = only(runtime, "HEALTHCHECK")
+    command = json.loads(healthcheck.split(" CMD ", 1)[1])
+    assert command == ["prefix-sidecar", "health", "--socket", socket_path]
+    # Both verbs the image relies on are real sub-commands of the CLI.
+    assert {"serve", "health"} <= set(cli.COMMANDS)
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    """Docker's .dockerignore syntax (Go filepath.Match plus `**`), as a regex."""
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out)
+
+
+def build_context(destination: Path) -> list[str]:
+    """Copy what the ignore file lets into the build context; returns the relative paths."""
+    rules = []
+    for line in IGNORE_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            negate = line.startswith("!")
+            rules.append((negate, _pattern_regex(line.lstrip("!").strip("/"))))
+
+    def excluded(relative: str) -> bool:
+        parts = relative.split("/")
+        prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+        verdict = False
+        for negate, regex in rules:  # the last matching rule wins, as in Docker
+            if any(regex.fullmatch(p) for p in prefixes):
+                verdict = not negate
+        return verdict
+
+    copied = []
+    for path in sorted(ROOT.rglob("*")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.split("/")[0] in (".git", ".venv") or not path.is_file():
+            continue
+        if not excluded(relative):
+            target = destination / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+            copied.append(relative)
+    return copied
+
+
+def test_ignore_file_sends_sources_only(tmp_path: Path) -> None:
+    copied = build_context(tmp_path)
+    assert {"pyproject.toml", "setup.py", "csrc/_core_c.pyx", "sidecar/cli.py"} <= set(copied)
+    assert "proto/sidecar/v1/router.proto" in copied
+    leaked = [p for p in copied if p.endswith((".so", ".pyc")) or p.startswith(("sidecar/v1/",
+              "build/", "tests/", "examples/", "docs/", "deploy/"))]  # fmt: skip
+    assert leaked == []
+
+
+@pytest.mark.timeout(240)
+def test_builder_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
+    context, wheels = tmp_path / "context", tmp_path / "wheels"
+    build_context(context)
+    (context / "README.md").touch()  # the lead's README may not exist yet in a checkout
+    # What `RUN pip wheel .` does in the builder, offline: build deps come from this venv.
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--no-index", "-q", "-w", str(wheels), str(context)],
+        capture_output=True, text=True, timeout=220,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = wheels.glob("prefix_sidecar-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert any(re.fullmatch(r"sidecar/_core_c\..*\.so", n) for n in names), "no Cython core"
+    for module in (
+        "sidecar/v1/router_pb2.py",
+        "sidecar/v1/router_pb2_grpc.py",
+        "sidecar/cli.py",
+        "sidecar/inject.py",
+        "sidecar/server/app.py",
+    ):
+        assert module in names, f"the wheel lacks {module}: the image could not serve"
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "prefix-sidecar = sidecar.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
