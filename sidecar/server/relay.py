@@ -26,6 +26,9 @@ from sidecar.v1 import router_pb2
 
 logger = logging.getLogger("sidecar.requests")
 
+# Less time than this left after the last attempt means the deadline ended the request.
+DEADLINE_SLACK_S = 0.01
+
 
 class RelayAbort(Exception):
     """End the RPC with this status and message."""
@@ -155,6 +158,15 @@ class Relay:
             raise RelayAbort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 "the deadline expired before any pod could be tried",
+            )
+        remaining = time_remaining()
+        if remaining is not None and remaining < DEADLINE_SLACK_S:
+            # The last attempt's timeouts were the caller's deadline: say so, whichever
+            # timer (ours or aiohttp's) fired first.
+            raise RelayAbort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the deadline expired after {len(outcome.errors)} attempt(s): "
+                + "; ".join(outcome.errors),
             )
         raise RelayAbort(
             grpc.StatusCode.UNAVAILABLE,
