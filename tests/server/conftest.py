@@ -128,7 +128,7 @@ def owner_ring(urls: list[str]) -> _core.Ring:
 async def requests_per_pod(urls: list[str]) -> dict[str, int]:
     """Inference requests each pod has received (from the emulator's own counters)."""
     stats = await asyncio.gather(*(get_stats(url) for url in urls))
-    return {url: int(s["requests"]) for url, s in zip(urls, stats)}
+    return {url: int(s["requests"]) for url, s in zip(urls, stats, strict=True)}
 
 
 def free_port() -> int:
