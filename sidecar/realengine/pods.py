@@ -9,6 +9,7 @@ API (used by tests/real_engine and `prefix-sidecar bench real`):
         ...send requests...
         pod.prompt_evals(since=mark)    # [PromptEval(evaluated, reused, ...)] per request
         fleet.prompt_evals()            # {url: [PromptEval, ...]} for the whole run
+        await fleet.restart()           # same ports, cold caches, fresh logs
 
 Why the log: llama-cpp-python reports no `cached_tokens`, but with verbose=True every
 completion prints what it reused and what it computed (0.3.x, read from its source):
@@ -163,7 +164,7 @@ class LlamaPod:
         proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), grace)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
 
@@ -240,6 +241,10 @@ class LlamaFleet:
             # n_ctx x vocab buffer per pod and per saved state; we only sample.
             "--logits_all", "false",
             "--verbose", "true",  # the log is our cache-reuse meter
+            # by default a streaming completion ends early (a bare [DONE], no finish
+            # reason) as soon as any other request waits for the model lock - and GET
+            # /v1/models, the health check, takes that lock. Queue them instead.
+            "--interrupt_requests", "false",
         ]  # fmt: skip
         if self.cache_bytes > 0:
             argv += ["--cache", "true", "--cache_type", "ram"]
@@ -258,6 +263,18 @@ class LlamaFleet:
             pod = LlamaPod(port, self.log_dir / f"pod{index}-{port}.log")
             self.pods.append(pod)
             await pod.start(self.server_argv(port))
+        await self._wait_ready()
+
+    async def restart(self) -> None:
+        """Stop every pod and start it again on the same port: every cache is cold (the
+        RAM cache too) and the URLs are unchanged, so routing by URL places prefixes the
+        same way as before. Each pod's log starts over."""
+        await asyncio.gather(*(pod.stop() for pod in self.pods), return_exceptions=True)
+        for pod in self.pods:
+            await pod.start(self.server_argv(pod.port))
+        await self._wait_ready()
+
+    async def _wait_ready(self) -> None:
         timeout = aiohttp.ClientTimeout(total=2)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             await asyncio.gather(*(p.wait_ready(session, self.startup_timeout) for p in self.pods))
