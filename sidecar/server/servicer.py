@@ -91,7 +91,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"replicas is {request.replicas}; the maximum is {MAX_REPLICAS}",
             )
-        text = _text(request.text, "text", self.config.max_prefix_bytes)
+        text = _text(request.text, "prefix text", self.config.max_prefix_bytes)
         try:
             entry, created = self.store.register(request.name, text, request.replicas)
         except PrefixError as exc:
