@@ -449,12 +449,12 @@ def _messages(messages: Any, limit: int) -> list[dict[str, str]]:
                 f"messages[{index}].role is {message.role!r}; use one of {', '.join(CHAT_ROLES)}",
             )
         content = _text(message.content, f"messages[{index}].content", limit)
-        total += len(content)
+        total += len(content.encode("utf-8"))
         result.append({"role": message.role, "content": content})
     if total > limit:
         raise Invalid(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"messages hold {total} characters; the maximum is {limit} (config max_input_bytes)",
+            f"messages hold {total} bytes; the maximum is {limit} bytes (config max_input_bytes)",
         )
     return result
 
