@@ -85,14 +85,14 @@ async def wait_serving(stub: Any, urls: list[str], timeout: float = 5.0) -> None
 
 
 @contextlib.asynccontextmanager
-async def running_sidecar(config: Config) -> AsyncIterator[tuple[Sidecar, Any]]:
+async def running_sidecar(config: Config, wait: bool = True) -> AsyncIterator[tuple[Sidecar, Any]]:
     """Start a Sidecar, dial it, wait for its static pods to serve; stop both after."""
     async with (
         Sidecar(config) as sidecar,
         grpc.aio.insecure_channel(sidecar.target) as channel,
     ):
         stub = router_pb2_grpc.RouterStub(channel)
-        if config.backends and not config.backends_file and not config.backends_dns:
+        if wait and config.backends and not config.backends_file and not config.backends_dns:
             await wait_serving(stub, [url for url, _ in config.backends])
         yield sidecar, stub
 
