@@ -86,6 +86,12 @@ def test_sidecar_config_names_the_headless_service_by_fqdn() -> None:
     assert _sidecar_config()["backends_dns"] == expected
 
 
+def test_sidecar_asks_for_the_model_name_vllm_serves() -> None:
+    args = _pod_spec(_objects()[("Deployment", "vllm")])["containers"][0]["args"]
+    served = [a.split("=", 1)[1] for a in args if a.startswith("--served-model-name=")]
+    assert served == [_sidecar_config()["model"]]
+
+
 def test_pdb_covers_the_vllm_pods_one_at_a_time() -> None:
     objects = _objects()
     pdb, vllm = objects[("PodDisruptionBudget", "vllm")], objects[("Deployment", "vllm")]
