@@ -112,22 +112,23 @@ def sidecar_container(options: InjectOptions, native: bool) -> dict[str, Any]:
             {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
         ],
         # Prewarm before serve can take a while on a cold fleet; liveness waits for startup.
+        # Each exec probe is a short Python process (~0.15 CPU-s): hence the relaxed periods.
         "startupProbe": {
             "exec": {"command": health()},
             "periodSeconds": 2,
-            "timeoutSeconds": 2,
+            "timeoutSeconds": 5,
             "failureThreshold": 150,
         },
         "readinessProbe": {
             "exec": {"command": health()},
-            "periodSeconds": 5,
-            "timeoutSeconds": 2,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
             "failureThreshold": 2,
         },
         "livenessProbe": {
             "exec": {"command": health()},
-            "periodSeconds": 10,
-            "timeoutSeconds": 3,
+            "periodSeconds": 20,
+            "timeoutSeconds": 5,
             "failureThreshold": 3,
         },
         "resources": {
