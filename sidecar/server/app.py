@@ -112,6 +112,8 @@ class Sidecar:
     async def start(self) -> None:
         self._load_prefixes()
         source = self._membership_source()
+        # Before anything that needs closing: a refused path must not leak a session.
+        prepare_socket_path(self.socket_path)
         self.health = HealthMonitor(
             self.client.session,
             path=self.config.health_path,
@@ -151,7 +153,6 @@ class Sidecar:
             ),
             self.server,
         )
-        prepare_socket_path(self.socket_path)
         with restrictive_umask(self.config.socket_mode):
             self.server.add_insecure_port(self.target)
             self._add_tcp_port(self.server)
