@@ -6,6 +6,7 @@ from it, which must carry the Cython core, the generated gRPC modules and the en
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -162,10 +163,12 @@ def test_builder_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
     build_context(context)
     (context / "README.md").touch()  # the lead's README may not exist yet in a checkout
     # What `RUN pip wheel .` does in the builder, offline: build deps come from this venv.
+    # The builder has no SIDECAR_NO_EXTENSIONS (set by the pure-Python test pass).
+    env = {k: v for k, v in os.environ.items() if k != "SIDECAR_NO_EXTENSIONS"}
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "--no-index", "-q", "-w", str(wheels), str(context)],
-        capture_output=True, text=True, timeout=220,
+        capture_output=True, text=True, timeout=220, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = wheels.glob("prefix_sidecar-*.whl")
