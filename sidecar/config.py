@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import grp
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -285,6 +286,14 @@ def _validate(config: Config) -> Config:
         raise fail("policy", f"must be one of {', '.join(POLICIES)}, got {config.policy!r}")
     if not config.health_path.startswith("/"):
         raise fail("health_path", f"must start with '/', got {config.health_path!r}")
+    if config.socket_group:
+        try:
+            grp.getgrnam(config.socket_group)
+        except KeyError:
+            # Checked here, not at chown time: by then the socket is bound and half started.
+            raise fail(
+                "socket_group", f"names no group on this host: {config.socket_group!r}"
+            ) from None
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise fail("log_level", f"must be debug, info, warning or error, got {config.log_level!r}")
     for name in ("price_base", "price_cache", "price_out"):
