@@ -7,8 +7,9 @@ editable installs carry them.
 
 import os
 from pathlib import Path
+from typing import ClassVar
 
-from setuptools import Command, Extension, setup
+from setuptools import Command, Distribution, Extension, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).parent.resolve()
 
 class GenerateProto(Command):
     description = "generate sidecar/v1/*_pb2*.py(i) from proto/ with grpcio-tools"
-    user_options: list = []
+    user_options: ClassVar[list[tuple[str, str, str]]] = []
 
     def initialize_options(self) -> None:
         pass
@@ -28,12 +29,21 @@ class GenerateProto(Command):
     def run(self) -> None:
         from grpc_tools import protoc
 
-        protos = sorted(str(p.relative_to(ROOT / "proto")) for p in (ROOT / "proto").rglob("*.proto"))
+        protos = sorted(
+            str(p.relative_to(ROOT / "proto")) for p in (ROOT / "proto").rglob("*.proto")
+        )
         if not protos:
             return
         include = str(Path(protoc.__file__).parent / "_proto")
-        args = ["grpc_tools.protoc", f"-I{ROOT / 'proto'}", f"-I{include}",
-                f"--python_out={ROOT}", f"--pyi_out={ROOT}", f"--grpc_python_out={ROOT}", *protos]
+        args = [
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'proto'}",
+            f"-I{include}",
+            f"--python_out={ROOT}",
+            f"--pyi_out={ROOT}",
+            f"--grpc_python_out={ROOT}",
+            *protos,
+        ]
         if protoc.main(args) != 0:
             raise SystemExit("protoc failed on " + " ".join(protos))
         for package in {(ROOT / p).parent for p in protos}:
@@ -57,13 +67,21 @@ def extensions() -> list:
         return []
     from Cython.Build import cythonize
 
-    core = Extension("sidecar._core_c", ["csrc/_core_c.pyx"], include_dirs=["csrc"],
-                     extra_compile_args=["-O3"])
+    core = Extension(
+        "sidecar._core_c", ["csrc/_core_c.pyx"], include_dirs=["csrc"], extra_compile_args=["-O3"]
+    )
     return cythonize([core], language_level=3, build_dir="build/cython")
 
 
+# Package discovery runs inside setup(), before build_py: sidecar/v1 must exist by then, or a
+# wheel built from a clean tree (Docker, sdist) ships without the gRPC modules.
+GenerateProto(Distribution()).run()
+
 setup(
     ext_modules=extensions(),
-    cmdclass={"generate_proto": GenerateProto, "build_py": BuildPy,
-              "editable_wheel": EditableWheel},
+    cmdclass={
+        "generate_proto": GenerateProto,
+        "build_py": BuildPy,
+        "editable_wheel": EditableWheel,
+    },
 )
