@@ -276,8 +276,9 @@ def _validate(config: Config) -> Config:
         raise fail("vnodes", f"must be >= 1 (or 0 for the default), got {config.vnodes}")
     if config.load_factor < 1.0:
         raise fail("load_factor", f"must be >= 1.0, got {config.load_factor}")
-    if config.grace_s < 0 or config.prewarm_backoff_s < 0:
-        raise fail("grace_s", "and prewarm_backoff_s must be >= 0")
+    for name in ("grace_s", "prewarm_backoff_s"):
+        if getattr(config, name) < 0:
+            raise fail(name, f"must be >= 0, got {getattr(config, name)}")
     if not 0 <= config.metrics_port < 65536:
         raise fail("metrics_port", f"must be a port number (0 = off), got {config.metrics_port}")
     from sidecar.routing.policy import POLICIES
