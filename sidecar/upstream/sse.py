@@ -81,16 +81,16 @@ class SSEDecoder:
         if "error" in event and not event.get("choices"):
             error = event["error"]
             message = error.get("message") if isinstance(error, dict) else error
-            delta.error = str(message)
+            delta.error = _valid_text(str(message))
             return
         for choice in event.get("choices") or ():
             if not isinstance(choice, dict):
                 raise SSEProtocolError("a choice in an SSE event is not a JSON object")
             piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
             if isinstance(piece, str):
-                delta.text += piece
+                delta.text += _valid_text(piece)
             if choice.get("finish_reason"):
-                delta.finish_reason = str(choice["finish_reason"])
+                delta.finish_reason = _valid_text(str(choice["finish_reason"]))
         usage = event.get("usage")
         if isinstance(usage, dict):
             delta.usage = usage
@@ -103,6 +103,25 @@ def _event_end(buffer: bytes) -> tuple[int, int]:
     return min(found) if found else (-1, 0)
 
 
+def _valid_text(text: str) -> str:
+    """JSON may carry a lone surrogate ("\\ud800"), which no protobuf string can hold:
+    replace it with U+FFFD instead of failing the whole stream."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _count(value: Any) -> int:
+    """A token count as a uint32; a pod's garbage (text, negative, huge) counts as 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if not 0 <= value < 2**32:  # also false for NaN
+        return 0
+    return int(value)
+
+
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int, int]:
     """(prompt_tokens, completion_tokens, cached_tokens) from an OpenAI/vLLM usage object."""
     if not usage:
@@ -110,7 +129,7 @@ def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int, int]:
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
     return (
-        int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-        int(cached or 0),
+        _count(usage.get("prompt_tokens")),
+        _count(usage.get("completion_tokens")),
+        _count(cached),
     )
