@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sidecar.config import Config
 from sidecar.membership.health import HealthMonitor
-from sidecar.membership.pool import BackendPool, RoutingTable
+from sidecar.membership.pool import EJECTED, SERVING, WARMING, BackendPool, RoutingTable
 from sidecar.membership.sources import (
     CombinedSource,
     DnsSource,
@@ -280,9 +280,21 @@ class Sidecar:
             logger.info("prefix %s loaded from %s (%s)", spec.name, spec.file, entry.id[:12])
 
     def _set_members(self, members: list[Member]) -> None:
+        gone = set(self.pool.backends) - {m.url for m in members}
         self.pool.set_members(members)
+        for url in gone:
+            self._forget_backend_metrics(url)
         if self.health is not None:
             self.health.set_members([m.url for m in members])
+
+    def _forget_backend_metrics(self, url: str) -> None:
+        """Drop a departed pod's health and state series (not in_flight: a stream still
+        running on it decrements that gauge when it ends, which would recreate it at -1)."""
+        with contextlib.suppress(KeyError):
+            self.metrics.backend_healthy.remove(url)
+        for state in (WARMING, SERVING, EJECTED):
+            with contextlib.suppress(KeyError):
+                self.metrics.backend_state.remove(url, state)
 
     def _table_changed(self, table: RoutingTable) -> None:
         for backend in self.pool.backends.values():
