@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.v1 import router_pb2
 
-from .conftest import collect, free_port, running_sidecar, sidecar_config
+from .conftest import collect, free_port, running_sidecar, sidecar_config, wait_serving
 
 SECRET = "sk-prod-7c1e5b2a9d-do-not-log"
 
@@ -144,3 +144,31 @@ async def test_api_key_is_sent_as_bearer_and_never_logged(
     assert "Complete prefix=r" in logged, "the request log line is missing"
     assert SECRET not in logged
     assert "rules rules" not in logged, "prompt text must not be logged"
+
+
+async def test_a_pod_that_leaves_the_membership_leaves_the_metrics(
+    tmp_path: Path, pods: list[str]
+) -> None:
+    port = free_port()
+    backends = tmp_path / "backends.json"
+    backends.write_text(json.dumps(pods), encoding="utf-8")
+    config = sidecar_config(tmp_path, [], backends_file=str(backends), metrics_port=port)
+    async with running_sidecar(config) as (_, stub):
+        await wait_serving(stub, pods)
+        before = await scrape(port)
+        staging = tmp_path / "backends.tmp"
+        staging.write_text(json.dumps(pods[:2]), encoding="utf-8")
+        staging.replace(backends)
+        await wait_serving(stub, pods[:2])
+        after = await scrape(port)
+
+    def backends_in(metrics: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> set[str]:
+        return {
+            dict(labels)["backend"]
+            for name in ("prefix_sidecar_backend_healthy", "prefix_sidecar_backend_state")
+            for labels in metrics.get(name, {})
+        }
+
+    assert backends_in(before) == set(pods)
+    # A removed pod reported as healthy and serving forever would mislead every dashboard.
+    assert backends_in(after) == set(pods[:2])
