@@ -110,7 +110,7 @@ def workload_prefixes(requests: Sequence[Request]) -> list[str]:
 def register_real(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = bench_subparsers.add_parser(
         "real",
-        help="TTFT on real llama.cpp pods: round-robin vs prefix affinity (vs the sidecar)",
+        help="TTFT on real llama.cpp pods: round-robin vs affinity vs the sidecar",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
