@@ -30,6 +30,11 @@ logger = logging.getLogger("sidecar.requests")
 DEADLINE_SLACK_S = 0.01
 
 
+# A stream that ends with [DONE] but never said why it finished was cut short by the pod
+# (llama.cpp's server does this when another request arrives, for example).
+TRUNCATED = "the stream ended without a finish_reason: the pod cut it short"
+
+
 class RelayAbort(Exception):
     """End the RPC with this status and message."""
 
@@ -111,14 +116,20 @@ class Relay:
                     raise UpstreamError(
                         backend, f"no first token within {budget:.3g} s", retryable=True
                     ) from None
+                finish_reason = first.finish_reason
+                if first.done and not finish_reason and not first.text:
+                    raise UpstreamError(backend, TRUNCATED, retryable=True)
                 outcome.ttft_s = time.perf_counter() - started
                 self.metrics.ttft.labels(backend).observe(outcome.ttft_s)
                 sent_first = True
                 yield self._chunk(first, backend=backend, attempts=number, outcome=outcome)
                 while not stream.finished:
                     delta = await stream.next_delta()
+                    finish_reason = delta.finish_reason or finish_reason
                     if delta.text or delta.finish_reason or delta.usage is not None:
                         yield self._chunk(delta, outcome=outcome)
+                if not finish_reason:
+                    raise UpstreamError(backend, TRUNCATED, retryable=True)
                 if self.health is not None:
                     self.health.record_success(backend)
                 return
