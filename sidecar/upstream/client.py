@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -45,8 +45,15 @@ class UpstreamError(Exception):
 class UpstreamStream:
     """One open streaming response; iterate for coalesced deltas."""
 
-    def __init__(self, backend: str, response: aiohttp.ClientResponse, chat: bool) -> None:
+    def __init__(
+        self,
+        backend: str,
+        response: aiohttp.ClientResponse,
+        chat: bool,
+        redact: Callable[[str], str] = str,
+    ) -> None:
         self.backend = backend
+        self._redact = redact
         self._response = response
         self._decoder = SSEDecoder(chat=chat)
         self.finished = False
@@ -60,6 +67,10 @@ class UpstreamStream:
                 raise UpstreamError(
                     self.backend, f"stream broke: {exc.__class__.__name__}: {exc}", retryable=True
                 ) from None
+            except TimeoutError:  # the request's total timeout (the caller's deadline)
+                raise UpstreamError(
+                    self.backend, "the upstream timeout expired mid-stream", retryable=True
+                ) from None
             if not data:
                 raise UpstreamError(
                     self.backend,
@@ -72,7 +83,9 @@ class UpstreamStream:
                 raise UpstreamError(self.backend, str(exc), retryable=True) from None
             if delta.error:
                 raise UpstreamError(
-                    self.backend, f"the pod reported an error: {delta.error}", retryable=True
+                    self.backend,
+                    f"the pod reported an error: {self._redact(delta.error)}",
+                    retryable=True,
                 )
             if delta.events or delta.done:
                 if delta.done:
@@ -111,6 +124,7 @@ class UpstreamClient:
         }
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -154,7 +168,7 @@ class UpstreamClient:
                 connection_failure=isinstance(exc, aiohttp.ServerDisconnectedError),
             ) from None
         if response.status != 200:
-            message = await _error_message(response)
+            message = self._redact(await _error_message(response))
             response.release()
             retryable = response.status == 429 or response.status >= 500
             raise UpstreamError(
@@ -163,7 +177,12 @@ class UpstreamClient:
                 retryable=retryable,
                 status=response.status,
             )
-        return UpstreamStream(backend, response, chat)
+        return UpstreamStream(backend, response, chat, self._redact)
+
+    def _redact(self, text: str) -> str:
+        """A careless pod may echo the Authorization header in its error: the key must not
+        reach callers or logs through the pod's words."""
+        return text.replace(self._api_key, "[redacted]") if self._api_key else text
 
     async def get_json(self, backend: str, path: str, timeout_s: float) -> Any:
         async with self.session.get(
