@@ -139,8 +139,12 @@ class Relay:
                     self.health.record_failure(backend, exc.message)
                 if sent_first:
                     outcome.status = "PARTIAL"
+                    remaining = time_remaining()
+                    expired = remaining is not None and remaining < DEADLINE_SLACK_S
                     raise RelayAbort(
-                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED
+                        if expired
+                        else grpc.StatusCode.UNAVAILABLE,
                         f"the stream from {backend} broke after the first token "
                         f"({exc.message}); the text already sent is partial - retry the "
                         "request if you need the whole answer",
@@ -153,12 +157,11 @@ class Relay:
                     ) from None
                 reason = f"http_{exc.status}" if exc.status else "connection"
                 self.metrics.failovers.labels(backend, reason).inc()
+                # The pod's own words may repeat the prompt: INFO gets the class only.
                 logger.info(
-                    "attempt %d on %s failed before the first token: %s",
-                    number,
-                    backend,
-                    exc.message,
+                    "attempt %d on %s failed before the first token (%s)", number, backend, reason
                 )
+                logger.debug("attempt %d on %s failed: %s", number, backend, exc.message)
             finally:
                 if stream is not None:
                     stream.close()
