@@ -361,3 +361,28 @@ async def test_prompt_and_prefix_text_never_logged_above_debug(
     assert any("Complete" in line for line in above_debug), "request lines must be logged"
     leaks = [line for line in above_debug if marker in line]
     assert not leaks, f"prompt text logged above DEBUG: {leaks}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG (reported to the lead): sidecar/prewarm.py logs a failed prewarm's error at "
+    "WARNING, and that error holds the pod's words, which may echo the prefix text",
+)
+async def test_prefix_text_not_logged_when_a_prewarm_fails(
+    fake_pod: StartPod, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = "MARKER" + uuid.uuid4().hex
+    caplog.set_level(logging.DEBUG)
+
+    async def echo_prompt_and_refuse(request: web.Request) -> web.Response:
+        body = await request.text()
+        return web.json_response({"error": {"message": f"cannot serve {body}"}}, status=400)
+
+    pod = await fake_pod()
+    async with start_sidecar([pod.url]) as (_, stub):
+        pod.handler = echo_prompt_and_refuse
+        request = router_pb2.RegisterPrefixRequest(name="rules", text=marker, prewarm=True)
+        reply = await stub.RegisterPrefix(request)
+        assert reply.prewarm and reply.prewarm[-1].state == router_pb2.PrewarmEvent.FAILED
+    leaks = [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+    assert not [line for line in leaks if marker in line], leaks
