@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -191,3 +192,32 @@ async def test_short_deadline_on_stalled_pods_is_deadline_exceeded_quickly(
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert elapsed < 0.8, f"a 0.4 s deadline took {elapsed:.2f} s"
     assert [b.in_flight for b in backends.backends] == [0] * stalled
+
+
+async def test_deadline_expiring_mid_stream_is_deadline_exceeded_and_frees_the_pod(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # x20: 600 tokens take ~0.9 s; a 0.3 s deadline ends the stream after its first tokens.
+    caplog.set_level(logging.INFO)
+    async with (
+        run_emulator(EmulatorConfig(time_scale=20.0), port=0) as pod,
+        running_sidecar(sidecar_config(tmp_path, [pod])) as (_, stub),
+    ):
+        for attempt in range(2):
+            received: list[Any] = []
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for chunk in stub.Complete(
+                    router_pb2.CompleteRequest(input=f"long {attempt}", max_tokens=600),
+                    timeout=0.3,
+                ):
+                    received.append(chunk)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value.details()
+            assert received, "the first tokens should have arrived before the deadline"
+
+        async def freed() -> bool:
+            stats = await get_stats(pod)
+            return bool(stats["running"] == 0 and stats["aborted"] == 2)
+
+        await wait_for(freed, timeout=1.0, what="the pod to see both requests aborted")
+    unexpected = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not unexpected, f"a deadline is not an internal error: {unexpected}"
