@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import shutil
 import socket
 import stat
+import subprocess
 import threading
 import warnings
 from pathlib import Path
@@ -22,8 +24,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from sidecar.emulator import run_emulator
 from sidecar.server.app import Sidecar
 from sidecar.server.unix_socket import SocketInUse
+from sidecar.v1 import router_pb2, router_pb2_grpc
 
-from .conftest import FAST, health_status, running_sidecar, sidecar_config, socket_path
+from .conftest import FAST, free_port, health_status, running_sidecar, sidecar_config, socket_path
 
 
 def mode_of(path: str) -> int:
@@ -157,3 +160,64 @@ def test_reflection_lists_the_services_and_describes_the_api(tmp_path: Path) -> 
         "Prewarm",
         "ListBackends",
     }
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A localhost certificate made with the openssl CLI (no Python crypto dependency)."""
+    key, cert = tmp_path / "tls.key", tmp_path / "tls.crt"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return key, cert
+
+
+async def test_tcp_is_off_by_default_and_serves_tls_when_configured(
+    tmp_path: Path, pods: list[str]
+) -> None:
+    async with running_sidecar(sidecar_config(tmp_path, pods)) as (sidecar, _):
+        assert sidecar.tcp_port is None
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl CLI is needed to make a test certificate")
+    key, cert = self_signed(tmp_path)
+    port = free_port()
+    config = sidecar_config(
+        tmp_path,
+        pods,
+        tcp_listen=f"127.0.0.1:{port}",
+        tls_cert_file=str(cert),
+        tls_key_file=str(key),
+    )
+    async with running_sidecar(config) as (sidecar, _):
+        assert sidecar.tcp_port == port
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
+            reply = await router_pb2_grpc.RouterStub(channel).ListBackends(
+                router_pb2.ListBackendsRequest(), timeout=5
+            )
+        assert sorted(b.url for b in reply.backends) == sorted(pods)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as plain:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await router_pb2_grpc.RouterStub(plain).ListBackends(
+                    router_pb2.ListBackendsRequest(), timeout=2
+                )
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
