@@ -75,6 +75,15 @@ def test_statuses_never_unknown_or_internal(fuzzer: Fuzzer) -> None:
     assert fuzzer.target.alive()
 
 
+def test_fuzz_never_logged_prompt_text(fuzzer: Fuzzer) -> None:
+    """The sidecar ran at INFO through every case: its log has request lines but not the
+    known prefixes' text (sent thousands of times, inline and by reference)."""
+    assert fuzzer.cases_run >= 1
+    log = fuzzer.target.log_path.read_text()
+    assert "Complete prefix=" in log and "Chat prefix=" in log
+    assert "careful compliance assistant" not in log
+
+
 def run_fuzz_command(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
