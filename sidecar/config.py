@@ -413,7 +413,11 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         name, sep, value = setting.partition("=")
         if not sep:
             raise ConfigError(f"--set {setting!r} must look like FIELD=VALUE")
-        overrides[name.strip()] = yaml.safe_load(value) if value else ""
+        name = name.strip()
+        if name == "socket_mode":  # octal text, as chmod reads it: YAML would make 660 decimal
+            overrides[name] = value
+            continue
+        overrides[name] = yaml.safe_load(value) if value else ""
     return build_config(file_values, os.environ if env is None else env, overrides)
 
 
