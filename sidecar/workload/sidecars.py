@@ -36,6 +36,7 @@ class SidecarProcesses:
         policy: str = "prefix_affinity",
         settings: Mapping[str, object] | None = None,
         start_timeout_s: float = 30.0,
+        stderr_path: str | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"need at least one sidecar process, got {count}")
@@ -44,6 +45,7 @@ class SidecarProcesses:
         self.policy = policy
         self.settings = {"health_interval_s": 0.5, "log_level": "warning", **(settings or {})}
         self.start_timeout_s = start_timeout_s
+        self.stderr_path = stderr_path  # the sidecars' logs go here instead of our stderr
         self.processes: list[asyncio.subprocess.Process] = []
         self.targets: list[str] = []
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -77,9 +79,15 @@ class SidecarProcesses:
             argv += ["--set", f"{name}={value}"]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        process = await asyncio.create_subprocess_exec(
-            *argv, env=env, stdin=asyncio.subprocess.DEVNULL
-        )
+        if self.stderr_path:
+            with open(self.stderr_path, "ab") as log:
+                process = await asyncio.create_subprocess_exec(
+                    *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stderr=log
+                )
+        else:
+            process = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdin=asyncio.subprocess.DEVNULL
+            )
         self.processes.append(process)
         self.targets.append(target)
 
@@ -92,7 +100,7 @@ class SidecarProcesses:
                 if self.processes[i].returncode is not None:
                     raise RuntimeError(
                         f"sidecar {i} exited with code {self.processes[i].returncode} while "
-                        "starting; its stderr above says why"
+                        f"starting; its log ({self.stderr_path or 'stderr'}) says why"
                     )
                 try:
                     reply = await stub.ListBackends(router_pb2.ListBackendsRequest(), timeout=1.0)
