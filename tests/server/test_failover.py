@@ -98,13 +98,13 @@ async def test_stall_past_the_first_token_budget_moves_to_the_next_pod(
     text = prefix_owned_by(pods, pods[0])
     config = sidecar_config(tmp_path, pods, first_token_timeout_s=0.3)
     async with running_sidecar(config) as (_, stub):
-        await set_faults(pods[0], stall_seconds=1.5)
+        await set_faults(pods[0], stall_seconds=0.9)
         started = time.perf_counter()
         chunks = await collect(stub.Complete(complete(text)))
         elapsed = time.perf_counter() - started
         await set_faults(pods[0], stall_seconds=0)
     assert (chunks[0].backend, chunks[0].attempts) == (successor(pods, text), 2)
-    assert 0.3 <= elapsed < 1.2, f"took {elapsed:.2f} s with a 0.3 s first-token budget"
+    assert 0.3 <= elapsed < 0.85, f"took {elapsed:.2f} s with a 0.3 s first-token budget"
 
 
 async def test_every_pod_failing_is_unavailable_with_each_reason(
@@ -179,7 +179,7 @@ async def test_short_deadline_on_stalled_pods_is_deadline_exceeded_quickly(
         pods = [await stack.enter_async_context(run_emulator(FAST, port=0)) for _ in range(stalled)]
         _, stub = await stack.enter_async_context(running_sidecar(sidecar_config(tmp_path, pods)))
         for url in pods:
-            await set_faults(url, stall_seconds=1.5)
+            await set_faults(url, stall_seconds=0.9)
         started = time.perf_counter()
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await collect(stub.Complete(complete("deadline test "), timeout=0.4))
