@@ -16,10 +16,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar import _core
-from sidecar.emulator import EmulatorConfig, run_emulator
+from sidecar.emulator import EmulatorConfig, get_stats, run_emulator
+from sidecar.server.app import Sidecar
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
-from .conftest import FAST, cli_sidecar, owner_ring, wait_serving
+from .conftest import FAST, cli_sidecar, owner_ring, sidecar_config, wait_for, wait_serving
 
 SECRET = "sk-live-3f9a1c-never-log-me"
 
@@ -116,3 +117,36 @@ async def test_two_sidecar_processes_route_10000_prompts_identically(tmp_path: P
     counts = {url: answers[0].count(url) for url in pods}
     assert min(counts.values()) > 10_000 / 5 * 0.7, counts  # all pods really share the work
     print(f"20,000 Route calls over two sidecar processes in {elapsed:.1f} s")
+
+
+async def test_a_stream_outlasting_the_grace_period_is_cut_and_the_pod_freed(
+    tmp_path: Path,
+) -> None:
+    # x20: 3000 tokens would take ~4 s; the grace period is 0.3 s.
+    async with run_emulator(EmulatorConfig(time_scale=20.0), port=0) as pod:
+        sidecar = Sidecar(sidecar_config(tmp_path, [pod], grace_s=0.3))
+        stopping: asyncio.Task[None] | None = None
+        await sidecar.start()
+        try:
+            async with grpc.aio.insecure_channel(sidecar.target) as channel:
+                stub = router_pb2_grpc.RouterStub(channel)
+                await wait_serving(stub, [pod])
+                call = stub.Complete(router_pb2.CompleteRequest(input="long", max_tokens=3000))
+                assert (await call.read()).text
+                started = time.perf_counter()
+                stopping = asyncio.create_task(sidecar.stop())
+                with pytest.raises(grpc.aio.AioRpcError):
+                    while await call.read() is not grpc.aio.EOF:
+                        pass
+                await asyncio.wait_for(stopping, 3.0)
+                elapsed = time.perf_counter() - started
+        finally:
+            if stopping is None:
+                await sidecar.stop()
+
+        async def freed() -> bool:
+            stats = await get_stats(pod)
+            return bool(stats["running"] == 0 and stats["aborted"] == 1)
+
+        await wait_for(freed, timeout=1.0, what="the pod to see the cut stream aborted")
+    assert 0.25 <= elapsed < 1.5, f"stop() took {elapsed:.2f} s with a 0.3 s grace period"
