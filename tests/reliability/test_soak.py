@@ -84,6 +84,7 @@ def test_short_soak_200_streams() -> None:
 def test_soak_with_registered_prefixes() -> None:
     _, report, _ = _soak(
         "--concurrency", "50", "--seconds", "3", "--prefixes", "5", "--prefix-tokens", "2000",
+        "--hold", "0.5",
     )  # fmt: skip
     assert report["errors"] == 0, report["error_samples"]
     assert report["prefixes"] == 5 and report["prefix_tokens"] == 2000
