@@ -6,6 +6,8 @@ from the sidecar, and "served" is read from each emulator's own request counter.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,14 @@ from sidecar import _core
 from sidecar.server.app import Sidecar
 from sidecar.v1 import router_pb2
 
-from .conftest import collect, owner_ring, requests_per_pod, running_sidecar, sidecar_config
+from .conftest import (
+    collect,
+    owner_ring,
+    requests_per_pod,
+    running_sidecar,
+    sidecar_config,
+    wait_serving,
+)
 
 
 def prefix_text(i: int) -> str:
@@ -111,3 +120,50 @@ async def test_replicas_give_a_replica_set_in_ring_order(
     )
     assert prefix.replicas == 2
     assert list(prefix.backends) == owner_ring(pods).preference(prefix.route_key, 2)
+
+
+async def test_sidecars_agree_whatever_the_spelling_and_order_of_the_pod_urls(
+    tmp_path: Path, pods: list[str]
+) -> None:
+    """Routing hashes canonical urls: 'HTTP://127.0.0.1:P/' and '127.0.0.1:P' are one pod."""
+    respelled = [pods[2].upper() + "/", pods[0].removeprefix("http://"), pods[1]]
+    prompts = [f"merchant {i}: coupon stacking question" for i in range(300)]
+    answers = []
+    for name, backends in (("a", pods), ("b", respelled)):
+        config = sidecar_config(tmp_path, backends, listen=f"unix://{tmp_path}/{name}.sock")
+        async with running_sidecar(config, wait=False) as (_, stub):
+            await wait_serving(stub, pods)
+            replies = [await stub.Route(router_pb2.RouteRequest(prompt=p)) for p in prompts]
+            answers.append([r.backend for r in replies])
+    assert answers[0] == answers[1]
+    ring = owner_ring(pods)
+    assert answers[0] == [ring.owner(_core.route_key(p.encode())) for p in prompts]
+
+
+async def test_weights_scale_a_pods_share_as_the_contract_says(
+    tmp_path: Path, pods: list[str]
+) -> None:
+    weights = {pods[0]: 3, pods[1]: 1, pods[2]: 1}
+    backends = tmp_path / "backends.json"
+    backends.write_text(
+        json.dumps([{"url": url, "weight": w} for url, w in weights.items()]), encoding="utf-8"
+    )
+    prompts = [f"tenant {i}: rules" for i in range(2000)]
+    config = sidecar_config(tmp_path, [], backends_file=str(backends))
+    async with running_sidecar(config) as (_, stub):
+        await wait_serving(stub, pods)
+        listed = await stub.ListBackends(router_pb2.ListBackendsRequest())
+        replies = []
+        for start in range(0, len(prompts), 500):
+            replies += await asyncio.gather(
+                *(
+                    stub.Route(router_pb2.RouteRequest(prompt=p))
+                    for p in prompts[start : start + 500]
+                )
+            )
+    assert {b.url: b.weight for b in listed.backends} == weights
+    urls = sorted(pods)
+    ring = _core.Ring(urls, [weights[u] for u in urls])
+    got = [r.backend for r in replies]
+    assert got == [ring.owner(_core.route_key(p.encode())) for p in prompts]
+    assert got.count(pods[0]) > 2 * got.count(pods[1])  # 3/5 of the keys vs 1/5
