@@ -221,3 +221,18 @@ async def test_deadline_expiring_mid_stream_is_deadline_exceeded_and_frees_the_p
         await wait_for(freed, timeout=1.0, what="the pod to see both requests aborted")
     unexpected = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not unexpected, f"a deadline is not an internal error: {unexpected}"
+
+
+async def test_max_attempts_bounds_the_failover(tmp_path: Path, pods: list[str]) -> None:
+    text = prefix_owned_by(pods, pods[0])
+    second = successor(pods, text)
+    config = sidecar_config(tmp_path, pods, max_attempts=2)
+    async with running_sidecar(config) as (_, stub):
+        await set_faults(pods[0], fail_next=1, fail_status=503)
+        await set_faults(second, fail_next=1, fail_status=503)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await collect(stub.Complete(complete(text)))
+        third = next(url for url in pods if url not in (pods[0], second))
+        assert (await get_stats(third))["requests"] == 0
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "2 attempt(s)" in (info.value.details() or "")
