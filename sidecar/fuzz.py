@@ -165,13 +165,11 @@ def bad_field(
     )
 
 
-def common(rpc: str) -> list[st.SearchStrategy[Case]]:
+def random_bytes(rpc: str) -> st.SearchStrategy[Case]:
     """Random bytes as the whole request: every RPC gets them."""
-    return [
-        st.builds(
-            lambda b: Case(rpc, "random_bytes", b, RANDOM_ALLOWED[rpc]), st.binary(max_size=120)
-        )
-    ]
+    return st.builds(
+        lambda b: Case(rpc, "random_bytes", b, RANDOM_ALLOWED[rpc]), st.binary(max_size=120)
+    )
 
 
 # A string field of each request, to carry an over-size payload (1 for the empty requests:
@@ -240,7 +238,7 @@ def register_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
             make(rpc, "huge_replicas", INVALID)
         ),
         bad_field(rpc, valid, (1, 2)),
-        *common(rpc),
+        random_bytes(rpc),
     )
 
 
@@ -253,7 +251,7 @@ def unregister_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
         .map(make(rpc, "scratch", OK | NOT_FOUND)),
         st.just(m()).map(make(rpc, "empty", INVALID)),
         bad_field(rpc, st.just(m(prefix_name="scratch-0")), (1, 2)),
-        *common(rpc),
+        random_bytes(rpc),
     )
 
 
@@ -265,7 +263,7 @@ def list_cases(rpc: str, limits: Limits) -> st.SearchStrategy[Case]:
         st.integers(1, 1000),
         st.binary(max_size=40),
     )
-    return st.one_of(st.just(m()).map(make(rpc, "valid", OK)), unknown_field, *common(rpc))
+    return st.one_of(st.just(m()).map(make(rpc, "valid", OK)), unknown_field, random_bytes(rpc))
 
 
 def route_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
@@ -282,7 +280,7 @@ def route_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
         .map(lambda p: m(prompt=p))
         .map(make(rpc, "over_max_input", INVALID)),
         bad_field(rpc, st.just(m(prompt="hello")), (1, 2, 3)),
-        *common(rpc),
+        random_bytes(rpc),
     )
 
 
@@ -370,7 +368,7 @@ def complete_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
             st.just(m(prefix_name=known.names[0], input="hi", max_tokens=1)),
             (1, 2, 3, 4, 5, 9),
         ),
-        *common(rpc),
+        random_bytes(rpc),
     )
 
 
@@ -407,7 +405,7 @@ def chat_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
             st.sampled_from((1, 2)),
             bad_utf8,
         ),
-        *common(rpc),
+        random_bytes(rpc),
     )
 
 
@@ -420,7 +418,7 @@ def prewarm_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
         unknown_ref.map(lambda kw: m(**kw)).map(make(rpc, "unknown_prefix", NOT_FOUND)),
         st.booleans().map(lambda a: m(all_backends=a)).map(make(rpc, "empty", INVALID)),
         bad_field(rpc, st.just(m(prefix_name=known.names[0])), (1, 2)),
-        *common(rpc),
+        random_bytes(rpc),
     )
 
 
