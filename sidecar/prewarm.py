@@ -113,7 +113,11 @@ class Prewarmer:
                     if self._on_result is not None:
                         self._on_result(event)
                     if last:
-                        logger.warning("prewarm of %s on %s failed: %s", entry.name, url, error)
+                        # The pod's own words may echo the prefix: full text only at DEBUG.
+                        logger.warning(
+                            "prewarm of %s on %s failed: %s", entry.name, url, failure_class(exc)
+                        )
+                        logger.debug("prewarm of %s on %s failed: %s", entry.name, url, error)
                         return False
                     await asyncio.sleep(self._backoff_s * 2 ** (attempt - 1))
                     continue
@@ -145,6 +149,13 @@ class Prewarmer:
             stream.close()
         prompt, _, cached = usage_counts(usage)
         return prompt, cached
+
+
+def failure_class(exc: BaseException) -> str:
+    """A log-safe name for a failure: no text the pod sent back."""
+    if isinstance(exc, UpstreamError):
+        return f"http_{exc.status}" if exc.status else "connection or stream error"
+    return "timed out" if isinstance(exc, asyncio.TimeoutError) else exc.__class__.__name__
 
 
 def completion_body(

@@ -324,7 +324,8 @@ class Sidecar:
                 else:
                     # A pod that cannot be warmed still serves, cold: losing capacity at
                     # peak is worse than one slow first request.
-                    logger.warning("backend %s serves cold: %s", url, event.error)
+                    logger.warning("backend %s serves cold: its prewarm failed", url)
+                    logger.debug("backend %s prewarm error: %s", url, event.error)
         self._warming.pop(url, None)
         self.pool.mark_warm(url, warmed)
 

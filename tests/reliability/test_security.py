@@ -363,11 +363,6 @@ async def test_prompt_and_prefix_text_never_logged_above_debug(
     assert not leaks, f"prompt text logged above DEBUG: {leaks}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (reported to the lead): sidecar/prewarm.py logs a failed prewarm's error at "
-    "WARNING, and that error holds the pod's words, which may echo the prefix text",
-)
 async def test_prefix_text_not_logged_when_a_prewarm_fails(
     fake_pod: StartPod, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
 ) -> None:
