@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import dns.asyncresolver
 import dns.exception
+import dns.name
 import dns.resolver
 import yaml
 
@@ -247,8 +248,8 @@ class FileSource(MembershipSource):
     """A YAML/JSON backend file, re-read every interval_s.
 
     Changes are detected by content, not mtime: a Kubernetes ConfigMap volume swaps a
-    `..data` symlink to a new timestamped directory, so the path's own mtime never moves
-    and inotify on it sees nothing. Reading a small file once a second costs ~nothing.
+    `..data` symlink to a new timestamped directory, so a watch on the mtime of the path
+    itself misses the update. Reading a small file once a second costs ~nothing.
     """
 
     def __init__(self, path: str | Path, interval_s: float = 1.0) -> None:
@@ -305,6 +306,10 @@ class DnsSource(MembershipSource):
             raise ValueError(f"DNS source port {port} must be 1-65535")
         if not interval_s > 0 or not timeout_s > 0:
             raise ValueError("DNS source interval_s and timeout_s must be > 0")
+        try:
+            dns.name.from_text(name)
+        except dns.exception.DNSException as exc:
+            raise ValueError(f"DNS source name {name!r} is not a valid DNS name: {exc}") from None
         self.name, self.port, self.scheme = name, port, scheme
         self.interval_s = interval_s
         try:

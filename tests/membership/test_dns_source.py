@@ -63,6 +63,8 @@ async def test_server_down_is_a_clear_error(dns_server: DnsFixture) -> None:
 def test_bad_nameserver_is_rejected() -> None:
     with pytest.raises(ValueError, match="must be an IP address"):
         DnsSource(NAME, 8000, nameserver="coredns.kube-system")
+    with pytest.raises(ValueError, match="not a valid DNS name"):
+        DnsSource("a..b", 8000, nameserver="127.0.0.1")
     with pytest.raises(ValueError, match="use http or https"):
         DnsSource(NAME, 8000, scheme="grpc", nameserver="127.0.0.1")
 
