@@ -266,8 +266,16 @@ class SoakOptions:
         return 20.0 if self.prefixes else 2.0
 
     @property
+    def ramp_s(self) -> float:
+        """Workers start spread over one hold period: 1,000 prompts landing on the pods in
+        the same instant would be a thundering herd no real caller fleet produces."""
+        return min(self.hold, self.seconds / 4)
+
+    @property
     def warmup_s(self) -> float:
-        return self.warmup if self.warmup is not None else min(self.seconds / 3, 10.0)
+        if self.warmup is not None:
+            return self.warmup
+        return min(min(self.seconds / 3, 10.0) + self.ramp_s, self.seconds * 0.6)
 
 
 @dataclass
@@ -338,10 +346,16 @@ def _request_factory(options: SoakOptions) -> Callable[[int], Any]:
 
 
 async def _worker(
-    stubs: list[Any], make: Callable[[int], Any], tally: LoadTally, options: SoakOptions, end: float
+    stubs: list[Any],
+    make: Callable[[int], Any],
+    tally: LoadTally,
+    options: SoakOptions,
+    end: float,
+    start_after: float,
 ) -> None:
     import grpc
 
+    await asyncio.sleep(start_after)
     while time.monotonic() < end and not (
         options.max_requests and tally.issued >= options.max_requests
     ):
@@ -482,7 +496,17 @@ async def run_soak(options: SoakOptions, progress: Callable[[str], None] = print
                         _dump_traces(sidecar, options.tracemalloc, options.seconds * 0.75)
                     )
                 await asyncio.gather(
-                    *(_worker(stubs, make, tally, options, end) for _ in range(options.concurrency))
+                    *(
+                        _worker(
+                            stubs,
+                            make,
+                            tally,
+                            options,
+                            end,
+                            n * options.ramp_s / options.concurrency,
+                        )
+                        for n in range(options.concurrency)
+                    )
                 )
                 elapsed = time.monotonic() - started
                 sampler.cancel()
@@ -622,7 +646,11 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add = parser.add_argument
     add("--concurrency", type=_positive_int, default=defaults.concurrency)
     add("--seconds", type=_positive_float, default=defaults.seconds)
-    add("--warmup", type=float, help="seconds before RSS/fds are compared (default S/3, <=10)")
+    add(
+        "--warmup",
+        type=float,
+        help="seconds before RSS/fds are compared (default: the ramp-up + S/3, at most 10 s)",
+    )
     add("--max-requests", type=int, default=0, help="stop after this many requests (0: none)")
     add("--pods", type=_positive_int, default=defaults.pods)
     add("--time-scale", type=_positive_float, default=defaults.time_scale)

@@ -130,7 +130,7 @@ async def _route_all(
     async with grpc.aio.insecure_channel(sidecar.target) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
         await wait_all_serving(stub, urls, timeout=20)
-        answers = []
+        answers: list[tuple[object, ...]] = []
         for start in range(0, len(requests), 100):
             replies = await asyncio.gather(
                 *(stub.Route(r, timeout=10) for r in requests[start : start + 100])
