@@ -138,18 +138,20 @@ class HealthMonitor:
     def set_members(self, urls: Iterable[str]) -> None:
         """Check exactly these urls from now on; new ones start UNKNOWN."""
         wanted = list(dict.fromkeys(urls))
-        for url in set(self._members) - set(wanted):
-            for task in self._members.pop(url).tasks:
-                task.cancel()
-        for url in wanted:
+        added: list[_Tracked] = []
+        for url in wanted:  # validate everything before changing anything
             if url not in self._members:
                 parts = urlsplit(url)
                 if parts.hostname is None or parts.port is None:
                     raise ValueError(f"health: {url!r} is not a canonical scheme://host:port url")
-                tracked = _Tracked(url, parts.hostname, parts.port)
-                self._members[url] = tracked
-                if self._running:
-                    self._start(tracked)
+                added.append(_Tracked(url, parts.hostname, parts.port))
+        for url in set(self._members) - set(wanted):
+            for task in self._members.pop(url).tasks:
+                task.cancel()
+        for tracked in added:
+            self._members[tracked.url] = tracked
+            if self._running:
+                self._start(tracked)
 
     def record_failure(self, url: str, error: str) -> None:
         """A request to url failed (connect error, reset, 5xx...): count it, recheck now."""
