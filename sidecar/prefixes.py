@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sidecar import _core
+from sidecar.upstream.body import escape
 
-# Prompts are matched against registered prefixes by their first characters: prefixes at
+# Prompts are matched against registered prefixes by their first escaped bytes: prefixes at
 # least this long are found by one dict lookup, shorter ones by a linear scan.
-MATCH_HEAD_CHARS = 64
+MATCH_HEAD_BYTES = 64
 
 
 class PrefixError(ValueError):
@@ -35,21 +36,26 @@ class PrefixLimitExceeded(PrefixError):
 
 @dataclass
 class PrefixEntry:
+    """One registered prefix. The text is kept once, JSON-escaped (`json_bytes`): that is
+    what every request splices into its upstream body, and prefix matching works on it too
+    (see `sidecar.upstream.body.escape`)."""
+
     id: str
     name: str
-    text: str
+    json_bytes: bytes
     route_key: int
     replicas: int
-    size: int
-    _json: str | None = field(default=None, repr=False)
+    size: int  # UTF-8 bytes of the text
+    chars: int
+
+    @property
+    def text(self) -> str:
+        """The prefix text, decoded on demand (tools and tests; not the request path)."""
+        return str(json.loads(b'"' + self.json_bytes + b'"'))
 
     @property
     def json_fragment(self) -> str:
-        """The text JSON-escaped without quotes, built once: a 240 KB prefix is then not
-        re-escaped on every request."""
-        if self._json is None:
-            self._json = json.dumps(self.text, ensure_ascii=False)[1:-1]
-        return self._json
+        return self.json_bytes.decode("utf-8")
 
 
 class PrefixStore:
@@ -60,8 +66,9 @@ class PrefixStore:
         self._max_bytes = max_bytes
         self._by_id: dict[str, PrefixEntry] = {}
         self._versions: dict[str, list[str]] = {}
-        self._by_head: dict[str, list[PrefixEntry]] = {}
+        self._by_head: dict[bytes, list[PrefixEntry]] = {}
         self._short: list[PrefixEntry] = []
+        self._max_chars = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -110,17 +117,19 @@ class PrefixStore:
             entry = PrefixEntry(
                 id=entry_id,
                 name=name,
-                text=text,
+                json_bytes=escape(text),
                 route_key=_core.route_key(data),
                 replicas=replicas,
                 size=len(data),
+                chars=len(text),
             )
             self._by_id[entry_id] = entry
             versions.append(entry_id)
-            if len(text) >= MATCH_HEAD_CHARS:
-                self._by_head.setdefault(text[:MATCH_HEAD_CHARS], []).append(entry)
+            if len(entry.json_bytes) >= MATCH_HEAD_BYTES:
+                self._by_head.setdefault(entry.json_bytes[:MATCH_HEAD_BYTES], []).append(entry)
             else:
                 self._short.append(entry)
+            self._max_chars = max(self._max_chars, entry.chars)
             return entry, True
 
     def get(self, prefix_id: str) -> PrefixEntry:
@@ -167,24 +176,26 @@ class PrefixStore:
                 versions.remove(entry.id)
                 if not versions:
                     del self._versions[name]
-        head = self._by_head.get(entry.text[:MATCH_HEAD_CHARS])
+        head_key = entry.json_bytes[:MATCH_HEAD_BYTES]
+        head = self._by_head.get(head_key)
         if head is not None and entry in head:
             head.remove(entry)
             if not head:
-                del self._by_head[entry.text[:MATCH_HEAD_CHARS]]
+                del self._by_head[head_key]
         if entry in self._short:
             self._short.remove(entry)
 
     def match(self, prompt: str) -> PrefixEntry | None:
         """The longest registered prefix the prompt starts with, if any."""
+        if not self._by_id:
+            return None
+        # Only the head that could hold a prefix is escaped: O(longest prefix), not O(prompt).
+        escaped = escape(prompt[: self._max_chars])
         best: PrefixEntry | None = None
-        for candidate in self._by_head.get(prompt[:MATCH_HEAD_CHARS], ()):
-            if prompt.startswith(candidate.text) and (best is None or candidate.size > best.size):
+        candidates = [*self._by_head.get(escaped[:MATCH_HEAD_BYTES], ()), *self._short]
+        for candidate in candidates:
+            if escaped.startswith(candidate.json_bytes) and (
+                best is None or candidate.size > best.size
+            ):
                 best = candidate
-        if best is None:
-            for candidate in self._short:
-                if prompt.startswith(candidate.text) and (
-                    best is None or candidate.size > best.size
-                ):
-                    best = candidate
         return best

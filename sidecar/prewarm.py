@@ -9,13 +9,13 @@ not itself become the peak that saturates the fleet.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from sidecar.prefixes import PrefixEntry
+from sidecar.upstream.body import completion_body
 from sidecar.upstream.client import UpstreamClient, UpstreamError
 from sidecar.upstream.sse import usage_counts
 
@@ -137,7 +137,7 @@ class Prewarmer:
         return False  # pragma: no cover - attempts >= 1
 
     async def _complete(self, entry: PrefixEntry, url: str) -> tuple[int, int]:
-        body = completion_body(entry.json_fragment, "", {"max_tokens": 1}, self._model)
+        body = completion_body(entry.json_bytes, "", {"max_tokens": 1}, self._model)
         stream = await self._client.open(
             url, "/v1/completions", body, timeout_s=self._timeout_s, chat=False
         )
@@ -156,17 +156,3 @@ def failure_class(exc: BaseException) -> str:
     if isinstance(exc, UpstreamError):
         return f"http_{exc.status}" if exc.status else "connection or stream error"
     return "timed out" if isinstance(exc, asyncio.TimeoutError) else exc.__class__.__name__
-
-
-def completion_body(
-    prefix_fragment: str, input_text: str, params: dict[str, object], model: str
-) -> bytes:
-    """A streaming /v1/completions body, splicing the pre-escaped prefix in as is."""
-    rest: dict[str, object] = dict(params)
-    if model:
-        rest["model"] = model
-    rest["stream"] = True
-    rest["stream_options"] = {"include_usage": True}
-    tail = json.dumps(rest, ensure_ascii=False)[1:]
-    suffix = json.dumps(input_text, ensure_ascii=False)[1:-1]
-    return ('{"prompt":"' + prefix_fragment + suffix + '",' + tail).encode("utf-8")

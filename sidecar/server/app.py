@@ -16,6 +16,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -90,6 +91,7 @@ class Sidecar:
             model=config.model,
         )
         self.health: HealthMonitor | None = None
+        self._health_session: aiohttp.ClientSession | None = None
         self.server: grpc.aio.Server | None = None
         self.health_servicer = health_aio.HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
@@ -114,8 +116,11 @@ class Sidecar:
         source = self._membership_source()
         # Before anything that needs closing: a refused path must not leak a session.
         prepare_socket_path(self.socket_path)
+        # Health checks get their own session: a pool full of request streams must not
+        # queue them, or a busy pod would look dead.
+        self._health_session = aiohttp.ClientSession()
         self.health = HealthMonitor(
-            self.client.session,
+            self._health_session,
             path=self.config.health_path,
             interval_s=self.config.health_interval_s,
             timeout_s=self.config.health_timeout_s,
@@ -199,6 +204,8 @@ class Sidecar:
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()  # type: ignore[attr-defined]
         await self.client.close()
+        if self._health_session is not None:
+            await self._health_session.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         logger.info("prefix-sidecar stopped")

@@ -20,6 +20,7 @@ import grpc
 from sidecar.membership.health import HealthMonitor
 from sidecar.membership.pool import BackendPool
 from sidecar.metrics import Metrics
+from sidecar.upstream.body import SplicedBody
 from sidecar.upstream.client import UpstreamClient, UpstreamError, UpstreamStream
 from sidecar.upstream.sse import Delta, usage_counts
 from sidecar.v1 import router_pb2
@@ -80,7 +81,7 @@ class Relay:
         self,
         candidates: list[str],
         path: str,
-        body: bytes,
+        body: bytes | SplicedBody,
         *,
         chat: bool,
         time_remaining: Callable[[], float | None],

@@ -8,7 +8,6 @@ unexpected bug is logged and reported as INTERNAL, and the sidecar keeps serving
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import time
@@ -21,9 +20,10 @@ from sidecar.config import Config
 from sidecar.membership.pool import BackendPool
 from sidecar.metrics import Metrics
 from sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound, PrefixStore
-from sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent, completion_body
+from sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent
 from sidecar.routing.router import Decision, NoBackendError, Router
 from sidecar.server.relay import Relay, RelayAbort, RelayOutcome
+from sidecar.upstream.body import chat_body, completion_body, escape
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 logger = logging.getLogger("sidecar.requests")
@@ -202,8 +202,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         except PrefixNotFound as exc:
             raise Invalid(grpc.StatusCode.NOT_FOUND, str(exc)) from None
 
-    def _resolve_prefix(self, request: Any) -> tuple[str, Decision | None, PrefixEntry | None]:
-        """(prefix JSON fragment, decision if routed by prefix, entry) for Complete/Chat."""
+    def _resolve_prefix(self, request: Any) -> tuple[bytes, Decision | None, PrefixEntry | None]:
+        """(escaped prefix bytes, decision if routed by prefix, entry) for Complete/Chat."""
         which = request.WhichOneof("prefix")
         if which == "prefix_id":
             entry = self._by_id(request.prefix_id)
@@ -212,17 +212,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         elif which == "prefix_text":
             text = _text(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
             if not text:
-                return "", None, None
+                return b"", None, None
             decision = self._decide(lambda: self.router.for_prefix_text(text))
-            fragment = (
-                decision.prefix.json_fragment
-                if decision.prefix is not None
-                else json.dumps(text, ensure_ascii=False)[1:-1]
-            )
-            return fragment, decision, decision.prefix
+            prefix = decision.prefix.json_bytes if decision.prefix is not None else escape(text)
+            return prefix, decision, decision.prefix
         else:
-            return "", None, None
-        return entry.json_fragment, self._decide(lambda: self.router.for_prefix(entry)), entry
+            return b"", None, None
+        return entry.json_bytes, self._decide(lambda: self.router.for_prefix(entry)), entry
 
     # --- streaming ----------------------------------------------------------------------
 
@@ -290,7 +286,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "messages is empty: send at least one user message after the prefix",
                 )
-            body = _chat_body(
+            body = chat_body(
                 fragment, messages, _sampling(request), request.model or self.config.model
             )
             branch = decision.branch
@@ -457,24 +453,6 @@ def _messages(messages: Any, limit: int) -> list[dict[str, str]]:
             f"messages hold {total} bytes; the maximum is {limit} bytes (config max_input_bytes)",
         )
     return result
-
-
-def _chat_body(
-    prefix_fragment: str, messages: list[dict[str, str]], params: dict[str, object], model: str
-) -> bytes:
-    """A streaming /v1/chat/completions body; the prefix is the system message, spliced in
-    pre-escaped."""
-    rest: dict[str, object] = dict(params)
-    if model:
-        rest["model"] = model
-    rest["stream"] = True
-    rest["stream_options"] = {"include_usage": True}
-    parts = []
-    if prefix_fragment:
-        parts.append('{"role":"system","content":"' + prefix_fragment + '"}')
-    parts.extend(json.dumps(m, ensure_ascii=False) for m in messages)
-    tail = json.dumps(rest, ensure_ascii=False)[1:]
-    return ('{"messages":[' + ",".join(parts) + "]," + tail).encode("utf-8")
 
 
 def _event_message(event: WarmEvent) -> router_pb2.PrewarmEvent:

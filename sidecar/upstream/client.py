@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from sidecar import __version__
+from sidecar.upstream.body import SplicedBody
 from sidecar.upstream.sse import Delta, SSEDecoder, SSEProtocolError
 
 READ_CHUNK = 64 * 1024
@@ -145,7 +146,13 @@ class UpstreamClient:
             self._session = None
 
     async def open(
-        self, backend: str, path: str, body: bytes, *, timeout_s: float | None, chat: bool
+        self,
+        backend: str,
+        path: str,
+        body: bytes | SplicedBody,
+        *,
+        timeout_s: float | None,
+        chat: bool,
     ) -> UpstreamStream:
         """POST and wait for the response headers; raise UpstreamError on any failure."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
