@@ -137,7 +137,7 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             mode = value
         else:
             try:
-                mode = int(str(value), 8)
+                mode = int(str(value).strip().lower().removeprefix("0o"), 8)
             except ValueError:
                 raise ConfigError(
                     f'{where} must be an octal mode like "0660", got {value!r}'
@@ -351,7 +351,19 @@ def load_file(path: str) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path} must hold a mapping of fields, got {type(data).__name__}"
         )
+    if isinstance(data.get("socket_mode"), int):
+        # YAML reads `socket_mode: 440` as decimal 440 (0o670) but `0660` as octal: take the
+        # digits as written, so every spelling of a mode means what a chmod user expects.
+        data["socket_mode"] = _raw_scalar(text, "socket_mode")
     return data
+
+
+def _raw_scalar(text: str, key: str) -> str:
+    root = yaml.compose(text)
+    for key_node, value_node in getattr(root, "value", ()):
+        if getattr(key_node, "value", None) == key and isinstance(value_node, yaml.ScalarNode):
+            return str(value_node.value)
+    raise ConfigError(f"config field {key!r}: cannot read its value")  # pragma: no cover
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

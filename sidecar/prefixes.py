@@ -163,9 +163,14 @@ class PrefixStore:
             ids = self._versions.get(name)
             if not ids:
                 raise PrefixNotFound(f"no prefix named {name!r} to unregister")
-            removed = list(ids)
-            for prefix_id in removed:
+            del self._versions[name]
+            removed = []
+            for prefix_id in ids:
+                # The same text may also be registered under another name: it stays for it.
+                if any(prefix_id in versions for versions in self._versions.values()):
+                    continue
                 self._remove(self._by_id[prefix_id])
+                removed.append(prefix_id)
             return removed
 
     def _remove(self, entry: PrefixEntry) -> None:

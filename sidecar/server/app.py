@@ -226,6 +226,10 @@ class Sidecar:
                 ("grpc.max_receive_message_length", size),
                 ("grpc.max_send_message_length", size),
                 ("grpc.so_reuseport", 0),
+                # grpc core answers calls past 1,000 pending with CANCELLED; a sidecar in
+                # front of a peak must queue a burst instead (each call is cheap to hold).
+                ("grpc.server.max_pending_requests", 100_000),
+                ("grpc.server.max_pending_requests_hard_limit", 200_000),
             ]
         )
 

@@ -155,11 +155,6 @@ def test_socket_mode_from_a_flag_is_octal_too(mode: str) -> None:
     assert json.loads(result.stdout)["socket_mode"] == "0o" + mode.removeprefix("0o").lstrip("0")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (reported): in the YAML file, socket_mode: 440 is a YAML int read as decimal "
-    "(silently 0o670); 0660 and quoted strings work",
-)
 def test_socket_mode_440_in_the_yaml_file_is_octal(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.yaml"
     config.write_text("backends: [http://10.0.0.1:8000]\nsocket_mode: 440\n", encoding="utf-8")

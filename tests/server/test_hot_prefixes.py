@@ -123,11 +123,6 @@ async def test_an_inline_prefix_routes_like_the_registered_one(
     assert registered[-1].usage.cached_tokens >= len(RULES) // 4 - 16
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (reported): two names registering the same text share one entry, and "
-    "unregistering either name deletes the other's prefix",
-)
 async def test_unregistering_one_name_keeps_another_name_with_the_same_text(
     sidecar: Sidecar, stub: Any
 ) -> None:
@@ -155,11 +150,6 @@ async def test_serve_runs_until_the_shutdown_trigger(tmp_path: Path) -> None:
     assert not os.path.exists(config.socket_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (reported): grpc core's grpc.server.max_pending_requests (default 1000) "
-    "answers a burst of more concurrent calls than that with CANCELLED",
-)
 async def test_a_burst_of_2500_concurrent_calls_is_served(sidecar: Sidecar, stub: Any) -> None:
     results = await asyncio.gather(
         *(stub.Route(router_pb2.RouteRequest(prompt=f"burst {i}")) for i in range(2500)),
