@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from sidecar.emulator import EmulatorConfig, EmulatorFleet
+from sidecar.workload.driver import TIMEOUT
 from sidecar.workload.scenario import run_policy
 from sidecar.workload.stats import summarize, ttft_samples_ms
 from sidecar.workload.trace import (
@@ -112,7 +113,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     samples: dict[str, list[float]] = {}
     homes: dict[str, list[str]] = {}
     started = time.perf_counter()
-    async with EmulatorFleet(args.pods, config) as fleet:
+    async with EmulatorFleet(args.pods, config, base_port=args.base_port) as fleet:
         progress(
             f"fleet of {args.pods} pods up; {requests} requests at {args.rate:g} req/s "
             f"(modelled), warm-up {args.warmup:g} s, time x{scale:g}"
@@ -144,7 +145,10 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             )
             results[name]["sidecars"] = sidecars
             results[name]["wall_s"] = run.wall_s
-            samples[name] = ttft_samples_ms(measured, scale)
+            timed_out = sum(1 for o in measured if o.error == TIMEOUT)
+            samples[name] = ttft_samples_ms(measured, scale) + [args.first_token_timeout * 1e3] * (
+                timed_out
+            )
             homes = run.home_sets
             r = results[name]
             progress(
@@ -152,8 +156,13 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 f"p99 {r['ttft_ms']['p99']:>9,.0f} ms  max/mean "
                 f"{r['load']['max_over_mean']:.2f}  ({run.wall_s:.0f} s)"
             )
+    homed = dict.fromkeys(fleet.urls, 0)
+    for prefix in prefixes:
+        for url in homes.get(prefix.name, []):
+            homed[url] += prefix.tokens
     return {
         "params": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
+        "homed_prefix_tokens": homed,
         "emulator": {
             "kv_tokens": config.kv_tokens,
             "prefill_tps": config.prefill_tps,
@@ -197,6 +206,12 @@ def render(report: dict[str, Any]) -> str:
             for p in report["prefixes"][:4]
         )
         + (" ..." if len(report["prefixes"]) > 4 else ""),
+        "prefix tokens homed per pod (ring placement, vs KV "
+        f"{report['emulator']['kv_tokens']:,}): "
+        + ", ".join(
+            f"{url.rsplit(':', 1)[1]} {tokens:,}"
+            for url, tokens in report["homed_prefix_tokens"].items()
+        ),
         "",
         f"{'policy':<24}{'hit rate':>9}{'TTFT p50':>11}{'TTFT p99':>12}{'max/mean':>10}"
         f"{'req/s':>8}{'timeouts':>10}{'yuan/day':>12}",
@@ -234,7 +249,7 @@ def plot(report: dict[str, Any], path: str) -> None:
         axes.step(ordered, fractions, where="post", label=name, linewidth=1.6)
     axes.set_xscale("log")
     axes.set_xlabel("TTFT, modelled ms (log scale)")
-    axes.set_ylabel("fraction of answered requests")
+    axes.set_ylabel("fraction of measured requests (timed out: at the timeout)")
     axes.axhline(0.99, color="grey", linestyle=":", linewidth=1)
     params = report["params"]
     axes.set_title(
@@ -286,6 +301,13 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         type=_positive(float, "--first-token-timeout"),
         default=30.0,
         help="callers give up after this many modelled s without a token (30)",
+    )
+    add(
+        "--base-port",
+        type=int,
+        default=0,
+        help="pods on ports P..P+N-1 (0: free ports). The ring places prefixes by pod URL, "
+        "so a fixed port gives the same placement every run",
     )
     add("--seed", type=int, default=0)
     add("--quick", action="store_true", help="seconds, for tests: 2 pods, short trace")

@@ -41,6 +41,8 @@ ECHO_METHOD = "/bench.hop.Echo/Echo"
 MODES = ("echo", "route", "direct", "thin", "fat")
 TARGET_ROUTE_OVER_ECHO = 1.10
 TARGET_OVERHEAD_MS = 1.0
+BODY_STEP = "Complete path: completion_body() for the 240 KB prompt"
+SETTLE_S = 0.002  # idle time before each measured call
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -114,6 +116,7 @@ async def route_breakdown(prefix: str, calls: int) -> dict[str, float]:
     from sidecar.server.app import Sidecar
     from sidecar.server.relay import Relay
     from sidecar.server.servicer import RouterServicer
+    from sidecar.upstream.body import completion_body
 
     urls = [f"http://127.0.0.1:{9000 + i}" for i in range(4)]
     sidecar = Sidecar(Config(backends=tuple((url, 1) for url in urls)))
@@ -163,6 +166,14 @@ async def route_breakdown(prefix: str, calls: int) -> dict[str, float]:
             "encode RouteReply (protobuf)": reply.SerializeToString,
         }
         result = {name: _ns_per_call(step, calls) / 1e3 for name, step in steps.items()}
+        user_input = "\n\nMerchant 10001 asks: is this 499 yuan down jacket offer compliant?" * 11
+        result[BODY_STEP] = (
+            _ns_per_call(
+                lambda: completion_body(entry.json_bytes, user_input, {"max_tokens": 1}, ""),
+                max(1, calls // 20),
+            )
+            / 1e3
+        )
 
         async def noop() -> None:
             return None
@@ -299,9 +310,14 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
                 "fat": time_fat,
             }
             total = args.warmup + args.iterations
+            order = list(MODES)
             for i in range(total):
-                order = MODES[i % len(MODES) :] + MODES[: i % len(MODES)]
+                # A fresh random order every round, and a pause before every call: the
+                # teardown of one call (a finished stream, a 240 KB message) must not be
+                # billed to whichever mode always follows it.
+                rng.shuffle(order)
                 for mode in order:
+                    await asyncio.sleep(SETTLE_S)
                     value = await calls[mode](i)
                     if i >= args.warmup:
                         samples[mode].append(value)
@@ -404,6 +420,9 @@ def render(report: dict[str, Any]) -> str:
         report["thin_saving"],
     )
     wire = saving["request_bytes"]
+    floor_ms = latency["echo"]["p50_us"] / 1e3
+    body_ms = report["route_breakdown_us"][BODY_STEP] / 1e3
+    rest_ms = overhead["p50"] - floor_ms - body_ms
     lines += [
         "",
         f"Route / echo: p50 {ratios['route_over_echo_p50']:.2f}x, "
@@ -412,6 +431,8 @@ def render(report: dict[str, Any]) -> str:
         f"p99 {overhead['p99']:.2f} ms",
         f"thin query saves {saving['p50_ms']:.2f} ms at p50 ({ratios['fat_over_thin_p50']:.2f}x) "
         f"and sends {wire['thin']:,} bytes instead of {wire['fat']:,} per request",
+        f"overhead accounting at p50: gRPC floor (echo) {floor_ms:.2f} ms + "
+        f"completion_body() {body_ms:.2f} ms + the rest {rest_ms:.2f} ms",
         "",
         "Route server-side Python cost, in-process (us per call)",
     ]
