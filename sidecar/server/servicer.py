@@ -167,7 +167,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             )
         elif which == "prompt":
             prompt = _text(
-                request.prompt, "prompt", self.config.max_prefix_bytes + self.config.max_input_bytes
+                request.prompt,
+                "prompt",
+                self.config.max_prefix_bytes + self.config.max_input_bytes,
+                "config max_prefix_bytes + max_input_bytes",
             )
             decision = self._decide(lambda: self.router.for_prompt(prompt))
         else:
@@ -385,15 +388,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return router_pb2.ListBackendsReply(backends=backends, generation=self.pool.generation)
 
 
-def _text(value: str, field_name: str, limit: int) -> str:
-    """Check a text field: valid UTF-8 (protobuf already rejects bad bytes) and size."""
+def _text(value: str, field_name: str, limit: int, source: str = "") -> str:
+    """Check a text field: valid UTF-8 (protobuf already rejects bad bytes) and size.
+    `source` names the setting behind the limit, for the error message."""
     if len(value) > limit // 4:  # cheap check first: a char is at most 4 bytes
         size = len(value.encode("utf-8", "surrogatepass"))
         if size > limit:
             raise Invalid(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{field_name} is {size} bytes; the maximum is {limit} bytes "
-                f"(config max_{'prefix' if 'prefix' in field_name else 'input'}_bytes)",
+                f"({source or _limit_source(field_name)})",
             )
     try:
         value.encode("utf-8")
@@ -403,6 +407,10 @@ def _text(value: str, field_name: str, limit: int) -> str:
             f"{field_name} is not valid UTF-8 text (lone surrogate at character {exc.start})",
         ) from None
     return value
+
+
+def _limit_source(field_name: str) -> str:
+    return "config max_prefix_bytes" if "prefix" in field_name else "config max_input_bytes"
 
 
 def _sampling(request: Any) -> dict[str, object]:
@@ -429,7 +437,7 @@ def _sampling(request: Any) -> dict[str, object]:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"stop must be 1-{MAX_STOP} non-empty strings, got {len(request.stop)}",
             )
-        params["stop"] = [_text(s, "stop", 1024) for s in request.stop]
+        params["stop"] = [_text(s, "stop", 1024, "a fixed limit") for s in request.stop]
     if request.HasField("seed"):
         params["seed"] = request.seed
     return params

@@ -62,6 +62,8 @@ class UpstreamStream:
     async def next_delta(self) -> Delta:
         """Wait for the next read from the pod and return every event it completed."""
         while True:
+            if self._decoder.pending_error:
+                raise UpstreamError(self.backend, self._decoder.pending_error, retryable=True)
             try:
                 data = await self._response.content.readany()
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
@@ -83,11 +85,10 @@ class UpstreamStream:
             except SSEProtocolError as exc:
                 raise UpstreamError(self.backend, str(exc), retryable=True) from None
             if delta.error:
-                raise UpstreamError(
-                    self.backend,
-                    f"the pod reported an error: {self._redact(delta.error)}",
-                    retryable=True,
-                )
+                message = f"the pod reported an error: {self._redact(delta.error)}"
+                if not (delta.text or delta.finish_reason):
+                    raise UpstreamError(self.backend, message, retryable=True)
+                self._decoder.pending_error = message  # after relaying the text before it
             if delta.events or delta.done:
                 if delta.done:
                     self.finished = True

@@ -42,6 +42,7 @@ class Delta:
 @dataclass
 class SSEDecoder:
     chat: bool = False
+    pending_error: str = ""
     _buffer: bytes = field(default=b"", repr=False)
 
     def feed(self, data: bytes) -> Delta:
@@ -55,8 +56,15 @@ class SSEDecoder:
                     raise SSEProtocolError(f"SSE event larger than {MAX_EVENT_BYTES} bytes")
                 return delta
             raw, self._buffer = self._buffer[:end], self._buffer[end + skip :]
-            self._event(raw, delta)
-            if delta.done:
+            try:
+                self._event(raw, delta)
+            except SSEProtocolError as exc:
+                if not (delta.text or delta.finish_reason):
+                    raise
+                # Relay the good events of this read first; the error comes on the next call.
+                self.pending_error = str(exc)
+                return delta
+            if delta.done or delta.error:
                 return delta
 
     def _event(self, raw: bytes, delta: Delta) -> None:
