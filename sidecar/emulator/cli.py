@@ -62,7 +62,7 @@ async def _serve(pods: int, config: EmulatorConfig, base_port: int) -> int:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 for i in range(len(fleet)):
                     if not fleet.alive(i) and i not in reported:
                         reported.add(i)

@@ -87,7 +87,7 @@ class EmulatorFleet:
         assert proc.stdout is not None
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), self.start_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RuntimeError(f"emulator pod {i} did not start in {self.start_timeout}s") from None
         if not line.startswith(b"READY "):
             code = await proc.wait()
@@ -150,7 +150,7 @@ class EmulatorFleet:
                 continue
             try:
                 await asyncio.wait_for(proc.wait(), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 proc.kill()
                 await proc.wait()
 
