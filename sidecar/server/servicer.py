@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -23,7 +24,7 @@ from sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound, PrefixSto
 from sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent
 from sidecar.routing.router import Decision, NoBackendError, Router
 from sidecar.server.relay import Relay, RelayAbort, RelayOutcome
-from sidecar.upstream.body import chat_body, completion_body, escape
+from sidecar.upstream.body import SplicedBody, chat_body, completion_body, escape
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 logger = logging.getLogger("sidecar.requests")
@@ -33,6 +34,17 @@ MAX_STOP = 16
 MAX_REPLICAS = 1024
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class UpstreamPlan:
+    """A validated, routed streaming call: where it goes and what is sent."""
+
+    decision: Decision
+    entry: PrefixEntry | None
+    path: str
+    body: SplicedBody
+    chat: bool
 
 
 class Invalid(Exception):
@@ -228,78 +240,68 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Complete(
         self, request: router_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.Chunk]:
-        started = time.perf_counter()
-        outcome = RelayOutcome()
-        branch = prefix_label = ""
-        try:
-            fragment, decision, entry = self._resolve_prefix(request)
-            user_input = _text(request.input, "input", self.config.max_input_bytes)
-            if decision is None:
-                if not user_input:
-                    raise Invalid(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "no prefix and an empty input: set prefix_id, prefix_name or "
-                        "prefix_text, or send the whole prompt in input",
-                    )
-                decision = self._decide(lambda: self.router.for_prompt(user_input))
-                entry = decision.prefix
-            params = _sampling(request)
-            body = completion_body(fragment, user_input, params, request.model or self.config.model)
-            branch = decision.branch
-            prefix_label = entry.name if entry is not None else "-"
-            self.metrics.decision.labels("Complete").observe(decision.decision_ns / 1e9)
-            async for chunk in self.relay.stream(
-                decision.preference,
-                "/v1/completions",
-                body,
-                chat=False,
-                time_remaining=context.time_remaining,
-                outcome=outcome,
-            ):
-                yield chunk
-        except (Invalid, RelayAbort) as exc:
-            outcome.status = exc.code.name
-            await context.abort(exc.code, exc.message)
-        except Exception:
-            outcome.status = "INTERNAL"
-            logger.exception("Complete failed unexpectedly")
-            await context.abort(grpc.StatusCode.INTERNAL, "Complete: internal error")
-        finally:
-            self._log("Complete", prefix_label, branch, outcome, started)
+        async for chunk in self._stream("Complete", self._plan_completion, request, context):
+            yield chunk
 
     async def Chat(
         self, request: router_pb2.ChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.Chunk]:
+        async for chunk in self._stream("Chat", self._plan_chat, request, context):
+            yield chunk
+
+    def _plan_completion(self, request: router_pb2.CompleteRequest) -> UpstreamPlan:
+        prefix, decision, entry = self._resolve_prefix(request)
+        user_input = _text(request.input, "input", self.config.max_input_bytes)
+        if decision is None:
+            if not user_input:
+                raise Invalid(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "no prefix and an empty input: set prefix_id, prefix_name or "
+                    "prefix_text, or send the whole prompt in input",
+                )
+            decision = self._decide(lambda: self.router.for_prompt(user_input))
+            entry = decision.prefix
+        model = request.model or self.config.model
+        body = completion_body(prefix, user_input, _sampling(request), model)
+        return UpstreamPlan(decision, entry, "/v1/completions", body, chat=False)
+
+    def _plan_chat(self, request: router_pb2.ChatRequest) -> UpstreamPlan:
+        prefix, decision, entry = self._resolve_prefix(request)
+        messages = _messages(request.messages, self.config.max_input_bytes)
+        if not messages:
+            raise Invalid(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "messages is empty: send at least one message"
+                + (" after the prefix" if decision is not None else ""),
+            )
+        if decision is None:
+            decision = self._decide(lambda: self.router.for_prompt(messages[0]["content"]))
+            entry = decision.prefix
+        model = request.model or self.config.model
+        body = chat_body(prefix, messages, _sampling(request), model)
+        return UpstreamPlan(decision, entry, "/v1/chat/completions", body, chat=True)
+
+    async def _stream(
+        self,
+        rpc: str,
+        plan: Callable[[Any], UpstreamPlan],
+        request: Any,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[router_pb2.Chunk]:
+        """Validate and route (plan), relay the pod's stream, and log/measure the outcome."""
         started = time.perf_counter()
         outcome = RelayOutcome()
         branch = prefix_label = ""
         try:
-            fragment, decision, entry = self._resolve_prefix(request)
-            messages = _messages(request.messages, self.config.max_input_bytes)
-            if decision is None:
-                if not messages:
-                    raise Invalid(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "no prefix and no messages: send at least one message",
-                    )
-                decision = self._decide(lambda: self.router.for_prompt(messages[0]["content"]))
-                entry = decision.prefix
-            elif not messages:
-                raise Invalid(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "messages is empty: send at least one user message after the prefix",
-                )
-            body = chat_body(
-                fragment, messages, _sampling(request), request.model or self.config.model
-            )
-            branch = decision.branch
-            prefix_label = entry.name if entry is not None else "-"
-            self.metrics.decision.labels("Chat").observe(decision.decision_ns / 1e9)
+            upstream = plan(request)
+            branch = upstream.decision.branch
+            prefix_label = upstream.entry.name if upstream.entry is not None else "-"
+            self.metrics.decision.labels(rpc).observe(upstream.decision.decision_ns / 1e9)
             async for chunk in self.relay.stream(
-                decision.preference,
-                "/v1/chat/completions",
-                body,
-                chat=True,
+                upstream.decision.preference,
+                upstream.path,
+                upstream.body,
+                chat=upstream.chat,
                 time_remaining=context.time_remaining,
                 outcome=outcome,
             ):
@@ -309,10 +311,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             await context.abort(exc.code, exc.message)
         except Exception:
             outcome.status = "INTERNAL"
-            logger.exception("Chat failed unexpectedly")
-            await context.abort(grpc.StatusCode.INTERNAL, "Chat: internal error")
+            logger.exception("%s failed unexpectedly", rpc)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{rpc}: internal error")
         finally:
-            self._log("Chat", prefix_label, branch, outcome, started)
+            self._log(rpc, prefix_label, branch, outcome, started)
 
     def _log(
         self, rpc: str, prefix: str, branch: str, outcome: RelayOutcome, started: float
