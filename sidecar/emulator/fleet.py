@@ -11,17 +11,17 @@ import os
 import signal
 import sys
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import aiohttp
 
 from sidecar.emulator.config import EmulatorConfig, config_to_argv
+from sidecar.lifecycle import AsyncService
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the dir holding `sidecar/`
 
 
-class EmulatorFleet:
+class EmulatorFleet(AsyncService):
     """`async with EmulatorFleet(n, config, base_port=0) as fleet:` then `fleet.urls`.
 
     base_port 0 lets every child pick a free port; a restarted child keeps its port.
@@ -50,21 +50,8 @@ class EmulatorFleet:
     def __len__(self) -> int:
         return len(self.urls)
 
-    async def __aenter__(self) -> EmulatorFleet:
-        try:
-            await asyncio.gather(*(self._spawn(i) for i in range(len(self))))
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+    async def start(self) -> None:
+        await asyncio.gather(*(self._spawn(i) for i in range(len(self))))
 
     async def _spawn(self, i: int) -> None:
         env = dict(os.environ)

@@ -43,9 +43,10 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import aiohttp
+
+from sidecar.lifecycle import AsyncService
 
 _PREFIX_MATCH = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt")
 _RAM_CACHE_HIT = "Llama._create_completion: cache hit"
@@ -184,7 +185,7 @@ class LlamaPod:
         return "\n".join(text.splitlines()[-lines:])
 
 
-class LlamaFleet:
+class LlamaFleet(AsyncService):
     """N llama.cpp pods serving one GGUF; started on enter, terminated on exit."""
 
     def __init__(
@@ -283,19 +284,3 @@ class LlamaFleet:
         await asyncio.gather(*(pod.stop() for pod in self.pods), return_exceptions=True)
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-
-    async def __aenter__(self) -> LlamaFleet:
-        try:
-            await self.start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()

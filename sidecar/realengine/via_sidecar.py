@@ -24,13 +24,13 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import grpc
 
 from sidecar import _core
 from sidecar.config import build_config
+from sidecar.lifecycle import AsyncService
 from sidecar.realengine.pods import LlamaFleet
 from sidecar.realengine.workload import Request, Served, prefix_text
 from sidecar.server.app import Sidecar
@@ -80,7 +80,7 @@ class WarmResult:
     error: str
 
 
-class ViaSidecar:
+class ViaSidecar(AsyncService):
     """A real Sidecar in front of the fleet; registers the workload's prefixes with prewarm.
 
     `prefixes[i]` is the text of the workload's prefix i (Request.prefix_id == i).
@@ -200,19 +200,3 @@ class ViaSidecar:
             self._stub = None
         await self.sidecar.stop(grace_s=1.0)
         shutil.rmtree(self._socket_dir, ignore_errors=True)
-
-    async def __aenter__(self) -> ViaSidecar:
-        try:
-            await self.start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()

@@ -17,16 +17,16 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import grpc
 
+from sidecar.lifecycle import AsyncService
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-class SidecarProcesses:
+class SidecarProcesses(AsyncService):
     """`async with SidecarProcesses(k, backends, policy) as sidecars:` then `sidecars.targets`."""
 
     def __init__(
@@ -50,24 +50,11 @@ class SidecarProcesses:
         self.targets: list[str] = []
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
-    async def __aenter__(self) -> SidecarProcesses:
+    async def start(self) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="prefix-sidecar-bench-")
-        try:
-            for i in range(self.count):
-                await self._spawn(i)
-            await asyncio.gather(*(self._wait_ready(i) for i in range(self.count)))
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+        for i in range(self.count):
+            await self._spawn(i)
+        await asyncio.gather(*(self._wait_ready(i) for i in range(self.count)))
 
     async def _spawn(self, i: int) -> None:
         assert self._dir is not None
