@@ -290,8 +290,11 @@ cdef class Ring:
             free(out)
 
     cdef inline bint _fits(self, double factor, int64_t total, uint32_t member,
-                           int64_t load) noexcept nogil:
-        """load + 1 <= cap(member), exactly, without overflowing int64."""
+                           int64_t load, int64_t min_cap) noexcept nogil:
+        """load + 1 <= max(min_cap, cap(member)), exactly, without overflowing int64."""
+        # The floor, as ints: load + 1 <= min_cap. Never true for the default min_cap = 0.
+        if load < min_cap:
+            return True
         # The contract's order of IEEE-754 double operations: ceil(c * (L + 1) * w / W).
         cdef double limit = ceil(
             factor * <double>(total + 1) * <double>self._weights_c[member]
@@ -303,15 +306,26 @@ cdef class Ring:
             return True
         return load < <int64_t>limit
 
-    def pick(self, key, loads, replicas=1, factor=1.25):
-        """Bounded-load pick over the replica set; returns (member, branch)."""
+    def pick(self, key, loads, replicas=1, factor=1.25, min_cap=0):
+        """Bounded-load pick over the replica set; returns (member, branch).
+
+        `min_cap` floors every member's cap: below that many requests in flight a member
+        always fits, so a hot prefix stays on its warm home pod at low traffic.
+        """
         cdef uint32_t want
         cdef double c = 0.0
-        if type(replicas) is int and type(factor) is float:
+        cdef int64_t cap_floor = 0
+        if type(replicas) is int and type(factor) is float and type(min_cap) is int:
             c = factor
-        if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1):
-            replicas, factor = check_pick_args(replicas, factor)
+        if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1 and min_cap >= 0):
+            replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
             c = factor
+        # Every load + 1 is <= 2**63 - 1 (the loads sum to <= 2**63 - 2), so a floor at or
+        # above INT64_MAX admits all of them: clamping it there is exact.
+        try:
+            cap_floor = min_cap
+        except OverflowError:
+            cap_floor = INT64_MAX
         want = self._count if replicas > self._count else <uint32_t>replicas
         cdef uint64_t k = _as_key(key)
         cdef Py_buffer view
@@ -329,12 +343,12 @@ cdef class Ring:
                 raise ValueError("a load is out of the signed 64-bit range") from None
             _get_loads(converted, &view)
         try:
-            return self._pick(k, <const int64_t *>view.buf, view.len // 8, want, c)
+            return self._pick(k, <const int64_t *>view.buf, view.len // 8, want, c, cap_floor)
         finally:
             PyBuffer_Release(&view)
 
     cdef tuple _pick(self, uint64_t key, const int64_t *loads, Py_ssize_t length,
-                     uint32_t want, double factor):
+                     uint32_t want, double factor, int64_t min_cap):
         cdef uint32_t count = self._count, i, chosen, member, least, found
         cdef int64_t total = 0
         cdef uint32_t home[64]
@@ -368,7 +382,7 @@ cdef class Ring:
         finally:
             if walk != home:
                 free(walk)
-        if self._fits(factor, total, chosen, loads[chosen]):
+        if self._fits(factor, total, chosen, loads[chosen], min_cap):
             return self.members[chosen], BRANCH_HOME
         # Spill: walk the whole preference order (skipping the chosen member), tracking the
         # least-loaded member in ring order for the fallback in the same pass.
@@ -386,7 +400,9 @@ cdef class Ring:
                     found += 1
                     if loads[member] < loads[least]:
                         least = member
-                    if member != chosen and self._fits(factor, total, member, loads[member]):
+                    if member != chosen and self._fits(
+                        factor, total, member, loads[member], min_cap
+                    ):
                         return self.members[member], BRANCH_SPILL
                 position += 1
                 if position == self._size:

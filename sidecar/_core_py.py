@@ -7,7 +7,7 @@ tests/core/ holds golden vectors and a hypothesis test that keep them identical.
 Algorithm: a consistent-hash ring (libketama-style points, `vnodes` per unit of weight,
 MurmurHash3 x64-128 keys), built once per membership change and queried by binary search;
 `pick` adds bounded-load spill (Mirrokni et al., "Consistent Hashing with Bounded Loads")
-over a replica set of the first R distinct owners.
+over a replica set of the first R distinct owners, with an optional floor on each cap.
 Complexity: build O(P log P) for P points; owner O(log P); preference(n) O(steps walked),
 about n * P/N * ln(N) in the worst case; pick O(N) for the load sum plus the walk.
 """
@@ -125,7 +125,10 @@ def _check_members(
     return member_tuple, weight_tuple
 
 
-def check_pick_args(replicas: object, factor: object) -> tuple[int, float]:
+def check_pick_args(
+    replicas: object, factor: object, min_cap: object = 0
+) -> tuple[int, float, int]:
+    """Validate pick's parameters in this order (both twins raise the first error alike)."""
     if isinstance(replicas, bool) or not isinstance(replicas, int):
         raise TypeError(f"replicas must be an int, got {type(replicas).__name__}")
     if replicas < 1:
@@ -137,17 +140,31 @@ def check_pick_args(replicas: object, factor: object) -> tuple[int, float]:
         raise ValueError(
             f"factor is {factor}; the bounded-load factor must be a finite value >= 1.0"
         )
-    return replicas, factor
+    return replicas, factor, check_min_cap(min_cap)
 
 
-def cap(factor: float, total_load: int, weight: int, total_weight: int) -> float:
-    """cap(m) = ceil(c * (total_load + 1) * w_m / W), in IEEE-754 doubles, in that order.
+def check_min_cap(min_cap: object) -> int:
+    """Validate the load-cap floor: an int >= 0 (0: no floor, the original formula)."""
+    if isinstance(min_cap, bool) or not isinstance(min_cap, int):
+        raise TypeError(f"min_cap must be an int >= 0, got {type(min_cap).__name__}")
+    if min_cap < 0:
+        raise ValueError(f"min_cap is {min_cap}; the load-cap floor must be >= 0 (0: no floor)")
+    return min_cap
+
+
+def cap(factor: float, total_load: int, weight: int, total_weight: int, min_cap: int = 0) -> float:
+    """cap(m) = max(min_cap, ceil(c * (total_load + 1) * w_m / W)), the ceil in IEEE-754
+    doubles, in that order.
 
     A float, because a huge factor overflows the double to +inf (an unbounded cap); the
-    caller's `load + 1 <= cap` compares an int with a float, which Python does exactly.
+    caller's `load + 1 <= cap` compares an int with a float, which Python does exactly. When
+    the floor wins it is returned as the int itself: as a double it could lose its low bits
+    above 2**53.
     """
     limit = factor * float(total_load + 1) * float(weight) / float(total_weight)
-    return limit if math.isinf(limit) else float(math.ceil(limit))
+    if not math.isinf(limit):
+        limit = float(math.ceil(limit))
+    return min_cap if min_cap > limit else limit
 
 
 def _int64_loads(loads: Iterable[int]) -> list[int]:
@@ -239,9 +256,14 @@ class Ring:
         loads: Sequence[int],
         replicas: int = 1,
         factor: float = 1.25,
+        min_cap: int = 0,
     ) -> tuple[str, str]:
-        """Bounded-load pick over the replica set; returns (member, branch)."""
-        replicas, factor = check_pick_args(replicas, factor)
+        """Bounded-load pick over the replica set; returns (member, branch).
+
+        `min_cap` floors every member's cap: below that many requests in flight a member
+        always fits, so a hot prefix stays on its warm home pod at low traffic.
+        """
+        replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
         check_key(key)
         loads = _int64_loads(loads)
         count = len(self.members)
@@ -263,12 +285,13 @@ class Ring:
         for member in home[1:]:
             if loads[member] < loads[chosen]:
                 chosen = member
-        if loads[chosen] + 1 <= cap(factor, total, weights[chosen], self.total_weight):
+        total_weight = self.total_weight
+        if loads[chosen] + 1 <= cap(factor, total, weights[chosen], total_weight, min_cap):
             return self.members[chosen], BRANCH_HOME
         order = self._walk(key, count)
         for member in order:
             if member != chosen and loads[member] + 1 <= cap(
-                factor, total, weights[member], self.total_weight
+                factor, total, weights[member], total_weight, min_cap
             ):
                 return self.members[member], BRANCH_SPILL
         least = order[0]

@@ -2,7 +2,9 @@
 
 Run `python tests/core/make_golden.py` ONLY on a deliberate contract change (and bump
 CONTRACT_VERSION): every sidecar and every client in another language must reproduce these
-vectors to the bit, so a regenerated file means all of them must change together.
+vectors to the bit, so a regenerated file means all of them must change together. (The
+min_cap vectors were added to v1 without a version bump: min_cap = 0 is the original pick, so
+every earlier vector kept its result.)
 
 The vectors come from the small, slow reference below, written straight from
 docs/routing-contract.md and independent of both twins (it imports neither), so a bug the
@@ -60,8 +62,11 @@ def preference(points: list[tuple[int, str]], k: int, n: int) -> list[str]:
     return found
 
 
-def fits(load: int, c: float, total: int, w: int, total_w: int) -> bool:
-    """Rule 5: load + 1 <= ceil(((c * (L + 1)) * w) / W) in doubles, compared exactly."""
+def fits(load: int, c: float, total: int, w: int, total_w: int, min_cap: int = 0) -> bool:
+    """Rule 5: load + 1 <= max(min_cap, ceil(((c * (L + 1)) * w) / W)), the ceil in doubles,
+    every comparison exact (the floor is an int and is never turned into a double)."""
+    if load + 1 <= min_cap:
+        return True
     limit = c * float(total + 1) * float(w) / float(total_w)
     return math.isinf(limit) or load + 1 <= math.ceil(limit)
 
@@ -74,18 +79,19 @@ def pick(
     loads: list[int],
     replicas: int,
     c: float,
+    min_cap: int = 0,
 ) -> tuple[str, str]:
-    """Rule 5: bounded-load pick; returns (member, branch)."""
+    """Rule 5: bounded-load pick with a floor on every cap; returns (member, branch)."""
     load = dict(zip(members, loads, strict=True))
     weight = dict(zip(members, weights, strict=True))
     total, total_w = sum(loads), sum(weights)
     home = preference(points, k, replicas)
     chosen = min(home, key=lambda m: (load[m], home.index(m)))
-    if fits(load[chosen], c, total, weight[chosen], total_w):
+    if fits(load[chosen], c, total, weight[chosen], total_w, min_cap):
         return chosen, "home"
     order = preference(points, k, len(members))
     for m in order:
-        if m != chosen and fits(load[m], c, total, weight[m], total_w):
+        if m != chosen and fits(load[m], c, total, weight[m], total_w, min_cap):
             return m, "spill"
     return min(order, key=lambda m: (load[m], order.index(m))), "fallback"
 
@@ -135,29 +141,73 @@ RING_B = {
     "vnodes": CONTRACT_DEFAULT_VNODES,
 }
 
-# (ring, key expression, loads, replicas, factor, what the case shows)
-PICK_CASES: list[tuple[dict[str, Any], str, list[int], int, float, str]] = [
-    (RING_A, "hello", [0, 0, 0], 1, 1.25, "idle fleet: the owner"),
-    (RING_A, "hello", [3, 1, 0], 1, 1.25, "owner within its cap"),
-    (RING_A, "hello", [0, 9, 0], 1, 1.25, "owner over its cap: spill to the next in preference"),
-    (RING_A, "hello", [0, 0, 0], 3, 1.25, "replicas 3, all idle: ties go to the earlier in home"),
-    (RING_A, "world", [0, 0, 5], 2, 1.25, "replicas 2: the less-loaded home member"),
-    (RING_A, "hello", [2, 4, 3], 2, 1.0, "chosen home member over cap: spill to the other one"),
-    (RING_A, "world", [0, 4, 2], 1, 1.0, "factor 1.0: the owner at its cap spills"),
-    (RING_A, "world", [0, 0, 9], 1, 1e20, "a cap above 2**63 still admits the owner"),
-    (RING_A, "world", [0, 0, 10**9], 1, 1e300, "the cap overflows to +inf: home"),
+# (ring, key expression, loads, replicas, factor, min_cap, what the case shows)
+PICK_CASES: list[tuple[dict[str, Any], str, list[int], int, float, int, str]] = [
+    (RING_A, "hello", [0, 0, 0], 1, 1.25, 0, "idle fleet: the owner"),
+    (RING_A, "hello", [3, 1, 0], 1, 1.25, 0, "owner within its cap"),
+    (RING_A, "hello", [0, 9, 0], 1, 1.25, 0, "owner over its cap: spill to the next in preference"),
+    (
+        RING_A,
+        "hello",
+        [0, 0, 0],
+        3,
+        1.25,
+        0,
+        "replicas 3, all idle: ties go to the earlier in home",
+    ),
+    (RING_A, "world", [0, 0, 5], 2, 1.25, 0, "replicas 2: the less-loaded home member"),
+    (RING_A, "hello", [2, 4, 3], 2, 1.0, 0, "chosen home member over cap: spill to the other one"),
+    (RING_A, "world", [0, 4, 2], 1, 1.0, 0, "factor 1.0: the owner at its cap spills"),
+    (RING_A, "world", [0, 0, 9], 1, 1e20, 0, "a cap above 2**63 still admits the owner"),
+    (RING_A, "world", [0, 0, 10**9], 1, 1e300, 0, "the cap overflows to +inf: home"),
     (
         RING_A,
         "hello",
         [2**51, 2**52, 2**51],
         1,
         1.0,
+        0,
         "fallback: float(L + 1) rounds to L at 2**53, no member fits",
     ),
-    (RING_B, "compliance-rules-v7", [0, 0, 0, 0, 0], 1, 1.25, "default ring, idle"),
-    (RING_B, "compliance-rules-v7", [2, 2, 40, 2, 2], 1, 1.25, "default ring, hot owner spills"),
-    (RING_B, "compliance-rules-v7", [2, 2, 40, 2, 2], 2, 1.25, "replicas 2: the other home member"),
-    (RING_B, "compliance-rules-v7", [3, 1, 5, 0, 4], 5, 1.25, "replicas 5: least-loaded of all"),
+    (RING_B, "compliance-rules-v7", [0, 0, 0, 0, 0], 1, 1.25, 0, "default ring, idle"),
+    (RING_B, "compliance-rules-v7", [2, 2, 40, 2, 2], 1, 1.25, 0, "default ring, hot owner spills"),
+    (
+        RING_B,
+        "compliance-rules-v7",
+        [2, 2, 40, 2, 2],
+        2,
+        1.25,
+        0,
+        "replicas 2: the other home member",
+    ),
+    (RING_B, "compliance-rules-v7", [3, 1, 5, 0, 4], 5, 1.25, 0, "replicas 5: least-loaded of all"),
+    # The floor (min_cap): the low-traffic case it exists for, and the cases it must not touch.
+    (RING_B, "compliance-rules-v7", [0, 0, 1, 0, 0], 1, 1.25, 0, "no floor: a 2nd stream spills"),
+    (
+        RING_B,
+        "compliance-rules-v7",
+        [0, 0, 1, 0, 0],
+        1,
+        1.25,
+        8,
+        "floor 8 keeps the 2nd stream home",
+    ),
+    (RING_B, "compliance-rules-v7", [0, 0, 7, 0, 0], 1, 1.25, 8, "floor 8: the 8th stream is home"),
+    (RING_B, "compliance-rules-v7", [0, 0, 8, 0, 0], 1, 1.25, 8, "floor 8: the 9th stream spills"),
+    (RING_B, "compliance-rules-v7", [2, 2, 40, 2, 2], 1, 1.25, 8, "floor below the cap: no change"),
+    (RING_A, "hello", [3, 1, 0], 1, 1.25, 2, "floor below the owner's cap 4: home as before"),
+    (RING_A, "hello", [0, 20, 9], 1, 1.0, 0, "no floor: the spill passes 10.0.0.3 (9 + 1 > cap 8)"),
+    (RING_A, "hello", [0, 20, 9], 1, 1.0, 10, "floor 10: the spill stops at 10.0.0.3"),
+    (RING_A, "world", [0, 0, 2**53], 1, 1.0, 2**53 + 1, "load + 1 = floor above 2**53: home"),
+    (
+        RING_A,
+        "world",
+        [0, 0, 2**53],
+        1,
+        1.0,
+        2**53,
+        "the floor is compared exactly, not as a double",
+    ),
 ]
 
 
@@ -206,13 +256,13 @@ def ring_vectors(spec: dict[str, Any]) -> dict[str, Any]:
 def pick_vectors() -> list[dict[str, Any]]:
     built: dict[str, list[tuple[int, str]]] = {}
     cases = []
-    for spec, text, loads, replicas, factor, why in PICK_CASES:
+    for spec, text, loads, replicas, factor, min_cap, why in PICK_CASES:
         name = spec["name"]
         if name not in built:
             built[name] = ring_points(spec["members"], spec["weights"], spec["vnodes"])
         k = key(text.encode())
         member, branch = pick(
-            built[name], spec["members"], spec["weights"], k, loads, replicas, factor
+            built[name], spec["members"], spec["weights"], k, loads, replicas, factor, min_cap
         )
         cases.append(
             {
@@ -222,6 +272,7 @@ def pick_vectors() -> list[dict[str, Any]]:
                 "loads": loads,
                 "replicas": replicas,
                 "factor": factor,
+                "min_cap": str(min_cap),
                 "member": member,
                 "branch": branch,
                 "why": why,
@@ -234,7 +285,9 @@ def build() -> dict[str, Any]:
     return {
         "contract_version": CONTRACT_VERSION,
         "default_vnodes": CONTRACT_DEFAULT_VNODES,
-        "note": "generated by tests/core/make_golden.py; 64-bit values are decimal strings",
+        "note": (
+            "generated by tests/core/make_golden.py; 64-bit values and min_cap are decimal strings"
+        ),
         "keys": [{"data_hex": d.hex(), "key": str(key(d))} for d in KEY_INPUTS],
         "prefixes": [
             {

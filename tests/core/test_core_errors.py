@@ -56,6 +56,38 @@ CASES: list[Case] = [
     ("factor NaN", lambda c: _ring(c).pick(1, [0, 0, 0], 1, float("nan")), ValueError, "factor"),
     ("factor inf", lambda c: _ring(c).pick(1, [0, 0, 0], 1, float("inf")), ValueError, "finite"),
     ("factor str", lambda c: _ring(c).pick(1, [0, 0, 0], 1, "1.25"), TypeError, "factor must"),
+    ("min_cap -1", lambda c: _ring(c).pick(1, [0, 0, 0], 1, 1.25, -1), ValueError, "min_cap is -1"),
+    (
+        "min_cap float",
+        lambda c: _ring(c).pick(1, [0, 0, 0], min_cap=8.0),
+        TypeError,
+        "min_cap must",
+    ),
+    (
+        "min_cap bool",
+        lambda c: _ring(c).pick(1, [0, 0, 0], min_cap=True),
+        TypeError,
+        "min_cap must",
+    ),
+    ("min_cap str", lambda c: _ring(c).pick(1, [0, 0, 0], min_cap="8"), TypeError, "min_cap must"),
+    (
+        "min_cap None",
+        lambda c: _ring(c).pick(1, [0, 0, 0], min_cap=None),
+        TypeError,
+        "got NoneType",
+    ),
+    (
+        "replicas checked before min_cap",
+        lambda c: _ring(c).pick(1, [0, 0, 0], 0, 1.25, -1),
+        ValueError,
+        "replicas is 0",
+    ),
+    (
+        "min_cap checked before the loads",
+        lambda c: _ring(c).pick(1, [0, -1, 0], min_cap=-2),
+        ValueError,
+        "min_cap is -2",
+    ),
     ("route_key str", lambda c: c.route_key("text"), TypeError, "needs bytes, got str"),
     ("route_key None", lambda c: c.route_key(None), TypeError, "needs bytes"),
     ("route_key int", lambda c: c.route_key(5), TypeError, "needs bytes"),
@@ -75,6 +107,17 @@ def test_bad_input_is_refused_by_name(
 ) -> None:
     with pytest.raises(error, match=re.escape(message)):
         call(core)
+
+
+def test_a_floor_of_any_size_is_accepted(core: ModuleType) -> None:
+    """min_cap has no upper bound: above every possible load it admits the owner."""
+    ring = _ring(core)
+    owner = ring.owner(1)
+    loads = [(1 << 61) if m == owner else 0 for m in ring.members]
+    assert ring.pick(1, loads, 1, 1.0)[1] == "spill"
+    for floor in ((1 << 61) + 1, (1 << 63) - 1, 1 << 63, 1 << 200):
+        assert ring.pick(1, loads, 1, 1.0, floor) == (owner, "home")
+    assert ring.pick(1, loads, 1, 1.0, 1 << 61)[1] == "spill"  # load + 1 is one above it
 
 
 def test_a_refused_call_leaves_the_ring_usable(core: ModuleType) -> None:

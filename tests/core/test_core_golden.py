@@ -92,9 +92,31 @@ def test_picks(core: ModuleType, golden: dict[str, Any]) -> None:
         key = int(case["key"])
         assert key == core.route_key(case["key_of"].encode())
         expected = (case["member"], case["branch"])
+        min_cap = int(case["min_cap"])
         for loads in (list(case["loads"]), array("q", case["loads"])):
-            got = ring.pick(key, loads, replicas=case["replicas"], factor=case["factor"])
+            got = ring.pick(
+                key, loads, replicas=case["replicas"], factor=case["factor"], min_cap=min_cap
+            )
             assert got == expected, case["why"]
+            if min_cap == 0:  # the default is the original formula
+                assert ring.pick(key, loads, case["replicas"], case["factor"]) == expected
+
+
+def test_the_floor_vectors_show_both_effects(core: ModuleType, golden: dict[str, Any]) -> None:
+    """Among the min_cap > 0 vectors, one keeps a request home that would spill without the
+    floor, and one has the floor below the computed cap, so the result is unchanged."""
+    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    kept_home, unchanged = 0, 0
+    for case in golden["picks"]:
+        if int(case["min_cap"]) == 0:
+            continue
+        ring = rings[case["ring"]]
+        without = ring.pick(int(case["key"]), case["loads"], case["replicas"], case["factor"])
+        if case["branch"] == "home" and without[1] == "spill":
+            kept_home += 1
+        if without == (case["member"], case["branch"]):
+            unchanged += 1
+    assert kept_home >= 1 and unchanged >= 1, (kept_home, unchanged)
 
 
 def test_the_contract_document_shows_the_current_vectors(golden: dict[str, Any]) -> None:
@@ -107,4 +129,18 @@ def test_the_contract_document_shows_the_current_vectors(golden: dict[str, Any])
     values += [case["key"] for case in golden["picks"]]
     missing = [value for value in values if f"`{value}`" not in doc]
     assert not missing, "docs/routing-contract.md is out of date with golden.json"
+    rows = [_pick_row(case) for case in golden["picks"]]
+    missing = [row for row in rows if row not in doc]
+    assert not missing, f"the pick table of docs/routing-contract.md lacks {missing}"
     assert f"DEFAULT_VNODES = {golden['default_vnodes']}" in doc
+
+
+def _pick_row(case: dict[str, Any]) -> str:
+    """A pick vector as the contract document's table shows it (from loads to branch)."""
+
+    def short(url: str) -> str:
+        host = url.removeprefix("http://").rsplit(":", 1)[0]
+        return host.split(".")[0] if host.startswith("vllm-") else host
+
+    fields = [case["loads"], case["replicas"], case["factor"], case["min_cap"]]
+    return "| " + " | ".join(map(str, [*fields, short(case["member"]), case["branch"]])) + " |"

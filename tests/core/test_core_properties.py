@@ -75,20 +75,22 @@ def loaded_rings(draw: st.DrawFn) -> dict[str, Any]:
         "loads": draw(st.lists(loads_value, min_size=count, max_size=count)),
         "replicas": draw(st.integers(1, count + 1)),
         "factor": draw(st.one_of(st.sampled_from([1.0, 1.1, 1.25, 2.0]), st.floats(1.0, 4.0))),
+        "min_cap": draw(st.one_of(st.just(0), st.integers(0, 16), st.integers(0, 6000))),
     }
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=loaded_rings())
 def test_bounded_load(core: ModuleType, reference: ModuleType, case: dict[str, Any]) -> None:
-    """pick() never returns a member over its cap while another member is within its cap."""
+    """pick() never returns a member whose load + 1 exceeds max(min_cap, cap) while another
+    member's load + 1 is within its own (with min_cap = 0: the plain bounded-load bound)."""
     members, weights, loads = case["members"], case["weights"], case["loads"]
     ring = core.Ring(members, weights, vnodes=8)
-    key, replicas, factor = case["key"], case["replicas"], case["factor"]
-    member, branch = ring.pick(key, loads, replicas, factor)
+    key, replicas, factor, min_cap = case["key"], case["replicas"], case["factor"], case["min_cap"]
+    member, branch = ring.pick(key, loads, replicas, factor, min_cap)
     total, total_weight = sum(loads), sum(weights)
     fits = {
-        m: reference.fits(load, factor, total, w, total_weight)
+        m: reference.fits(load, factor, total, w, total_weight, min_cap)
         for m, load, w in zip(members, loads, weights, strict=True)
     }
     if not fits[member]:
@@ -103,6 +105,26 @@ def test_bounded_load(core: ModuleType, reference: ModuleType, case: dict[str, A
         assert branch == "fallback" and not any(fits.values())
     # With c >= 1 and loads far below 2**53, some member always fits (sum of caps >= L + 1).
     assert branch != "fallback"
+    if min_cap == 0:
+        assert (member, branch) == ring.pick(key, loads, replicas, factor)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=loaded_rings())
+def test_the_floor_only_keeps_requests_home(core: ModuleType, case: dict[str, Any]) -> None:
+    """Raising min_cap never moves a request that stayed home, and a member whose load is
+    below the floor is taken in its turn: the chosen home member when it is below it."""
+    members, weights, loads = case["members"], case["weights"], case["loads"]
+    ring = core.Ring(members, weights, vnodes=8)
+    key, replicas, factor, min_cap = case["key"], case["replicas"], case["factor"], case["min_cap"]
+    without = ring.pick(key, loads, replicas, factor)
+    member, branch = ring.pick(key, loads, replicas, factor, min_cap)
+    if without[1] == "home":
+        assert (member, branch) == without
+    home = ring.preference(key, replicas)
+    chosen = min(home, key=lambda m: (loads[members.index(m)], home.index(m)))
+    if loads[members.index(chosen)] < min_cap:
+        assert (member, branch) == (chosen, "home")
 
 
 NAMING_SCHEMES = {

@@ -29,6 +29,13 @@ loads_value = st.one_of(
     st.integers(0, 1 << 20),
     st.sampled_from([1 << 51, 1 << 52, (1 << 53) - 1, 1 << 53]),
 )
+# The load-cap floor: mostly the small values a config holds, plus the int64 clamp edges.
+min_caps = st.one_of(
+    st.just(0),
+    st.integers(0, 30),
+    st.integers(0, 1 << 70),
+    st.sampled_from([(1 << 53) + 1, (1 << 63) - 2, (1 << 63) - 1, 1 << 63, 1 << 64]),
+)
 factors = st.one_of(
     st.sampled_from([1.0, 1.25, 1.5, 2.0, 1e20, 1e300]),
     st.floats(min_value=1.0, max_value=1e6, allow_nan=False),
@@ -50,6 +57,7 @@ def rings_and_picks(draw: st.DrawFn) -> dict[str, Any]:
         "loads": draw(st.lists(loads_value, min_size=count, max_size=count)),
         "replicas": draw(st.integers(1, count + 2)),
         "factor": draw(factors),
+        "min_cap": draw(min_caps),
         "n": draw(st.integers(1, count + 2)),
     }
 
@@ -75,7 +83,7 @@ def test_twins_agree_on_rings_and_picks(
     key = case["key"]
     assert c_ring.owner(key) == py_ring.owner(key)
     assert c_ring.preference(key, case["n"]) == py_ring.preference(key, case["n"])
-    args = (case["replicas"], case["factor"])
+    args = (case["replicas"], case["factor"], case["min_cap"])
     expected = py_ring.pick(key, case["loads"], *args)
     assert c_ring.pick(key, case["loads"], *args) == expected
     assert c_ring.pick(key, array("q", case["loads"]), *args) == expected
@@ -105,9 +113,17 @@ anything = st.one_of(
 
 
 @FAST
-@given(key=anything, loads=anything, replicas=anything, factor=anything, n=anything)
+@given(
+    key=anything, loads=anything, replicas=anything, factor=anything, min_cap=anything, n=anything
+)
 def test_twins_fail_alike_on_bad_arguments(
-    twins: tuple[ModuleType, ModuleType], key: Any, loads: Any, replicas: Any, factor: Any, n: Any
+    twins: tuple[ModuleType, ModuleType],
+    key: Any,
+    loads: Any,
+    replicas: Any,
+    factor: Any,
+    min_cap: Any,
+    n: Any,
 ) -> None:
     c_core, py_core = twins
     members = ["a", "b", "c"]
@@ -119,7 +135,13 @@ def test_twins_fail_alike_on_bad_arguments(
     assert _outcome(lambda: c_ring.pick(key, loads, replicas, factor)) == _outcome(
         lambda: py_ring.pick(key, loads, replicas, factor)
     )
+    assert _outcome(lambda: c_ring.pick(key, loads, replicas, factor, min_cap)) == _outcome(
+        lambda: py_ring.pick(key, loads, replicas, factor, min_cap)
+    )
     assert _outcome(lambda: c_ring.pick(7, loads)) == _outcome(lambda: py_ring.pick(7, loads))
+    assert _outcome(lambda: c_ring.pick(7, [1, 2, 3], min_cap=min_cap)) == _outcome(
+        lambda: py_ring.pick(7, [1, 2, 3], min_cap=min_cap)
+    )
     assert _outcome(lambda: c_core.route_key(key)) == _outcome(lambda: py_core.route_key(key))
 
 
