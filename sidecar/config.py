@@ -64,6 +64,11 @@ class Config:
     route_window_bytes: int = 4096
     replicas: int = 1
     load_factor: float = 1.25
+    # The floor under every pod's bounded-load cap (routing contract v1, pick's min_cap). A vLLM
+    # pod batches dozens of requests, so below ~8 in flight spilling a prefix to a cold pod
+    # costs a full prefill for nothing; at low traffic the proportional cap alone is 1-2
+    # streams. 0 gives the pure contract formula.
+    load_cap_floor: int = 8
     vnodes: int = 0  # 0: the core's DEFAULT_VNODES
     max_attempts: int = 3
     warm_before_serve: bool = True
@@ -276,6 +281,8 @@ def _validate(config: Config) -> Config:
         raise fail("vnodes", f"must be >= 1 (or 0 for the default), got {config.vnodes}")
     if config.load_factor < 1.0:
         raise fail("load_factor", f"must be >= 1.0, got {config.load_factor}")
+    if config.load_cap_floor < 0:
+        raise fail("load_cap_floor", f"must be >= 0 (0 = no floor), got {config.load_cap_floor}")
     for name in ("grace_s", "prewarm_backoff_s"):
         if getattr(config, name) < 0:
             raise fail(name, f"must be >= 0, got {getattr(config, name)}")

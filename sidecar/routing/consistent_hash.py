@@ -13,7 +13,7 @@ class ConsistentHash:
     name = "consistent_hash"
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float
+        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
     ) -> tuple[str, str]:
         assert table.ring is not None
         return table.ring.owner(key), "ring_hit"

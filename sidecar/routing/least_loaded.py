@@ -13,7 +13,7 @@ class LeastLoaded:
     name = "least_loaded"
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float
+        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
     ) -> tuple[str, str]:
         loads = table.loads
         best = min(range(len(loads)), key=loads.__getitem__)

@@ -17,9 +17,13 @@ class Policy(Protocol):
     name: str
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float
+        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
     ) -> tuple[str, str]:
-        """Return (pod url, branch). The table has at least one member."""
+        """Return (pod url, branch). The table has at least one member.
+
+        `factor` and `min_cap` are the bounded-load parameters of routing contract v1's pick
+        (the cap and its floor); baselines that ignore load ignore them.
+        """
         ...
 
 

@@ -17,7 +17,7 @@ class RandomPick:
         self._random = random.Random(seed)
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float
+        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
     ) -> tuple[str, str]:
         members = table.members
         return members[self._random.randrange(len(members))], "random"

@@ -18,7 +18,7 @@ class RoundRobin:
         self._counter = itertools.count()
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float
+        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
     ) -> tuple[str, str]:
         members = table.members
         return members[next(self._counter) % len(members)], "round_robin"

@@ -42,6 +42,7 @@ class Router:
         route_window_bytes: int = 4096,
         default_replicas: int = 1,
         load_factor: float = 1.25,
+        load_cap_floor: int = 0,  # pick's min_cap; the sidecar passes config.load_cap_floor
         max_attempts: int = 3,
     ) -> None:
         self.pool = pool
@@ -50,6 +51,7 @@ class Router:
         self.route_window_bytes = route_window_bytes
         self.default_replicas = default_replicas
         self.load_factor = load_factor
+        self.load_cap_floor = load_cap_floor
         self.max_attempts = max_attempts
 
     def replicas_of(self, entry: PrefixEntry | None) -> int:
@@ -83,7 +85,9 @@ class Router:
                 "(check --backend / backends_file / backends_dns and the pods' health)"
             )
         replicas = self.replicas_of(entry)
-        backend, branch = self.policy.select(table, key, replicas, self.load_factor)
+        backend, branch = self.policy.select(
+            table, key, replicas, self.load_factor, self.load_cap_floor
+        )
         order = ring.preference(key, max(replicas, self.max_attempts))
         preference = [backend, *(url for url in order if url != backend)]
         elapsed = time.perf_counter_ns() - started

@@ -80,6 +80,7 @@ class Sidecar:
             route_window_bytes=config.route_window_bytes,
             default_replicas=config.replicas,
             load_factor=config.load_factor,
+            load_cap_floor=config.load_cap_floor,
             max_attempts=config.max_attempts,
         )
         self.prewarmer = Prewarmer(

@@ -33,7 +33,9 @@ async def test_concurrent_streams_spread_as_the_contract_pick_says(
     async with contextlib.AsyncExitStack() as stack:
         config = EmulatorConfig(time_scale=20.0)
         pods = [await stack.enter_async_context(run_emulator(config, port=0)) for _ in range(3)]
-        _, stub = await stack.enter_async_context(running_sidecar(sidecar_config(tmp_path, pods)))
+        # load_cap_floor 0: the contract's plain formula, so 7 streams on 3 pods must spill.
+        plain = sidecar_config(tmp_path, pods, load_cap_floor=0)
+        _, stub = await stack.enter_async_context(running_sidecar(plain))
         prefix = await stub.RegisterPrefix(
             router_pb2.RegisterPrefixRequest(name="hot", text=RULES, replicas=replicas)
         )
