@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -86,7 +86,7 @@ class Relay:
         chat: bool,
         time_remaining: Callable[[], float | None],
         outcome: RelayOutcome,
-    ) -> AsyncIterator[router_pb2.Chunk]:
+    ) -> AsyncGenerator[router_pb2.Chunk, None]:
         started = time.perf_counter()
         attempts = candidates[: self.policy.max_attempts]
         for number, backend in enumerate(attempts, 1):

@@ -7,6 +7,7 @@ unexpected bug is logged and reported as INTERNAL, and the sidecar keeps serving
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -237,17 +238,19 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     # --- streaming ----------------------------------------------------------------------
 
+    # Complete and Chat are coroutines that send with context.write, not async generators:
+    # every generator layer between grpc and the relay is resumed for each chunk, the first
+    # token's included.
+
     async def Complete(
         self, request: router_pb2.CompleteRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[router_pb2.Chunk]:
-        async for chunk in self._stream("Complete", self._plan_completion, request, context):
-            yield chunk
+    ) -> None:
+        await self._stream("Complete", self._plan_completion, request, context)
 
     async def Chat(
         self, request: router_pb2.ChatRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[router_pb2.Chunk]:
-        async for chunk in self._stream("Chat", self._plan_chat, request, context):
-            yield chunk
+    ) -> None:
+        await self._stream("Chat", self._plan_chat, request, context)
 
     def _plan_completion(self, request: router_pb2.CompleteRequest) -> UpstreamPlan:
         prefix, decision, entry = self._resolve_prefix(request)
@@ -287,29 +290,38 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         plan: Callable[[Any], UpstreamPlan],
         request: Any,
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[router_pb2.Chunk]:
+    ) -> None:
         """Validate and route (plan), relay the pod's stream, and log/measure the outcome."""
         started = time.perf_counter()
         outcome = RelayOutcome()
         branch = prefix_label = ""
+        writing = False
         try:
             upstream = plan(request)
             branch = upstream.decision.branch
             prefix_label = upstream.entry.name if upstream.entry is not None else "-"
             self.metrics.decision.labels(rpc).observe(upstream.decision.decision_ns / 1e9)
-            async for chunk in self.relay.stream(
+            chunks = self.relay.stream(
                 upstream.decision.preference,
                 upstream.path,
                 upstream.body,
                 chat=upstream.chat,
                 time_remaining=context.time_remaining,
                 outcome=outcome,
-            ):
-                yield chunk
+            )
+            # aclosing: however the call ends, the relay's cleanup (pod connection, in-flight
+            # count) runs now, not when the abandoned generator is collected.
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    writing = True
+                    await context.write(chunk)
+                    writing = False
         except (Invalid, RelayAbort) as exc:
             outcome.status = exc.code.name
             await context.abort(exc.code, exc.message)
         except Exception:
+            if writing:
+                raise  # the call ended under us (aborted, server stopping): grpc's to handle
             outcome.status = "INTERNAL"
             logger.exception("%s failed unexpectedly", rpc)
             await context.abort(grpc.StatusCode.INTERNAL, f"{rpc}: internal error")
