@@ -86,7 +86,10 @@ class Relay:
         chat: bool,
         time_remaining: Callable[[], float | None],
         outcome: RelayOutcome,
+        on_accepted: Callable[[], None] | None = None,
     ) -> AsyncGenerator[router_pb2.Chunk, None]:
+        """Yield the chunks of the first pod that streams; `on_accepted` is called when a
+        pod first answers 200 (the caller can send its response headers then)."""
         started = time.perf_counter()
         attempts = candidates[: self.policy.max_attempts]
         for number, backend in enumerate(attempts, 1):
@@ -110,6 +113,9 @@ class Relay:
                             timeout_s=self._total_timeout(remaining),
                             chat=chat,
                         )
+                        if on_accepted is not None:
+                            on_accepted()
+                            on_accepted = None
                         first = await stream.next_delta()
                         while not (first.text or first.done or first.finish_reason):
                             first.merge(await stream.next_delta())

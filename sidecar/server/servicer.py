@@ -7,6 +7,7 @@ unexpected bug is logged and reported as INTERNAL, and the sidecar keeps serving
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -70,6 +71,44 @@ def _unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
     return wrapper
+
+
+class EarlyHeaders:
+    """Send a stream's response headers (initial metadata) once a pod accepted the request,
+    while it works on the prompt.
+
+    A grpc.aio client receives the headers and the first message in two steps, each a hop
+    through its completion-queue thread; with the headers already there when the first
+    chunk is written, that hop is off the time to first token. A task, so the relay is not
+    held up; not before a pod accepted, so a call no pod takes still ends trailers-only.
+    """
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+        self._task: asyncio.Task[None] | None = None
+        self.pending = False  # sent and not yet awaited
+
+    def send(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._context.send_initial_metadata(())
+            )
+            self._task.add_done_callback(_retrieve_failure)
+            self.pending = True
+
+    async def settle(self) -> None:
+        """Wait for the headers before anything else goes out on the call: grpc sends
+        initial metadata once, and the first message or the status would add them again.
+        Their failure is the call's, which the next step on the call reports."""
+        if self.pending and self._task is not None:
+            self.pending = False
+            with contextlib.suppress(Exception):
+                await self._task
+
+
+def _retrieve_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # the call ended under the task: nothing to log
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -296,11 +335,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         outcome = RelayOutcome()
         branch = prefix_label = ""
         writing = False
+        headers: EarlyHeaders | None = None
         try:
             upstream = plan(request)
             branch = upstream.decision.branch
             prefix_label = upstream.entry.name if upstream.entry is not None else "-"
             self.metrics.decision.labels(rpc).observe(upstream.decision.decision_ns / 1e9)
+            headers = EarlyHeaders(context)
             chunks = self.relay.stream(
                 upstream.decision.preference,
                 upstream.path,
@@ -308,22 +349,29 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 chat=upstream.chat,
                 time_remaining=context.time_remaining,
                 outcome=outcome,
+                on_accepted=headers.send,
             )
             # aclosing: however the call ends, the relay's cleanup (pod connection, in-flight
             # count) runs now, not when the abandoned generator is collected.
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
+                    if headers.pending:
+                        await headers.settle()
                     writing = True
                     await context.write(chunk)
                     writing = False
         except (Invalid, RelayAbort) as exc:
             outcome.status = exc.code.name
+            if headers is not None:
+                await headers.settle()
             await context.abort(exc.code, exc.message)
         except Exception:
             if writing:
                 raise  # the call ended under us (aborted, server stopping): grpc's to handle
             outcome.status = "INTERNAL"
             logger.exception("%s failed unexpectedly", rpc)
+            if headers is not None:
+                await headers.settle()
             await context.abort(grpc.StatusCode.INTERNAL, f"{rpc}: internal error")
         finally:
             self._log(rpc, prefix_label, branch, outcome, started)
