@@ -8,13 +8,17 @@ daily saving the design note promises can be watched live, not only computed off
 from __future__ import annotations
 
 import contextlib
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 
 DECISION_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 5e-4, 1e-3, 1e-2)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 60.0)
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 
 class Metrics:
@@ -107,6 +111,17 @@ class Metrics:
         )
         self._raw_total = 0.0
         self._actual_total = 0.0
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+
+    def child(self, metric: M, *labels: str) -> M:
+        """`metric.labels(*labels)`, memoised: labels() takes a lock and rebuilds the key on
+        every call, and the request path asks for the same few series each time. A series
+        dropped with remove() must be forgotten here too (forget_backend does)."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found  # type: ignore[return-value]  # the child of an M is an M
 
     def record_usage(self, prefix: str, prompt: int, cached: int, completion: int) -> None:
         base, cache, out = self._prices
@@ -130,6 +145,7 @@ class Metrics:
 
     def forget_backend(self, url: str) -> None:
         for metric in (self.backend_healthy, self.in_flight):
+            self._children.pop((metric, (url,)), None)
             with contextlib.suppress(KeyError):
                 metric.remove(url)
         for name in ("warming", "serving", "ejected"):

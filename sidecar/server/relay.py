@@ -100,7 +100,7 @@ class Relay:
                 break
             budget = self._first_token_budget(remaining, len(attempts) - number)
             self.pool.acquire(backend)
-            self.metrics.in_flight.labels(backend).inc()
+            self.metrics.child(self.metrics.in_flight, backend).inc()
             stream: UpstreamStream | None = None
             sent_first = False
             try:
@@ -127,7 +127,7 @@ class Relay:
                 if first.done and not finish_reason and not first.text:
                     raise UpstreamError(backend, TRUNCATED, retryable=True)
                 outcome.ttft_s = time.perf_counter() - started
-                self.metrics.ttft.labels(backend).observe(outcome.ttft_s)
+                self.metrics.child(self.metrics.ttft, backend).observe(outcome.ttft_s)
                 sent_first = True
                 yield self._chunk(first, backend=backend, attempts=number, outcome=outcome)
                 while not stream.finished:
@@ -173,7 +173,7 @@ class Relay:
                 if stream is not None:
                     stream.close()
                 self.pool.release(backend)
-                self.metrics.in_flight.labels(backend).dec()
+                self.metrics.child(self.metrics.in_flight, backend).dec()
         outcome.status = "UNAVAILABLE"
         if not outcome.errors:
             raise RelayAbort(

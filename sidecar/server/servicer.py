@@ -229,7 +229,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise Invalid(
                 grpc.StatusCode.INVALID_ARGUMENT, "set one of prefix_id, prefix_name or prompt"
             )
-        self.metrics.decision.labels("Route").observe(decision.decision_ns / 1e9)
+        self.metrics.child(self.metrics.decision, "Route").observe(decision.decision_ns / 1e9)
         return router_pb2.RouteReply(
             backend=decision.backend,
             preference=decision.preference,
@@ -340,7 +340,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             upstream = plan(request)
             branch = upstream.decision.branch
             prefix_label = upstream.entry.name if upstream.entry is not None else "-"
-            self.metrics.decision.labels(rpc).observe(upstream.decision.decision_ns / 1e9)
+            decision_ns = upstream.decision.decision_ns
+            self.metrics.child(self.metrics.decision, rpc).observe(decision_ns / 1e9)
             headers = EarlyHeaders(context)
             chunks = self.relay.stream(
                 upstream.decision.preference,
@@ -380,7 +381,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, rpc: str, prefix: str, branch: str, outcome: RelayOutcome, started: float
     ) -> None:
         status = outcome.status
-        self.metrics.requests.labels(rpc, outcome.backend or "-", branch or "-", status).inc()
+        requests = self.metrics.requests
+        self.metrics.child(requests, rpc, outcome.backend or "-", branch or "-", status).inc()
         prompt, completion, cached = outcome.usage
         if prompt or completion:
             self.metrics.record_usage(prefix or "-", prompt, cached, completion)
