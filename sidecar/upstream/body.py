@@ -9,6 +9,7 @@ parts are written to the socket one after another with an exact Content-Length.
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring
 from typing import Any
 
 from aiohttp.abc import AbstractStreamWriter
@@ -49,7 +50,12 @@ def escape(text: str) -> bytes:
     """JSON string escaping without the quotes, as UTF-8: a per-character code with no
     codeword a prefix of another, so escape(a + b) == escape(a) + escape(b) and prefix
     matching can be done on escaped bytes."""
-    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+    # What json.dumps(text, ensure_ascii=False) calls for a str, without building an encoder.
+    return encode_basestring(text)[1:-1].encode("utf-8")
+
+
+# json.dumps with any non-default option builds a JSONEncoder per call; this is built once.
+_JSON = json.JSONEncoder(ensure_ascii=False)
 
 
 def _stream_tail(params: dict[str, Any], model: str) -> bytes:
@@ -58,7 +64,7 @@ def _stream_tail(params: dict[str, Any], model: str) -> bytes:
         rest["model"] = model
     rest["stream"] = True
     rest["stream_options"] = {"include_usage": True}
-    return json.dumps(rest, ensure_ascii=False)[1:].encode("utf-8")
+    return _JSON.encode(rest)[1:].encode("utf-8")
 
 
 def completion_body(
@@ -77,7 +83,7 @@ def chat_body(
     prefix: bytes, messages: list[dict[str, str]], params: dict[str, Any], model: str
 ) -> SplicedBody:
     """A streaming /v1/chat/completions body; the prefix, if any, is the system message."""
-    rest = b",".join(json.dumps(m, ensure_ascii=False).encode("utf-8") for m in messages)
+    rest = b",".join(_JSON.encode(m).encode("utf-8") for m in messages)
     tail = b"]," + _stream_tail(params, model)
     if not prefix:
         return SplicedBody(b'{"messages":[' + rest + tail)
