@@ -14,13 +14,12 @@ seconds of the trace are replayed but not measured. Definitions: docs/benchmarks
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import math
 import sys
 import time
 from typing import Any
 
+from sidecar.bench.report import progress_printer, run_and_report
 from sidecar.emulator import EmulatorConfig, EmulatorFleet
 from sidecar.workload.driver import TIMEOUT
 from sidecar.workload.scenario import run_policy
@@ -336,20 +335,11 @@ def run(args: argparse.Namespace) -> int:
         print("prefix-sidecar bench fleet: --warmup must be in [0, --duration)", file=sys.stderr)
         return 2
 
-    def progress(message: str) -> None:
-        print(f"bench fleet: {message}", file=sys.stderr, flush=True)
-
-    try:
-        report = asyncio.run(run_bench(args, progress))
-    except KeyboardInterrupt:
-        print("\ninterrupted; the fleet and the sidecars are stopped.", file=sys.stderr)
+    report = run_and_report(
+        "bench fleet", run_bench(args, progress_printer("bench fleet")), render, args.json
+    )
+    if report is None:
         return 130
-    print(render(report))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1)
-            handle.write("\n")
-        print(f"JSON report written to {args.json}")
     if args.plot:
         plot(report, args.plot)
         print(f"TTFT plot written to {args.plot}")

@@ -30,6 +30,7 @@ from typing import Any, cast
 import aiohttp
 import grpc
 
+from sidecar.bench.report import progress_printer, run_and_report
 from sidecar.emulator import EmulatorConfig, EmulatorFleet
 from sidecar.v1 import router_pb2, router_pb2_grpc
 from sidecar.workload.driver import CHANNEL_OPTIONS
@@ -477,21 +478,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
 
-    def progress(message: str) -> None:
-        print(f"bench hop: {message}", file=sys.stderr, flush=True)
-
-    try:
-        report = asyncio.run(measure(args, progress))
-    except KeyboardInterrupt:
-        print("\ninterrupted; everything started is stopped.", file=sys.stderr)
-        return 130
-    print(render(report))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1)
-            handle.write("\n")
-        print(f"JSON report written to {args.json}")
-    return 0
+    report = run_and_report(
+        "bench hop", measure(args, progress_printer("bench hop")), render, args.json
+    )
+    return 130 if report is None else 0
 
 
 if __name__ == "__main__":
