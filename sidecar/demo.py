@@ -24,18 +24,19 @@ import time
 from typing import Any
 
 from sidecar.cost import CostParams, daily_cost
-from sidecar.emulator import EmulatorConfig, EmulatorFleet
+from sidecar.emulator import EmulatorFleet
 from sidecar.v1 import router_pb2
 from sidecar.workload.scenario import PolicyRun, route_timings, run_policy
 from sidecar.workload.stats import percentile, summarize
 from sidecar.workload.trace import (
+    INPUT_TOKENS,
+    mega_sale_pod,
     mega_sale_prefixes,
     poisson_trace,
     size_replicas,
     warm_capacity,
 )
 
-ANSWER_TOKENS = 500  # the note's T_out: streams last as long as a 500-token answer
 STATE = router_pb2.PrewarmEvent.State
 
 
@@ -72,12 +73,7 @@ def _prewarm_printer(out: Printer, time_scale: float) -> Any:
 
 async def _demo(args: argparse.Namespace, out: Printer) -> dict[str, Any]:
     scale = args.time_scale
-    config = EmulatorConfig(
-        time_scale=scale,
-        kv_tokens=args.kv_tokens,
-        decode_tps=35.0 * args.max_tokens / ANSWER_TOKENS,
-        max_running=256,
-    )
+    config = mega_sale_pod(scale, args.kv_tokens, args.max_tokens)
     out(
         f"prefix-sidecar demo: {args.pods} emulated H100 pods, time x{scale:g} "
         "(all times below are modelled)"
@@ -93,7 +89,7 @@ async def _demo(args: argparse.Namespace, out: Printer) -> dict[str, Any]:
             f"{config.prefill_tps:,.0f} tok/s, one prefill at a time"
         )
         prefixes = mega_sale_prefixes(args.prefixes, seed=args.seed)
-        capacity = warm_capacity(config.prefill_tps, config.prefill_overhead_s, 200)
+        capacity = warm_capacity(config.prefill_tps, config.prefill_overhead_s, INPUT_TOKENS)
         replicas = size_replicas(prefixes, args.rate, args.pods, capacity)
         trace = poisson_trace(prefixes, args.requests, args.rate, seed=args.seed)
         out(f"[2/4] mega-sale prefixes (replicas sized for {args.rate:g} req/s):")

@@ -20,11 +20,13 @@ import time
 from typing import Any
 
 from sidecar.bench.report import progress_printer, run_and_report
-from sidecar.emulator import EmulatorConfig, EmulatorFleet
+from sidecar.emulator import EmulatorFleet
 from sidecar.workload.driver import TIMEOUT
 from sidecar.workload.scenario import run_policy
 from sidecar.workload.stats import summarize, ttft_samples_ms
 from sidecar.workload.trace import (
+    INPUT_TOKENS,
+    mega_sale_pod,
     mega_sale_prefixes,
     poisson_trace,
     size_replicas,
@@ -33,8 +35,6 @@ from sidecar.workload.trace import (
 
 BASELINES = ("round_robin", "random", "least_loaded", "consistent_hash")
 SIDECAR = "prefix_affinity"
-ANSWER_TOKENS = 500  # the note's T_out: streams last as long as a 500-token answer
-INPUT_TOKENS = 200
 TARGET_HIT_RATE = 0.964
 TARGET_MAX_OVER_MEAN = 1.25
 TARGET_P99_RATIO = 20.0
@@ -88,12 +88,7 @@ def evaluate_targets(results: dict[str, Any], sidecars: int) -> list[dict[str, A
 
 async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     scale = args.time_scale
-    config = EmulatorConfig(
-        time_scale=scale,
-        kv_tokens=args.kv_tokens,
-        decode_tps=35.0 * args.max_tokens / ANSWER_TOKENS,
-        max_running=256,
-    )
+    config = mega_sale_pod(scale, args.kv_tokens, args.max_tokens)
     prefixes = mega_sale_prefixes(
         args.prefixes,
         hot_tokens=args.hot_tokens,

@@ -16,6 +16,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from sidecar.emulator import EmulatorConfig
 from sidecar.workload.texts import CATEGORIES, merchant_query, rules_text, script_text, tokens_of
 
 
@@ -125,3 +126,19 @@ def size_replicas(
         by_capacity = math.ceil(own / (utilisation * capacity))
         result.append(min(pods, max(1, by_balance, by_capacity)))
     return result
+
+
+ANSWER_TOKENS = 500  # the note's T_out: streams last as long as a 500-token answer
+INPUT_TOKENS = 200  # the note's T_user
+
+
+def mega_sale_pod(time_scale: float, kv_tokens: int, max_tokens: int) -> EmulatorConfig:
+    """The emulated pod the demo and the fleet bench share: answers cut to `max_tokens`
+    but streamed at the pace of a 500-token answer, so as many streams stay in flight as in
+    the note without relaying 500 chunks per request."""
+    return EmulatorConfig(
+        time_scale=time_scale,
+        kv_tokens=kv_tokens,
+        decode_tps=35.0 * max_tokens / ANSWER_TOKENS,
+        max_running=256,
+    )
