@@ -27,6 +27,7 @@ from sidecar._core_py import (
     DEFAULT_VNODES,
     _check_members,
     _utf8,
+    check_homes,
     check_key,
     check_pick_args,
 )
@@ -320,35 +321,67 @@ cdef class Ring:
         if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1 and min_cap >= 0):
             replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
             c = factor
-        # Every load + 1 is <= 2**63 - 1 (the loads sum to <= 2**63 - 2), so a floor at or
-        # above INT64_MAX admits all of them: clamping it there is exact.
-        try:
-            cap_floor = min_cap
-        except OverflowError:
-            cap_floor = INT64_MAX
+        cap_floor = _clamped_floor(min_cap)
         want = self._count if replicas > self._count else <uint32_t>replicas
         cdef uint64_t k = _as_key(key)
         cdef Py_buffer view
-        if not _get_loads(loads, &view):
-            # Not an int64 buffer (a list, say): copy once into one. array('q', b) would
-            # reinterpret bytes as raw int64s, so refuse them (and str) by name.
-            if isinstance(loads, (str, bytes, bytearray)):
-                raise TypeError(
-                    f"loads must be a sequence of ints or an array('q'), "
-                    f"not {type(loads).__name__}"
-                )
-            try:
-                converted = array.array("q", loads)
-            except OverflowError:
-                raise ValueError("a load is out of the signed 64-bit range") from None
-            _get_loads(converted, &view)
+        _borrow_loads(loads, &view)
         try:
-            return self._pick(k, <const int64_t *>view.buf, view.len // 8, want, c, cap_floor)
+            return self._pick(k, <const int64_t *>view.buf, view.len // 8, want, NULL, c,
+                              cap_floor)
         finally:
             PyBuffer_Release(&view)
 
+    def pick_among(self, key, loads, homes, factor=1.25, min_cap=0):
+        """pick with an explicit home set instead of the first R owners (contract 4b).
+
+        `homes` are member indexes into `members` (a budgeted placement's home set, say),
+        the earlier one winning ties; the spill walk is pick's, clockwise from `key`.
+        """
+        cdef double c = 0.0
+        cdef int64_t cap_floor
+        cdef uint32_t count = self._count, want = 0, i
+        cdef uint32_t given[64]
+        cdef uint32_t *home = given
+        cdef uint64_t k
+        cdef Py_buffer view
+        if type(factor) is float and type(min_cap) is int:
+            c = factor
+        if not (c >= 1.0 and c <= DBL_MAX and min_cap >= 0):
+            _, factor, min_cap = check_pick_args(1, factor, min_cap)
+            c = factor
+        cap_floor = _clamped_floor(min_cap)
+        if type(homes) is not tuple and type(homes) is not list:
+            homes = check_homes(homes, count)
+        if len(homes) == 0 or len(homes) > count:
+            homes = check_homes(homes, count)  # raises: empty, or a repeated member
+        if len(homes) > 64:
+            home = <uint32_t *>malloc(len(homes) * sizeof(uint32_t))
+            if home == NULL:
+                raise MemoryError()
+        try:
+            for index in homes:
+                if type(index) is not int or not 0 <= index < count:
+                    check_homes(homes, count)  # raises the contract's error for it
+                for i in range(want):
+                    if home[i] == <uint32_t>index:
+                        check_homes(homes, count)
+                home[want] = <uint32_t>index
+                want += 1
+            k = _as_key(key)
+            _borrow_loads(loads, &view)
+            try:
+                return self._pick(k, <const int64_t *>view.buf, view.len // 8, want, home, c,
+                                  cap_floor)
+            finally:
+                PyBuffer_Release(&view)
+        finally:
+            if home != given:
+                free(home)
+
     cdef tuple _pick(self, uint64_t key, const int64_t *loads, Py_ssize_t length,
-                     uint32_t want, double factor, int64_t min_cap):
+                     uint32_t want, const uint32_t *given, double factor, int64_t min_cap):
+        """The home set is `given` (want members), or the first `want` owners of the key."""
         cdef uint32_t count = self._count, i, chosen, member, least, found
         cdef int64_t total = 0
         cdef uint32_t home[64]
@@ -369,19 +402,25 @@ cdef class Ring:
                 raise ValueError(f"the loads sum to more than {INT64_MAX - 1} (2**63 - 2)")
             total += loads[i]
         start = self._start(key)
-        if want > 64:
-            walk = <uint32_t *>malloc(want * sizeof(uint32_t))
-            if walk == NULL:
-                raise MemoryError()
-        try:
-            found = self._walk(start, want, walk)
-            chosen = walk[0]
-            for i in range(1, found):
-                if loads[walk[i]] < loads[chosen]:
-                    chosen = walk[i]
-        finally:
-            if walk != home:
-                free(walk)
+        if given != NULL:
+            chosen = given[0]
+            for i in range(1, want):
+                if loads[given[i]] < loads[chosen]:
+                    chosen = given[i]
+        else:
+            if want > 64:
+                walk = <uint32_t *>malloc(want * sizeof(uint32_t))
+                if walk == NULL:
+                    raise MemoryError()
+            try:
+                found = self._walk(start, want, walk)
+                chosen = walk[0]
+                for i in range(1, found):
+                    if loads[walk[i]] < loads[chosen]:
+                        chosen = walk[i]
+            finally:
+                if walk != home:
+                    free(walk)
         if self._fits(factor, total, chosen, loads[chosen], min_cap):
             return self.members[chosen], BRANCH_HOME
         # Spill: walk the whole preference order (skipping the chosen member), tracking the
@@ -448,6 +487,32 @@ cdef class Ring:
     def points(self):
         """The sorted (point, member) list: for golden vectors and debugging."""
         return [(self._points[i], self.members[self._owners[i]]) for i in range(self._size)]
+
+
+cdef int64_t _clamped_floor(object min_cap) except? -1:
+    """Every load + 1 is <= 2**63 - 1 (the loads sum to <= 2**63 - 2), so a floor at or
+    above INT64_MAX admits all of them: clamping it there is exact."""
+    try:
+        return min_cap
+    except OverflowError:
+        return INT64_MAX
+
+
+cdef int _borrow_loads(object loads, Py_buffer *view) except -1:
+    """An int64 view of `loads`: borrowed when it is one, else copied once into one."""
+    if _get_loads(loads, view):
+        return 0
+    # array('q', b) would reinterpret bytes as raw int64s, so refuse them (and str) by name.
+    if isinstance(loads, (str, bytes, bytearray)):
+        raise TypeError(
+            f"loads must be a sequence of ints or an array('q'), not {type(loads).__name__}"
+        )
+    try:
+        converted = array.array("q", loads)
+    except OverflowError:
+        raise ValueError("a load is out of the signed 64-bit range") from None
+    _get_loads(converted, view)
+    return 0
 
 
 cdef bint _get_loads(object loads, Py_buffer *view) except -1:

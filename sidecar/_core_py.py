@@ -152,6 +152,24 @@ def check_min_cap(min_cap: object) -> int:
     return min_cap
 
 
+def check_homes(homes: object, count: int) -> list[int]:
+    """Validate an explicit home set: 1..count distinct member indexes in [0, count)."""
+    if isinstance(homes, (str, bytes, bytearray)) or not isinstance(homes, Iterable):
+        raise TypeError(f"homes must be a sequence of member indexes, not {type(homes).__name__}")
+    result: list[int] = []
+    for index in homes:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"homes holds a {type(index).__name__}; give member indexes (ints)")
+        if not 0 <= index < count:
+            raise ValueError(f"home index {index} is outside the ring's members 0..{count - 1}")
+        if index in result:
+            raise ValueError(f"home index {index} appears twice; a home set has distinct members")
+        result.append(index)
+    if not result:
+        raise ValueError("homes is empty; give at least one member index")
+    return result
+
+
 def cap(factor: float, total_load: int, weight: int, total_weight: int, min_cap: int = 0) -> float:
     """cap(m) = max(min_cap, ceil(c * (total_load + 1) * w_m / W)), the ceil in IEEE-754
     doubles, in that order.
@@ -265,22 +283,56 @@ class Ring:
         """
         replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
         check_key(key)
-        loads = _int64_loads(loads)
+        values, total = self._checked_loads(loads)
+        return self._choose(key, values, total, self._walk(key, replicas), factor, min_cap)
+
+    def pick_among(
+        self,
+        key: int,
+        loads: Sequence[int],
+        homes: Sequence[int],
+        factor: float = 1.25,
+        min_cap: int = 0,
+    ) -> tuple[str, str]:
+        """pick with an explicit home set instead of the first R owners (contract 4b).
+
+        `homes` are member indexes into `members` (a budgeted placement's home set, say),
+        the earlier one winning ties; the spill walk is pick's, clockwise from `key`.
+        """
+        _, factor, min_cap = check_pick_args(1, factor, min_cap)
+        home = check_homes(homes, len(self.members))
+        check_key(key)
+        values, total = self._checked_loads(loads)
+        return self._choose(key, values, total, home, factor, min_cap)
+
+    def _checked_loads(self, loads: Sequence[int]) -> tuple[list[int], int]:
+        values = _int64_loads(loads)
         count = len(self.members)
-        if len(loads) != count:
+        if len(values) != count:
             raise ValueError(
-                f"loads has {len(loads)} entries for {count} members; "
+                f"loads has {len(values)} entries for {count} members; "
                 "give one load per member, aligned with ring.members"
             )
         total = 0
-        for load in loads:
+        for load in values:
             if load < 0:
                 raise ValueError(f"load {load} is negative; loads are in-flight request counts")
             total += load
             if total > MAX_TOTAL_LOAD:
                 raise ValueError(f"the loads sum to more than {MAX_TOTAL_LOAD} (2**63 - 2)")
+        return values, total
+
+    def _choose(
+        self,
+        key: int,
+        loads: list[int],
+        total: int,
+        home: list[int],
+        factor: float,
+        min_cap: int,
+    ) -> tuple[str, str]:
+        """The least-loaded home member if it fits its cap, else the spill walk."""
         weights = self.weights
-        home = self._walk(key, replicas)
         chosen = home[0]
         for member in home[1:]:
             if loads[member] < loads[chosen]:
@@ -288,7 +340,7 @@ class Ring:
         total_weight = self.total_weight
         if loads[chosen] + 1 <= cap(factor, total, weights[chosen], total_weight, min_cap):
             return self.members[chosen], BRANCH_HOME
-        order = self._walk(key, count)
+        order = self._walk(key, len(self.members))
         for member in order:
             if member != chosen and loads[member] + 1 <= cap(
                 factor, total, weights[member], total_weight, min_cap

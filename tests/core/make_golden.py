@@ -82,10 +82,24 @@ def pick(
     min_cap: int = 0,
 ) -> tuple[str, str]:
     """Rule 5: bounded-load pick with a floor on every cap; returns (member, branch)."""
+    home = preference(points, k, replicas)
+    return pick_among(points, members, weights, k, loads, home, c, min_cap)
+
+
+def pick_among(
+    points: list[tuple[int, str]],
+    members: list[str],
+    weights: list[int],
+    k: int,
+    loads: list[int],
+    home: list[str],
+    c: float,
+    min_cap: int = 0,
+) -> tuple[str, str]:
+    """Rule 5b: pick with the home set given (distinct members) instead of preference(k, R)."""
     load = dict(zip(members, loads, strict=True))
     weight = dict(zip(members, weights, strict=True))
     total, total_w = sum(loads), sum(weights)
-    home = preference(points, k, replicas)
     chosen = min(home, key=lambda m: (load[m], home.index(m)))
     if fits(load[chosen], c, total, weight[chosen], total_w, min_cap):
         return chosen, "home"
@@ -94,6 +108,38 @@ def pick(
         if m != chosen and fits(load[m], c, total, weight[m], total_w, min_cap):
             return m, "spill"
     return min(order, key=lambda m: (load[m], order.index(m))), "fallback"
+
+
+def place(
+    points: list[tuple[int, str]],
+    weights: dict[str, int],
+    prefixes: list[tuple[int, int, int, str]],
+    budget: int,
+) -> dict[str, list[str]]:
+    """Rule 7: budgeted home placement of (key, tokens, replicas, id) prefixes; home sets by id.
+
+    Largest first (ties: smaller key, then smaller id); each takes the first R members of its
+    preference order whose homed tokens + its tokens stay <= budget * weight; if fewer than
+    R have room, the rest are the least-filled others by homed / weight (exact), ties to the
+    earlier in preference order; a home set is listed in preference order."""
+    count = len(weights)
+    used = dict.fromkeys(weights, 0)
+    homes: dict[str, list[str]] = {}
+    for k, tokens, replicas, prefix_id in sorted(prefixes, key=lambda p: (-p[1], p[0], p[3])):
+        order = preference(points, k, count)
+        want = min(replicas, count)
+        roomy = [m for m in order if used[m] + tokens <= budget * weights[m]][:want]
+        others = [m for m in order if m not in roomy]
+        # Exact ratio comparison by cross-multiplying; sorted() is stable: ties keep order.
+        others = sorted(
+            others,
+            key=lambda m: [used[m] * weights[n] > used[n] * weights[m] for n in others].count(True),
+        )
+        taken = set(roomy) | set(others[: want - len(roomy)])
+        homes[prefix_id] = [m for m in order if m in taken]
+        for m in homes[prefix_id]:
+            used[m] += tokens
+    return homes
 
 
 def owned_arcs(points: list[tuple[int, str]]) -> dict[str, int]:
@@ -211,6 +257,64 @@ PICK_CASES: list[tuple[dict[str, Any], str, list[int], int, float, int, str]] = 
 ]
 
 
+# (ring, key expression, loads, home members by index, factor, min_cap, what the case shows)
+PICK_AMONG_CASES: list[tuple[dict[str, Any], str, list[int], list[int], float, int, str]] = [
+    (RING_B, "compliance-rules-v7", [0, 0, 0, 0, 0], [4, 0], 1.25, 0, "idle: the first given"),
+    (RING_B, "compliance-rules-v7", [0, 0, 0, 3, 1], [3, 4], 1.25, 8, "the less-loaded given"),
+    (
+        RING_B,
+        "compliance-rules-v7",
+        [2, 2, 2, 2, 30],
+        [4],
+        1.25,
+        0,
+        "the given home over its cap spills in the key's preference order",
+    ),
+    (
+        RING_B,
+        "compliance-rules-v7",
+        [2, 2, 2, 30, 30],
+        [3, 4],
+        1.25,
+        8,
+        "both given homes over the cap: spill",
+    ),
+    (RING_A, "hello", [0, 0, 0], [2, 0], 1.25, 0, "a home set that is not the ring's first R"),
+]
+
+# (ring, budget, prefixes as (text giving key and id, tokens, replicas), what the case shows)
+PLACEMENT_CASES: list[tuple[dict[str, Any], int, list[tuple[str, int, int]], str]] = [
+    (
+        RING_B,
+        10**9,
+        [("rules", 60_000, 3), ("script", 12_000, 2), ("annex-1", 12_000, 1)],
+        "a budget that never binds: the ring's first R owners",
+    ),
+    (
+        RING_B,
+        100_000,
+        [
+            ("rules", 60_000, 3),
+            ("script", 12_000, 2),
+            *((f"annex-{i}", 12_000, 1) for i in range(1, 9)),
+        ],
+        "the mega-sale set at a binding budget: no pod over 100,000",
+    ),
+    (
+        RING_B,
+        50_000,
+        [("rules", 60_000, 2), ("rules-v6", 60_000, 2), ("script", 12_000, 5)],
+        "prefixes larger than the budget still get R homes, least-filled first",
+    ),
+    (
+        RING_A,
+        50_000,
+        [("a", 40_000, 1), ("b", 40_000, 1), ("c", 40_000, 1), ("d", 40_000, 1)],
+        "the weight-2 member holds twice the budget",
+    ),
+]
+
+
 def ring_vectors(spec: dict[str, Any]) -> dict[str, Any]:
     members, weights, vnodes = spec["members"], spec["weights"], spec["vnodes"]
     points = ring_points(members, weights, vnodes)
@@ -281,6 +385,70 @@ def pick_vectors() -> list[dict[str, Any]]:
     return cases
 
 
+def pick_among_vectors() -> list[dict[str, Any]]:
+    cases = []
+    for spec, text, loads, homes, factor, min_cap, why in PICK_AMONG_CASES:
+        members = spec["members"]
+        points = ring_points(members, spec["weights"], spec["vnodes"])
+        k = key(text.encode())
+        home = [members[i] for i in homes]
+        member, branch = pick_among(
+            points, members, spec["weights"], k, loads, home, factor, min_cap
+        )
+        cases.append(
+            {
+                "ring": spec["name"],
+                "key_of": text,
+                "key": str(k),
+                "loads": loads,
+                "homes": homes,
+                "factor": factor,
+                "min_cap": str(min_cap),
+                "member": member,
+                "branch": branch,
+                "why": why,
+            }
+        )
+    return cases
+
+
+def placement_vectors() -> list[dict[str, Any]]:
+    cases = []
+    for spec, budget, prefixes, why in PLACEMENT_CASES:
+        members = spec["members"]
+        points = ring_points(members, spec["weights"], spec["vnodes"])
+        weights = dict(zip(members, spec["weights"], strict=True))
+        items = [
+            (key(t.encode()), tokens, r, hashlib.sha256(t.encode()).hexdigest())
+            for t, tokens, r in prefixes
+        ]
+        homes = place(points, weights, items, budget)
+        homed = dict.fromkeys(members, 0)
+        for _, tokens, _, prefix_id in items:
+            for m in homes[prefix_id]:
+                homed[m] += tokens
+        cases.append(
+            {
+                "ring": spec["name"],
+                "budget": budget,
+                "prefixes": [
+                    {
+                        "text": t,
+                        "key": str(item[0]),
+                        "id": item[3],
+                        "tokens": tokens,
+                        "replicas": r,
+                        "homes": homes[item[3]],
+                    }
+                    for (t, tokens, r), item in zip(prefixes, items, strict=True)
+                ],
+                "homed_tokens": homed,
+                "why": why,
+            }
+        )
+    return cases
+
+
 def build() -> dict[str, Any]:
     return {
         "contract_version": CONTRACT_VERSION,
@@ -300,6 +468,8 @@ def build() -> dict[str, Any]:
         ],
         "rings": [ring_vectors(RING_A), ring_vectors(RING_B)],
         "picks": pick_vectors(),
+        "picks_among": pick_among_vectors(),
+        "placements": placement_vectors(),
     }
 
 

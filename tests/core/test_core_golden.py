@@ -132,15 +132,84 @@ def test_the_contract_document_shows_the_current_vectors(golden: dict[str, Any])
     rows = [_pick_row(case) for case in golden["picks"]]
     missing = [row for row in rows if row not in doc]
     assert not missing, f"the pick table of docs/routing-contract.md lacks {missing}"
+    rows = [_pick_among_row(case) for case in golden["picks_among"]]
+    rows += [_placement_row(p) for case in golden["placements"] for p in case["prefixes"]]
+    missing = [row for row in rows if row not in doc]
+    assert not missing, f"the pick_among/place tables of docs/routing-contract.md lack {missing}"
     assert f"DEFAULT_VNODES = {golden['default_vnodes']}" in doc
+
+
+def _short(url: str) -> str:
+    host = url.removeprefix("http://").rsplit(":", 1)[0]
+    return host.split(".")[0] if host.startswith("vllm-") else host
 
 
 def _pick_row(case: dict[str, Any]) -> str:
     """A pick vector as the contract document's table shows it (from loads to branch)."""
-
-    def short(url: str) -> str:
-        host = url.removeprefix("http://").rsplit(":", 1)[0]
-        return host.split(".")[0] if host.startswith("vllm-") else host
-
     fields = [case["loads"], case["replicas"], case["factor"], case["min_cap"]]
-    return "| " + " | ".join(map(str, [*fields, short(case["member"]), case["branch"]])) + " |"
+    return "| " + " | ".join(map(str, [*fields, _short(case["member"]), case["branch"]])) + " |"
+
+
+def _pick_among_row(case: dict[str, Any]) -> str:
+    fields = [case["loads"], case["homes"], case["factor"], case["min_cap"]]
+    return "| " + " | ".join(map(str, [*fields, _short(case["member"]), case["branch"]])) + " |"
+
+
+def _placement_row(prefix: dict[str, Any]) -> str:
+    homes = ", ".join(_short(url) for url in prefix["homes"])
+    return (
+        f"| `{prefix['text']}` | `{prefix['key']}` | {prefix['tokens']:,} | "
+        f"{prefix['replicas']} | {homes} |"
+    )
+
+
+def test_picks_among_given_homes(core: ModuleType, golden: dict[str, Any]) -> None:
+    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    assert {case["branch"] for case in golden["picks_among"]} >= {"home", "spill"}
+    for case in golden["picks_among"]:
+        ring = rings[case["ring"]]
+        key = int(case["key"])
+        assert key == core.route_key(case["key_of"].encode())
+        for loads in (list(case["loads"]), array("q", case["loads"])):
+            got = ring.pick_among(
+                key, loads, case["homes"], factor=case["factor"], min_cap=int(case["min_cap"])
+            )
+            assert got == (case["member"], case["branch"]), case["why"]
+
+
+def test_placements(core: ModuleType, golden: dict[str, Any]) -> None:
+    """sidecar/routing/placement.py (over either twin's ring) against the reference."""
+    from sidecar.routing.placement import Placed, place
+
+    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    for case in golden["placements"]:
+        ring = rings[case["ring"]]
+        items = [
+            Placed(int(p["key"]), p["tokens"], p["replicas"], p["id"]) for p in case["prefixes"]
+        ]
+        for p in case["prefixes"]:
+            assert core.prefix_id(p["text"]) == p["id"]
+            assert core.prefix_route_key(p["text"]) == int(p["key"])
+        homes = place(ring, items, case["budget"])
+        for p in case["prefixes"]:
+            assert [ring.members[i] for i in homes[p["id"]]] == p["homes"], case["why"]
+        # Registration order does not matter: the placement sorts its input.
+        assert place(ring, list(reversed(items)), case["budget"]) == homes
+
+
+def test_the_placement_vectors_show_the_budget_binding(
+    core: ModuleType, golden: dict[str, Any]
+) -> None:
+    """The binding case must differ from the plain ring (which overfills a pod), the
+    non-binding one must equal it."""
+    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    for case in golden["placements"][:2]:
+        ring = rings[case["ring"]]
+        plain = dict.fromkeys(ring.members, 0)
+        for p in case["prefixes"]:
+            for member in ring.preference(int(p["key"]), p["replicas"]):
+                plain[member] += p["tokens"]
+        if case["budget"] >= sum(p["tokens"] * p["replicas"] for p in case["prefixes"]):
+            assert case["homed_tokens"] == plain
+        else:
+            assert max(plain.values()) > case["budget"] >= max(case["homed_tokens"].values())

@@ -109,6 +109,31 @@ def test_bounded_load(core: ModuleType, reference: ModuleType, case: dict[str, A
         assert (member, branch) == ring.pick(key, loads, replicas, factor)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=loaded_rings(), data=st.data())
+def test_bounded_load_over_an_explicit_home_set(
+    core: ModuleType, reference: ModuleType, case: dict[str, Any], data: st.DataObject
+) -> None:
+    """pick_among keeps pick's bound whatever the home set: "home" is the least-loaded
+    given member within its cap, and only when none fits does it leave the set."""
+    members, weights, loads = case["members"], case["weights"], case["loads"]
+    ring = core.Ring(members, weights, vnodes=8)
+    order = data.draw(st.permutations(range(len(members))))
+    homes = order[: data.draw(st.integers(1, len(members)))]
+    factor, min_cap = case["factor"], case["min_cap"]
+    member, branch = ring.pick_among(case["key"], loads, homes, factor, min_cap)
+    total, total_weight = sum(loads), sum(weights)
+    fits = {
+        m: reference.fits(load, factor, total, w, total_weight, min_cap)
+        for m, load, w in zip(members, loads, weights, strict=True)
+    }
+    least = min(homes, key=lambda i: (loads[i], homes.index(i)))
+    if fits[members[least]]:
+        assert (member, branch) == (members[least], "home")
+    else:
+        assert branch == "spill" and fits[member] and member != members[least]
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=loaded_rings())
 def test_the_floor_only_keeps_requests_home(core: ModuleType, case: dict[str, Any]) -> None:

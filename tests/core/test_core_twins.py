@@ -59,6 +59,8 @@ def rings_and_picks(draw: st.DrawFn) -> dict[str, Any]:
         "factor": draw(factors),
         "min_cap": draw(min_caps),
         "n": draw(st.integers(1, count + 2)),
+        # An explicit home set for pick_among: distinct member indexes, in any order.
+        "homes": draw(st.permutations(range(count)))[: draw(st.integers(1, count))],
     }
 
 
@@ -88,6 +90,15 @@ def test_twins_agree_on_rings_and_picks(
     assert c_ring.pick(key, case["loads"], *args) == expected
     assert c_ring.pick(key, array("q", case["loads"]), *args) == expected
     assert py_ring.pick(key, array("q", case["loads"]), *args) == expected
+    among = (case["homes"], case["factor"], case["min_cap"])
+    expected = py_ring.pick_among(key, case["loads"], *among)
+    assert c_ring.pick_among(key, case["loads"], *among) == expected
+    assert c_ring.pick_among(key, array("q", case["loads"]), *among) == expected
+    # pick is pick_among over the first R owners.
+    first = [c_ring.members.index(m) for m in c_ring.preference(key, case["replicas"])]
+    assert c_ring.pick_among(key, case["loads"], first, *args[1:]) == c_ring.pick(
+        key, case["loads"], *args
+    )
 
 
 @FAST
@@ -114,7 +125,13 @@ anything = st.one_of(
 
 @FAST
 @given(
-    key=anything, loads=anything, replicas=anything, factor=anything, min_cap=anything, n=anything
+    key=anything,
+    loads=anything,
+    replicas=anything,
+    factor=anything,
+    min_cap=anything,
+    n=anything,
+    homes=anything,
 )
 def test_twins_fail_alike_on_bad_arguments(
     twins: tuple[ModuleType, ModuleType],
@@ -124,6 +141,7 @@ def test_twins_fail_alike_on_bad_arguments(
     factor: Any,
     min_cap: Any,
     n: Any,
+    homes: Any,
 ) -> None:
     c_core, py_core = twins
     members = ["a", "b", "c"]
@@ -143,6 +161,12 @@ def test_twins_fail_alike_on_bad_arguments(
         lambda: py_ring.pick(7, [1, 2, 3], min_cap=min_cap)
     )
     assert _outcome(lambda: c_core.route_key(key)) == _outcome(lambda: py_core.route_key(key))
+    assert _outcome(lambda: c_ring.pick_among(key, loads, homes, factor, min_cap)) == _outcome(
+        lambda: py_ring.pick_among(key, loads, homes, factor, min_cap)
+    )
+    assert _outcome(lambda: c_ring.pick_among(7, [1, 2, 3], homes)) == _outcome(
+        lambda: py_ring.pick_among(7, [1, 2, 3], homes)
+    )
 
 
 @FAST
