@@ -69,6 +69,13 @@ class Config:
     # costs a full prefill for nothing; at low traffic the proportional cap alone is 1-2
     # streams. 0 gives the pure contract formula.
     load_cap_floor: int = 8
+    # The most prefix KV tokens one pod (per unit of weight) is home to (routing contract
+    # section 6). Set it to the pods' KV cache size minus what in-flight requests need; 0
+    # keeps the ring's plain placement, which can stack several big prefixes on one pod.
+    home_kv_budget_tokens: int = 0
+    # How the budget sizes a prefix without a tokenizer: UTF-8 bytes per token (~4 for
+    # English with a BPE tokenizer; measure yours with vLLM's /tokenize).
+    bytes_per_token: float = 4.0
     vnodes: int = 0  # 0: the core's DEFAULT_VNODES
     max_attempts: int = 3
     warm_before_serve: bool = True
@@ -283,6 +290,13 @@ def _validate(config: Config) -> Config:
         raise fail("load_factor", f"must be >= 1.0, got {config.load_factor}")
     if config.load_cap_floor < 0:
         raise fail("load_cap_floor", f"must be >= 0 (0 = no floor), got {config.load_cap_floor}")
+    if config.home_kv_budget_tokens < 0:
+        raise fail(
+            "home_kv_budget_tokens",
+            f"must be >= 0 (0 = plain ring placement), got {config.home_kv_budget_tokens}",
+        )
+    if config.bytes_per_token <= 0:
+        raise fail("bytes_per_token", f"must be > 0, got {config.bytes_per_token}")
     for name in ("grace_s", "prewarm_backoff_s"):
         if getattr(config, name) < 0:
             raise fail(name, f"must be >= 0, got {getattr(config, name)}")

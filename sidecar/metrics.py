@@ -8,10 +8,12 @@ daily saving the design note promises can be watched live, not only computed off
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -152,8 +154,36 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 self.backend_state.remove(url, name)
 
+    def watch_home_tokens(self, homed: Callable[[], dict[str, int]], budget: int) -> None:
+        """Export, at scrape time, the prefix tokens each pod is home to and the budget
+        (routing contract section 6): a pod near its budget is where KV will run short."""
+        self.registry.register(_HomeTokens(homed, budget))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _HomeTokens:
+    """A scrape-time collector: the placement is computed lazily, so it is read, not pushed."""
+
+    def __init__(self, homed: Callable[[], dict[str, int]], budget: int) -> None:
+        self._homed = homed
+        self._budget = budget
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        tokens = GaugeMetricFamily(
+            "prefix_sidecar_home_prefix_tokens",
+            "Estimated prefix KV tokens each pod is home to (registered prefixes x replicas)",
+            labels=["backend"],
+        )
+        for url, count in self._homed().items():
+            tokens.add_metric([url], count)
+        yield tokens
+        yield GaugeMetricFamily(
+            "prefix_sidecar_home_kv_budget_tokens",
+            "Configured home_kv_budget_tokens per unit of pod weight (0: plain ring placement)",
+            value=self._budget,
+        )
 
 
 async def start_metrics_server(metrics: Metrics, host: str, port: int) -> web.AppRunner:

@@ -70,6 +70,9 @@ class PrefixStore:
         self._short: list[PrefixEntry] = []
         self._max_chars = 0
         self._lock = threading.Lock()
+        # Bumped whenever the set of entries or a replica count changes: placements that
+        # depend on the whole registered set (routing/placement.py) recompute on it.
+        self.generation = 0
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -103,6 +106,7 @@ class PrefixStore:
             if existing is not None:
                 if replicas and replicas != existing.replicas:
                     existing.replicas = replicas
+                    self.generation += 1
                 if entry_id in versions:
                     versions.remove(entry_id)
                 versions.append(entry_id)
@@ -130,6 +134,7 @@ class PrefixStore:
             else:
                 self._short.append(entry)
             self._max_chars = max(self._max_chars, entry.chars)
+            self.generation += 1
             return entry, True
 
     def get(self, prefix_id: str) -> PrefixEntry:
@@ -175,6 +180,7 @@ class PrefixStore:
 
     def _remove(self, entry: PrefixEntry) -> None:
         del self._by_id[entry.id]
+        self.generation += 1
         for name in list(self._versions):
             versions = self._versions[name]
             if entry.id in versions:

@@ -6,6 +6,8 @@ Complexity: O(log P) (one bucket search in the Cython core).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sidecar.membership.pool import RoutingTable
 
 
@@ -13,7 +15,13 @@ class ConsistentHash:
     name = "consistent_hash"
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
+        self,
+        table: RoutingTable,
+        key: int,
+        replicas: int,
+        factor: float,
+        min_cap: int = 0,
+        homes: Sequence[int] | None = None,
     ) -> tuple[str, str]:
         assert table.ring is not None
         return table.ring.owner(key), "ring_hit"

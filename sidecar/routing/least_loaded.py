@@ -6,6 +6,8 @@ Complexity: O(N).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sidecar.membership.pool import RoutingTable
 
 
@@ -13,7 +15,13 @@ class LeastLoaded:
     name = "least_loaded"
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
+        self,
+        table: RoutingTable,
+        key: int,
+        replicas: int,
+        factor: float,
+        min_cap: int = 0,
+        homes: Sequence[int] | None = None,
     ) -> tuple[str, str]:
         loads = table.loads
         best = min(range(len(loads)), key=loads.__getitem__)

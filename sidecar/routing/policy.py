@@ -8,6 +8,7 @@ pick differs), not as recommendations.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from sidecar.membership.pool import RoutingTable
@@ -17,12 +18,20 @@ class Policy(Protocol):
     name: str
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
+        self,
+        table: RoutingTable,
+        key: int,
+        replicas: int,
+        factor: float,
+        min_cap: int = 0,
+        homes: Sequence[int] | None = None,
     ) -> tuple[str, str]:
         """Return (pod url, branch). The table has at least one member.
 
         `factor` and `min_cap` are the bounded-load parameters of routing contract v1's pick
-        (the cap and its floor); baselines that ignore load ignore them.
+        (the cap and its floor); baselines that ignore load ignore them. `homes`, when
+        given, is the prefix's budgeted home set (member indexes into `table.members`,
+        routing contract section 6) to use instead of the ring's first `replicas` owners.
         """
         ...
 

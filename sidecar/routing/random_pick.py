@@ -6,6 +6,7 @@ Complexity: O(1).
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from sidecar.membership.pool import RoutingTable
 
@@ -17,7 +18,13 @@ class RandomPick:
         self._random = random.Random(seed)
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
+        self,
+        table: RoutingTable,
+        key: int,
+        replicas: int,
+        factor: float,
+        min_cap: int = 0,
+        homes: Sequence[int] | None = None,
     ) -> tuple[str, str]:
         members = table.members
         return members[self._random.randrange(len(members))], "random"

@@ -7,6 +7,7 @@ Complexity: O(1).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 from sidecar.membership.pool import RoutingTable
 
@@ -18,7 +19,13 @@ class RoundRobin:
         self._counter = itertools.count()
 
     def select(
-        self, table: RoutingTable, key: int, replicas: int, factor: float, min_cap: int = 0
+        self,
+        table: RoutingTable,
+        key: int,
+        replicas: int,
+        factor: float,
+        min_cap: int = 0,
+        homes: Sequence[int] | None = None,
     ) -> tuple[str, str]:
         members = table.members
         return members[next(self._counter) % len(members)], "round_robin"

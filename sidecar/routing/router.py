@@ -3,7 +3,9 @@
 Route keys follow routing contract v1: a prefix routes on key(its UTF-8 bytes); a raw
 prompt that starts with a registered prefix routes as that prefix, otherwise on key(first
 `route_window_bytes` bytes), so prompts sharing a long head still meet on one pod.
-The failover order is the chosen pod, then the rest of the key's preference order.
+The failover order is the chosen pod, then the rest of its home set, then the rest of the
+key's preference order. A registered prefix's home set is the ring's first R owners, or,
+with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from sidecar import _core
 from sidecar.membership.pool import BackendPool
 from sidecar.prefixes import PrefixEntry, PrefixStore
+from sidecar.routing.placement import HomePlacer
 from sidecar.routing.policy import Policy
 
 
@@ -44,6 +47,7 @@ class Router:
         load_factor: float = 1.25,
         load_cap_floor: int = 0,  # pick's min_cap; the sidecar passes config.load_cap_floor
         max_attempts: int = 3,
+        placer: HomePlacer | None = None,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -53,6 +57,7 @@ class Router:
         self.load_factor = load_factor
         self.load_cap_floor = load_cap_floor
         self.max_attempts = max_attempts
+        self.placer = placer or HomePlacer(store, 0, default_replicas=default_replicas)
 
     def replicas_of(self, entry: PrefixEntry | None) -> int:
         return entry.replicas if entry is not None and entry.replicas else self.default_replicas
@@ -85,10 +90,16 @@ class Router:
                 "(check --backend / backends_file / backends_dns and the pods' health)"
             )
         replicas = self.replicas_of(entry)
+        homes = self.placer.homes(ring, entry) if entry is not None else None
         backend, branch = self.policy.select(
-            table, key, replicas, self.load_factor, self.load_cap_floor
+            table, key, replicas, self.load_factor, self.load_cap_floor, homes
         )
-        order = ring.preference(key, max(replicas, self.max_attempts))
+        if homes:
+            members = ring.members
+            order = [members[i] for i in homes]
+            order += [m for m in ring.preference(key, self.max_attempts) if m not in order]
+        else:
+            order = ring.preference(key, max(replicas, self.max_attempts))
         preference = [backend, *(url for url in order if url != backend)]
         elapsed = time.perf_counter_ns() - started
         return Decision(
@@ -102,8 +113,11 @@ class Router:
         )
 
     def home_set(self, entry: PrefixEntry, *, target: bool = True) -> list[str]:
-        """The prefix's replica set, owner first: where it should be resident."""
+        """The prefix's home set, first choice first: where it should be resident."""
         ring = self.pool.target_ring() if target else self.pool.table.ring
         if ring is None:
             return []
+        homes = self.placer.homes(ring, entry)
+        if homes is not None:
+            return [ring.members[i] for i in homes]
         return ring.preference(entry.route_key, self.replicas_of(entry))

@@ -38,6 +38,7 @@ from sidecar.membership.sources import (
 from sidecar.metrics import Metrics, start_metrics_server
 from sidecar.prefixes import PrefixError, PrefixStore
 from sidecar.prewarm import WARMED, Prewarmer
+from sidecar.routing.placement import HomePlacer
 from sidecar.routing.policy import make_policy
 from sidecar.routing.router import Router
 from sidecar.server.handlers import SERVICE, add_router_servicer
@@ -82,7 +83,14 @@ class Sidecar:
             load_factor=config.load_factor,
             load_cap_floor=config.load_cap_floor,
             max_attempts=config.max_attempts,
+            placer=HomePlacer(
+                self.store,
+                config.home_kv_budget_tokens,
+                config.bytes_per_token,
+                default_replicas=config.replicas,
+            ),
         )
+        self.metrics.watch_home_tokens(self._homed_tokens, config.home_kv_budget_tokens)
         self.prewarmer = Prewarmer(
             self.client,
             concurrency=config.prewarm_concurrency,
@@ -308,6 +316,10 @@ class Sidecar:
             with contextlib.suppress(KeyError):
                 self.metrics.backend_state.remove(url, state)
 
+    def _homed_tokens(self) -> dict[str, int]:
+        ring = self.pool.target_ring()
+        return self.router.placer.homed_tokens(ring) if ring is not None else {}
+
     def _table_changed(self, table: RoutingTable) -> None:
         for backend in self.pool.backends.values():
             self.metrics.set_backend(backend.url, backend.state, backend.healthy)
@@ -320,12 +332,7 @@ class Sidecar:
         self._warming[url] = asyncio.get_running_loop().create_task(self._warm_then_admit(url))
 
     async def _warm_then_admit(self, url: str) -> None:
-        ring = self.pool.target_ring()
-        pairs = []
-        if ring is not None:
-            for entry in self.store:
-                if url in ring.preference(entry.route_key, self.router.replicas_of(entry)):
-                    pairs.append((entry, url))
+        pairs = [(entry, url) for entry in self.store if url in self.router.home_set(entry)]
         warmed = []
         if pairs:
             logger.info("warming %s with %d prefix(es) before it serves", url, len(pairs))
