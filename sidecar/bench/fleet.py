@@ -26,6 +26,7 @@ from sidecar.workload.scenario import run_policy
 from sidecar.workload.stats import summarize, ttft_samples_ms
 from sidecar.workload.trace import (
     INPUT_TOKENS,
+    home_kv_budget,
     mega_sale_pod,
     mega_sale_prefixes,
     poisson_trace,
@@ -98,6 +99,11 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     )
     capacity = warm_capacity(config.prefill_tps, config.prefill_overhead_s, INPUT_TOKENS)
     replicas = size_replicas(prefixes, args.rate, args.pods, capacity)
+    budget = (
+        home_kv_budget(config, args.rate, args.pods, args.max_tokens)
+        if args.home_budget is None
+        else args.home_budget
+    )
     requests = max(1, round(args.rate * args.duration))
     trace = poisson_trace(prefixes, requests, args.rate, input_tokens=INPUT_TOKENS, seed=args.seed)
     tokens = [p.tokens for p in prefixes]
@@ -105,7 +111,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     policies = [*BASELINES, SIDECAR, multi_name(args.sidecars)]
     results: dict[str, Any] = {}
     samples: dict[str, list[float]] = {}
-    homes: dict[str, list[str]] = {}
+    homes: dict[str, dict[str, list[str]]] = {}  # "ring" / "sidecar" -> prefix -> pods
     started = time.perf_counter()
     async with EmulatorFleet(args.pods, config, base_port=args.base_port) as fleet:
         progress(
@@ -115,6 +121,9 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         for name in policies:
             many = name == multi_name(args.sidecars)
             policy, sidecars = (SIDECAR, args.sidecars) if many else (name, 1)
+            settings: dict[str, object] = {"grace_s": 1}
+            if policy == SIDECAR:  # the baselines keep the plain ring's homes for prewarm
+                settings["home_kv_budget_tokens"] = budget
             run = await run_policy(
                 fleet.urls,
                 policy,
@@ -126,7 +135,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 first_token_timeout_s=timeout_s,
                 warmup_s=args.warmup,
                 sidecars=sidecars,
-                settings={"grace_s": 1},
+                settings=settings,
             )
             measured = [o for o, a in zip(run.outcomes, trace, strict=True) if a.at >= args.warmup]
             results[name] = summarize(
@@ -143,19 +152,23 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             samples[name] = ttft_samples_ms(measured, scale) + [args.first_token_timeout * 1e3] * (
                 timed_out
             )
-            homes = run.home_sets
+            homes["sidecar" if policy == SIDECAR else "ring"] = run.home_sets
             r = results[name]
             progress(
                 f"{name:<22} hit {r['hit_rate']:.4f}  p50 {r['ttft_ms']['p50']:>9,.0f} ms  "
                 f"p99 {r['ttft_ms']['p99']:>9,.0f} ms  max/mean "
                 f"{r['load']['max_over_mean']:.2f}  ({run.wall_s:.0f} s)"
             )
-    homed = dict.fromkeys(fleet.urls, 0)
-    for prefix in prefixes:
-        for url in homes.get(prefix.name, []):
-            homed[url] += prefix.tokens
+    homed: dict[str, dict[str, int]] = {}
+    for placement, sets in homes.items():
+        homed[placement] = dict.fromkeys(fleet.urls, 0)
+        for prefix in prefixes:
+            for url in sets.get(prefix.name, []):
+                homed[placement][url] += prefix.tokens
+    sidecar_homes = homes.get("sidecar", homes.get("ring", {}))
     return {
         "params": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
+        "home_kv_budget_tokens": budget,
         "homed_prefix_tokens": homed,
         "emulator": {
             "kv_tokens": config.kv_tokens,
@@ -172,7 +185,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 "tokens": p.tokens,
                 "weight": p.weight,
                 "replicas": r,
-                "home_set": homes.get(p.name, []),
+                "home_set": sidecar_homes.get(p.name, []),
             }
             for p, r in zip(prefixes, replicas, strict=True)
         ],
@@ -200,11 +213,12 @@ def render(report: dict[str, Any]) -> str:
             for p in report["prefixes"][:4]
         )
         + (" ..." if len(report["prefixes"]) > 4 else ""),
-        "prefix tokens homed per pod (ring placement, vs KV "
-        f"{report['emulator']['kv_tokens']:,}): "
-        + ", ".join(
-            f"{url.rsplit(':', 1)[1]} {tokens:,}"
-            for url, tokens in report["homed_prefix_tokens"].items()
+        f"prefix tokens homed per pod, vs KV {report['emulator']['kv_tokens']:,} "
+        f"(sidecar budget {report['home_kv_budget_tokens']:,}; 0 = off):",
+        *(
+            f"  {placement:<8}"
+            + ", ".join(f"{url.rsplit(':', 1)[1]} {tokens:,}" for url, tokens in homed.items())
+            for placement, homed in report["homed_prefix_tokens"].items()
         ),
         "",
         f"{'policy':<24}{'hit rate':>9}{'TTFT p50':>11}{'TTFT p99':>12}{'max/mean':>10}"
@@ -303,6 +317,14 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         help="pods on ports P..P+N-1 (0: free ports). The ring places prefixes by pod URL, "
         "so a fixed port gives the same placement every run",
     )
+    add(
+        "--home-budget",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="the sidecar's home_kv_budget_tokens (default: KV minus the in-flight reserve "
+        "of this workload; 0: plain ring placement)",
+    )
     add("--seed", type=int, default=0)
     add("--quick", action="store_true", help="seconds, for tests: 2 pods, short trace")
     add("--json", metavar="FILE", help="write the report as JSON")
@@ -325,6 +347,9 @@ def run(args: argparse.Namespace) -> int:
             f"{args.hot_tokens}-token hot prefix plus an input; raise it",
             file=sys.stderr,
         )
+        return 2
+    if args.home_budget is not None and args.home_budget < 0:
+        print("prefix-sidecar bench fleet: --home-budget must be >= 0", file=sys.stderr)
         return 2
     if not 0 <= args.warmup < args.duration:
         print("prefix-sidecar bench fleet: --warmup must be in [0, --duration)", file=sys.stderr)

@@ -49,7 +49,10 @@ async def pod_request_counts(urls: Sequence[str]) -> dict[str, int]:
 async def register_all(
     targets: Sequence[str], prefixes: Sequence[PrefixDef], replicas: Sequence[int]
 ) -> tuple[list[str], dict[str, list[str]]]:
-    """Register every prefix on every sidecar (each keeps its own store); ids and home sets."""
+    """Register every prefix on every sidecar (each keeps its own store); ids and home sets.
+
+    Home sets are read back once all are registered: with a KV budget a prefix's home can
+    depend on the prefixes registered after it."""
     ids: list[str] = []
     homes: dict[str, list[str]] = {}
     for target in targets:
@@ -64,7 +67,8 @@ async def register_all(
                     timeout=30,
                 )
                 ids.append(reply.id)
-                homes[prefix.name] = list(reply.backends)
+            listed = await stub.ListPrefixes(router_pb2.ListPrefixesRequest(), timeout=30)
+            homes = {p.name: list(p.backends) for p in listed.prefixes}
     return ids, homes
 
 

@@ -132,6 +132,22 @@ ANSWER_TOKENS = 500  # the note's T_out: streams last as long as a 500-token ans
 INPUT_TOKENS = 200  # the note's T_user
 
 
+def home_kv_budget(
+    pod: EmulatorConfig, rate: float, pods: int, max_tokens: int, *, load_factor: float = 1.25
+) -> int:
+    """The sidecar's `home_kv_budget_tokens` for this workload: the pod's KV minus what its
+    in-flight requests hold (routing contract section 6).
+
+    A stream lasts about max_tokens / decode_tps modelled seconds; a pod carries up to
+    load_factor x its mean share of them at once, each holding its own input + output tokens
+    in whole 16-token blocks. Prefix tokens beyond the rest make requests wait for KV.
+    """
+    stream_s = max_tokens / pod.decode_tps
+    in_flight = load_factor * rate * stream_s / pods
+    own_tokens = -(-(INPUT_TOKENS + max_tokens) // 16) * 16
+    return max(1, pod.kv_tokens - math.ceil(in_flight * own_tokens))
+
+
 def mega_sale_pod(time_scale: float, kv_tokens: int, max_tokens: int) -> EmulatorConfig:
     """The emulated pod the demo and the fleet bench share: answers cut to `max_tokens`
     but streamed at the pace of a 500-token answer, so as many streams stay in flight as in
