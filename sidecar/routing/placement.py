@@ -28,6 +28,14 @@ from sidecar.prefixes import PrefixEntry, PrefixStore
 
 
 @dataclass(frozen=True)
+class Homes:
+    """One prefix's placement on one ring, ready for the request path."""
+
+    indexes: tuple[int, ...]  # the home set, member indexes in preference order
+    order: tuple[str, ...]  # the home set's members, then every other in the key's order
+
+
+@dataclass(frozen=True)
 class Placed:
     """One prefix to place: its route key, KV size in tokens, replica count and id."""
 
@@ -81,7 +89,7 @@ class HomePlacer:
         self.bytes_per_token = bytes_per_token
         self.default_replicas = default_replicas
         # (ring, store generation) -> homes; a few rings live at once (routing, target).
-        self._cache: dict[int, tuple[_core.Ring, int, dict[str, list[int]]]] = {}
+        self._cache: dict[int, tuple[_core.Ring, int, dict[str, Homes]]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -91,7 +99,7 @@ class HomePlacer:
         """The prefix's KV size, estimated from its UTF-8 bytes (no tokenizer here)."""
         return max(1, math.ceil(entry.size / self.bytes_per_token))
 
-    def homes(self, ring: _core.Ring, entry: PrefixEntry) -> list[int] | None:
+    def homes(self, ring: _core.Ring, entry: PrefixEntry) -> Homes | None:
         """The entry's home set on `ring` (member indexes), or None when placement is off or
         the entry is not registered (an inline prefix routes on the plain ring)."""
         if not self.enabled:
@@ -104,7 +112,8 @@ class HomePlacer:
         placement = self._placement(ring) if self.enabled else None
         for entry in self.store:
             if placement is not None:
-                names = [ring.members[i] for i in placement.get(entry.id, ())]
+                found = placement.get(entry.id)
+                names = [ring.members[i] for i in found.indexes] if found is not None else []
             else:
                 replicas = entry.replicas or self.default_replicas
                 names = ring.preference(entry.route_key, replicas)
@@ -112,19 +121,26 @@ class HomePlacer:
                 totals[name] += self.tokens_of(entry)
         return totals
 
-    def _placement(self, ring: _core.Ring) -> dict[str, list[int]]:
+    def _placement(self, ring: _core.Ring) -> dict[str, Homes]:
         generation = self.store.generation
         cached = self._cache.get(id(ring))
         if cached is not None and cached[0] is ring and cached[1] == generation:
             return cached[2]
-        homes = place(
+        entries = list(self.store)
+        placed = place(
             ring,
             (
                 Placed(e.route_key, self.tokens_of(e), e.replicas or self.default_replicas, e.id)
-                for e in self.store
+                for e in entries
             ),
             self.budget_tokens,
         )
+        homes = {}
+        for entry in entries:
+            indexes = tuple(placed[entry.id])
+            names = tuple(ring.members[i] for i in indexes)
+            rest = ring.preference(entry.route_key, len(ring.members))
+            homes[entry.id] = Homes(indexes, names + tuple(m for m in rest if m not in names))
         if len(self._cache) >= 4:
             self._cache.pop(next(iter(self._cache)))
         self._cache[id(ring)] = (ring, generation, homes)

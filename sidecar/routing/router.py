@@ -11,6 +11,7 @@ with a KV budget, the budgeted placement's (`HomePlacer`, routing contract secti
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar import _core
@@ -91,14 +92,15 @@ class Router:
             )
         replicas = self.replicas_of(entry)
         homes = self.placer.homes(ring, entry) if entry is not None else None
-        backend, branch = self.policy.select(
-            table, key, replicas, self.load_factor, self.load_cap_floor, homes
-        )
-        if homes:
-            members = ring.members
-            order = [members[i] for i in homes]
-            order += [m for m in ring.preference(key, self.max_attempts) if m not in order]
+        if homes is not None:
+            backend, branch = self.policy.select(
+                table, key, replicas, self.load_factor, self.load_cap_floor, homes.indexes
+            )
+            order: Sequence[str] = homes.order[: max(len(homes.indexes), self.max_attempts)]
         else:
+            backend, branch = self.policy.select(
+                table, key, replicas, self.load_factor, self.load_cap_floor
+            )
             order = ring.preference(key, max(replicas, self.max_attempts))
         preference = [backend, *(url for url in order if url != backend)]
         elapsed = time.perf_counter_ns() - started
@@ -119,5 +121,5 @@ class Router:
             return []
         homes = self.placer.homes(ring, entry)
         if homes is not None:
-            return [ring.members[i] for i in homes]
+            return list(homes.order[: len(homes.indexes)])
         return ring.preference(entry.route_key, self.replicas_of(entry))

@@ -72,7 +72,10 @@ async def test_the_budget_spreads_prefixes_and_everything_follows_it(tmp_path: P
         for prefix_id in ids:  # Route and Complete go home
             route = await stub.Route(router_pb2.RouteRequest(prefix_id=prefix_id))
             assert (route.backend, route.branch) == (listed[prefix_id][0], "home")
-            assert route.preference[0] == listed[prefix_id][0]
+            # Failover: the home set, then the key's preference order, max_attempts long.
+            rest = ring.preference(route.route_key, len(pods))
+            order = listed[prefix_id] + [m for m in rest if m not in listed[prefix_id]]
+            assert list(route.preference) == order[: config.max_attempts]
         chunks = await collect(
             stub.Complete(router_pb2.CompleteRequest(prefix_id=ids[0], input="Q", max_tokens=2))
         )
