@@ -30,6 +30,7 @@ from sidecar.workload.scenario import PolicyRun, route_timings, run_policy
 from sidecar.workload.stats import percentile, summarize
 from sidecar.workload.trace import (
     INPUT_TOKENS,
+    home_kv_budget,
     mega_sale_pod,
     mega_sale_prefixes,
     poisson_trace,
@@ -91,6 +92,7 @@ async def _demo(args: argparse.Namespace, out: Printer) -> dict[str, Any]:
         prefixes = mega_sale_prefixes(args.prefixes, seed=args.seed)
         capacity = warm_capacity(config.prefill_tps, config.prefill_overhead_s, INPUT_TOKENS)
         replicas = size_replicas(prefixes, args.rate, args.pods, capacity)
+        budget = home_kv_budget(config, args.rate, args.pods, args.max_tokens)
         trace = poisson_trace(prefixes, args.requests, args.rate, seed=args.seed)
         out(f"[2/4] mega-sale prefixes (replicas sized for {args.rate:g} req/s):")
         for prefix, count in zip(prefixes, replicas, strict=True):
@@ -98,14 +100,18 @@ async def _demo(args: argparse.Namespace, out: Printer) -> dict[str, Any]:
                 f"      {prefix.name:<34} {prefix.tokens:>6,} tokens  "
                 f"{100 * prefix.weight:4.1f} % of requests  replicas {count}"
             )
+        out(
+            f"      sidecar KV budget: at most {budget:,} prefix tokens homed per pod "
+            "(KV minus in-flight requests)"
+        )
         out("      sidecar prewarm, live:")
         timeout_s = args.first_token_timeout / scale
         common: dict[str, Any] = {
             "time_scale": scale,
             "max_tokens": args.max_tokens,
             "first_token_timeout_s": timeout_s,
-            "settings": {"grace_s": 1, "health_interval_s": 0.2},
         }
+        settings: dict[str, Any] = {"grace_s": 1, "health_interval_s": 0.2}
         timings: dict[str, list[float]] = {}
 
         async def measure_route(processes: Any, ids: list[str]) -> None:
@@ -125,6 +131,7 @@ async def _demo(args: argparse.Namespace, out: Printer) -> dict[str, Any]:
                 trace,
                 on_prewarm=_prewarm_printer(out, scale) if index == 0 else None,
                 before_stop=measure_route if index == 0 else None,
+                settings={**settings, "home_kv_budget_tokens": budget} if index == 0 else settings,
                 **common,
             )
             runs.append(run)
@@ -153,6 +160,7 @@ async def _demo(args: argparse.Namespace, out: Printer) -> dict[str, Any]:
     return {
         "params": {k: v for k, v in vars(args).items() if k != "func"},
         "replicas": dict(zip([p.name for p in prefixes], replicas, strict=True)),
+        "home_kv_budget_tokens": budget,
         "results": results,
         "route": {
             "calls": len(timings.get("decision_ns", [])),
