@@ -73,6 +73,9 @@ class Config:
     # section 6). Set it to the pods' KV cache size minus what in-flight requests need; 0
     # keeps the ring's plain placement, which can stack several big prefixes on one pod.
     home_kv_budget_tokens: int = 0
+    # With the budget on, no pod is home to more than this factor x its fair share of all
+    # homed prefix tokens either (contract section 6), so no pod sits cold while others spill.
+    home_balance_factor: float = 1.1
     # How the budget sizes a prefix without a tokenizer: UTF-8 bytes per token (~4 for
     # English with a BPE tokenizer; measure yours with vLLM's /tokenize).
     bytes_per_token: float = 4.0
@@ -294,6 +297,11 @@ def _validate(config: Config) -> Config:
         raise fail(
             "home_kv_budget_tokens",
             f"must be >= 0 (0 = plain ring placement), got {config.home_kv_budget_tokens}",
+        )
+    if not (config.home_balance_factor == 0 or config.home_balance_factor >= 1.0):
+        raise fail(
+            "home_balance_factor",
+            f"must be 0 (off) or >= 1.0, got {config.home_balance_factor}",
         )
     if config.bytes_per_token <= 0:
         raise fail("bytes_per_token", f"must be > 0, got {config.bytes_per_token}")

@@ -109,6 +109,8 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     tokens = [p.tokens for p in prefixes]
     timeout_s = args.first_token_timeout / scale
     policies = [*BASELINES, SIDECAR, multi_name(args.sidecars)]
+    if args.policies:  # a subset, in the default order (validated in run())
+        policies = [name for name in policies if name in args.policies.split(",")]
     results: dict[str, Any] = {}
     samples: dict[str, list[float]] = {}
     homes: dict[str, dict[str, list[str]]] = {}  # "ring" / "sidecar" -> prefix -> pods
@@ -325,6 +327,12 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         help="the sidecar's home_kv_budget_tokens (default: KV minus the in-flight reserve "
         "of this workload; 0: plain ring placement)",
     )
+    add(
+        "--policies",
+        metavar="A,B",
+        help="run only these, e.g. prefix_affinity,prefix_affinity_x4 (default: all six; "
+        "a target is judged only when its policies ran)",
+    )
     add("--seed", type=int, default=0)
     add("--quick", action="store_true", help="seconds, for tests: 2 pods, short trace")
     add("--json", metavar="FILE", help="write the report as JSON")
@@ -345,6 +353,15 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"prefix-sidecar bench fleet: --kv-tokens {args.kv_tokens} cannot hold the "
             f"{args.hot_tokens}-token hot prefix plus an input; raise it",
+            file=sys.stderr,
+        )
+        return 2
+    known = [*BASELINES, SIDECAR, multi_name(args.sidecars)]
+    unknown = set((args.policies or "").split(",")) - set(known) - {""}
+    if unknown:
+        print(
+            f"prefix-sidecar bench fleet: --policies has {', '.join(sorted(unknown))}; "
+            f"choose from {', '.join(known)}",
             file=sys.stderr,
         )
         return 2

@@ -9,8 +9,12 @@ With a budget B (prefix KV tokens per unit of pod weight), prefixes are placed l
 first (first-fit decreasing; ties by route key, then id). Each takes the first R pods of its
 preference order that still have room; only when fewer than R have room does it take the
 least-filled of the others (earlier in preference order on ties), over budget, because a
-prefix must live somewhere. The result depends only on the ring and the registered set, so
-sidecars with the same prefixes and pods agree without talking. Routing contract section 6.
+prefix must live somewhere. "Room" is also bounded by a balance factor f over the fair share
+of all homed tokens (bounded loads, applied to placement): in `bench fleet` the budget alone
+still let the ring leave one pod home to 12k tokens and ~4 % of the traffic while three
+others ran at their bounded-load cap and spilled, cold, onto it. The result depends only on
+the ring and the registered set, so sidecars with the same prefixes and pods agree without
+talking. Routing contract section 6.
 
 Complexity: O(P log P + P x N) per placement, run once per membership or registration
 change (10,000 prefixes on 100 pods: well under a second), then one dict lookup per request.
@@ -45,17 +49,33 @@ class Placed:
     id: str  # the prefix id: a total order even if two route keys collide
 
 
-def place(ring: _core.Ring, prefixes: Iterable[Placed], budget: int) -> dict[str, list[int]]:
-    """Home sets by prefix id, as member indexes in the prefix's preference order."""
+def place(
+    ring: _core.Ring, prefixes: Iterable[Placed], budget: int, balance: float = 0.0
+) -> dict[str, list[int]]:
+    """Home sets by prefix id, as member indexes in the prefix's preference order.
+
+    Member m may be home to `budget x w_m` prefix tokens and, with `balance` > 0, to no more
+    than ceil(balance x T x w_m / W), T being the tokens of every replica of every prefix:
+    the ring alone can leave a pod home to nothing while the others carry all the traffic.
+    """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget is {budget!r}; give the prefix KV tokens per pod, >= 1")
+    if not (balance == 0.0 or 1.0 <= balance < math.inf):
+        raise ValueError(f"balance is {balance!r}; give 0 (off) or a finite factor >= 1.0")
     members = ring.members
     count = len(members)
     index = {member: i for i, member in enumerate(members)}
+    items = list(prefixes)
     limit = [budget * weight for weight in ring.weights]
+    if balance:
+        # The contract's order of double operations, as in pick's cap: ceil(f * T * w / W).
+        total = float(sum(p.tokens * min(p.replicas, count) for p in items))
+        for m, weight in enumerate(ring.weights):
+            fair = math.ceil(balance * total * float(weight) / float(ring.total_weight))
+            limit[m] = min(limit[m], fair)
     used = [0] * count
     homes: dict[str, list[int]] = {}
-    for prefix in sorted(prefixes, key=lambda p: (-p.tokens, p.key, p.id)):
+    for prefix in sorted(items, key=lambda p: (-p.tokens, p.key, p.id)):
         want = min(prefix.replicas, count)
         order = [index[m] for m in ring.preference(prefix.key, count)]
         chosen = [m for m in order if used[m] + prefix.tokens <= limit[m]][:want]
@@ -83,9 +103,11 @@ class HomePlacer:
         budget_tokens: int,
         bytes_per_token: float = 4.0,
         default_replicas: int = 1,
+        balance: float = 0.0,
     ) -> None:
         self.store = store
         self.budget_tokens = budget_tokens
+        self.balance = balance
         self.bytes_per_token = bytes_per_token
         self.default_replicas = default_replicas
         # (ring, store generation) -> homes; a few rings live at once (routing, target).
@@ -134,6 +156,7 @@ class HomePlacer:
                 for e in entries
             ),
             self.budget_tokens,
+            self.balance,
         )
         homes = {}
         for entry in entries:

@@ -88,6 +88,7 @@ class Sidecar:
                 config.home_kv_budget_tokens,
                 config.bytes_per_token,
                 default_replicas=config.replicas,
+                balance=config.home_balance_factor,
             ),
         )
         self.metrics.watch_home_tokens(self._homed_tokens, config.home_kv_budget_tokens)

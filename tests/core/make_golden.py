@@ -115,20 +115,29 @@ def place(
     weights: dict[str, int],
     prefixes: list[tuple[int, int, int, str]],
     budget: int,
+    balance: float = 0.0,
 ) -> dict[str, list[str]]:
-    """Rule 7: budgeted home placement of (key, tokens, replicas, id) prefixes; home sets by id.
+    """Rule 6: budgeted home placement of (key, tokens, replicas, id) prefixes; home sets by id.
 
+    A member's room is budget * weight, and with balance f > 0 at most
+    ceil(((f * double(T)) * double(w)) / double(W)), T = sum of tokens * min(R, N).
     Largest first (ties: smaller key, then smaller id); each takes the first R members of its
-    preference order whose homed tokens + its tokens stay <= budget * weight; if fewer than
+    preference order whose homed tokens + its tokens stay within their room; if fewer than
     R have room, the rest are the least-filled others by homed / weight (exact), ties to the
     earlier in preference order; a home set is listed in preference order."""
     count = len(weights)
+    room = {m: budget * w for m, w in weights.items()}
+    if balance > 0:
+        total = sum(t * min(r, count) for _, t, r, _ in prefixes)
+        total_w = sum(weights.values())
+        for m, w in weights.items():
+            room[m] = min(room[m], math.ceil(balance * float(total) * float(w) / float(total_w)))
     used = dict.fromkeys(weights, 0)
     homes: dict[str, list[str]] = {}
     for k, tokens, replicas, prefix_id in sorted(prefixes, key=lambda p: (-p[1], p[0], p[3])):
         order = preference(points, k, count)
         want = min(replicas, count)
-        roomy = [m for m in order if used[m] + tokens <= budget * weights[m]][:want]
+        roomy = [m for m in order if used[m] + tokens <= room[m]][:want]
         others = [m for m in order if m not in roomy]
         # Exact ratio comparison by cross-multiplying; sorted() is stable: ties keep order.
         others = sorted(
@@ -282,35 +291,57 @@ PICK_AMONG_CASES: list[tuple[dict[str, Any], str, list[int], list[int], float, i
     (RING_A, "hello", [0, 0, 0], [2, 0], 1.25, 0, "a home set that is not the ring's first R"),
 ]
 
-# (ring, budget, prefixes as (text giving key and id, tokens, replicas), what the case shows)
-PLACEMENT_CASES: list[tuple[dict[str, Any], int, list[tuple[str, int, int]], str]] = [
+MEGA_SALE = [
+    ("rules", 60_000, 3),
+    ("script", 12_000, 2),
+    *((f"annex-{i}", 12_000, 1) for i in range(1, 9)),
+]
+
+# (ring, budget, balance, prefixes as (text giving key and id, tokens, replicas), what it shows)
+PLACEMENT_CASES: list[tuple[dict[str, Any], int, float, list[tuple[str, int, int]], str]] = [
     (
         RING_B,
         10**9,
+        0.0,
         [("rules", 60_000, 3), ("script", 12_000, 2), ("annex-1", 12_000, 1)],
         "a budget that never binds: the ring's first R owners",
     ),
-    (
-        RING_B,
-        100_000,
-        [
-            ("rules", 60_000, 3),
-            ("script", 12_000, 2),
-            *((f"annex-{i}", 12_000, 1) for i in range(1, 9)),
-        ],
-        "the mega-sale set at a binding budget: no pod over 100,000",
-    ),
+    (RING_B, 100_000, 0.0, MEGA_SALE, "the mega-sale set at a binding budget: no pod over 100,000"),
     (
         RING_B,
         50_000,
+        0.0,
         [("rules", 60_000, 2), ("rules-v6", 60_000, 2), ("script", 12_000, 5)],
         "prefixes larger than the budget still get R homes, least-filled first",
     ),
     (
         RING_A,
         50_000,
+        0.0,
         [("a", 40_000, 1), ("b", 40_000, 1), ("c", 40_000, 1), ("d", 40_000, 1)],
         "the weight-2 member holds twice the budget",
+    ),
+    (
+        RING_B,
+        10**9,
+        1.1,
+        MEGA_SALE,
+        "balance 1.1, no budget: room ceil(1.1 x 300,000 / 5) = 66,000; the script (R 2) "
+        "finds one pod with room, the other is the least-filled",
+    ),
+    (
+        RING_B,
+        80_000,
+        1.5,
+        MEGA_SALE,
+        "balance 1.5 (90,000) and a budget of 80,000: the smaller bound is the room",
+    ),
+    (
+        RING_A,
+        10**9,
+        1.25,
+        [("a", 40_000, 1), ("b", 40_000, 1), ("c", 40_000, 1), ("d", 40_000, 1)],
+        "balance on a weighted ring: fair shares 50,000 / 100,000 / 50,000",
     ),
 ]
 
@@ -414,7 +445,7 @@ def pick_among_vectors() -> list[dict[str, Any]]:
 
 def placement_vectors() -> list[dict[str, Any]]:
     cases = []
-    for spec, budget, prefixes, why in PLACEMENT_CASES:
+    for spec, budget, balance, prefixes, why in PLACEMENT_CASES:
         members = spec["members"]
         points = ring_points(members, spec["weights"], spec["vnodes"])
         weights = dict(zip(members, spec["weights"], strict=True))
@@ -422,7 +453,7 @@ def placement_vectors() -> list[dict[str, Any]]:
             (key(t.encode()), tokens, r, hashlib.sha256(t.encode()).hexdigest())
             for t, tokens, r in prefixes
         ]
-        homes = place(points, weights, items, budget)
+        homes = place(points, weights, items, budget, balance)
         homed = dict.fromkeys(members, 0)
         for _, tokens, _, prefix_id in items:
             for m in homes[prefix_id]:
@@ -431,6 +462,7 @@ def placement_vectors() -> list[dict[str, Any]]:
             {
                 "ring": spec["name"],
                 "budget": budget,
+                "balance": balance,
                 "prefixes": [
                     {
                         "text": t,

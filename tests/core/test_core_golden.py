@@ -190,11 +190,11 @@ def test_placements(core: ModuleType, golden: dict[str, Any]) -> None:
         for p in case["prefixes"]:
             assert core.prefix_id(p["text"]) == p["id"]
             assert core.prefix_route_key(p["text"]) == int(p["key"])
-        homes = place(ring, items, case["budget"])
+        homes = place(ring, items, case["budget"], case["balance"])
         for p in case["prefixes"]:
             assert [ring.members[i] for i in homes[p["id"]]] == p["homes"], case["why"]
         # Registration order does not matter: the placement sorts its input.
-        assert place(ring, list(reversed(items)), case["budget"]) == homes
+        assert place(ring, list(reversed(items)), case["budget"], case["balance"]) == homes
 
 
 def test_the_placement_vectors_show_the_budget_binding(

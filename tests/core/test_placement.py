@@ -84,3 +84,29 @@ def test_a_bad_budget_is_refused(core: ModuleType, budget: object) -> None:
     ring = core.Ring(["a", "b"], vnodes=4)
     with pytest.raises(ValueError, match="budget"):
         place(ring, [], budget)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("balance", [0.5, -1.0, float("inf"), float("nan")])
+def test_a_bad_balance_is_refused(core: ModuleType, balance: float) -> None:
+    ring = core.Ring(["a", "b"], vnodes=4)
+    with pytest.raises(ValueError, match="balance"):
+        place(ring, [], 10, balance)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(count=st.integers(2, 7), sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30))
+def test_balance_bounds_every_pod_when_the_items_are_small(
+    core: ModuleType, count: int, sizes: list[int]
+) -> None:
+    """Single-replica prefixes no larger than (f - 1) x the fair share always find room under
+    the balance bound (first-fit decreasing), so no pod ends above f x its fair share."""
+    ring = core.Ring([f"pod-{i}" for i in range(count)], vnodes=8)
+    items = [Placed(core.route_key(str(n).encode()), t, 1, str(n)) for n, t in enumerate(sizes)]
+    fair = sum(sizes) / count
+    balance = max(1.5, 1 + 2 * max(sizes) / fair)
+    homes = place(ring, items, 10**9, balance)
+    used = dict.fromkeys(ring.members, 0)
+    for item in items:
+        for i in homes[item.id]:
+            used[ring.members[i]] += item.tokens
+    assert max(used.values()) <= balance * fair + 1
