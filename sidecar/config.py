@@ -73,9 +73,11 @@ class Config:
     # section 6). Set it to the pods' KV cache size minus what in-flight requests need; 0
     # keeps the ring's plain placement, which can stack several big prefixes on one pod.
     home_kv_budget_tokens: int = 0
-    # With the budget on, no pod is home to more than this factor x its fair share of all
-    # homed prefix tokens either (contract section 6), so no pod sits cold while others spill.
-    home_balance_factor: float = 1.1
+    # With the budget on, also keep every pod within this factor of its fair share of all
+    # homed prefix tokens (contract section 6; 0 = off). Tokens are a proxy for traffic: it
+    # helps when the ring leaves a pod home to almost nothing (bench fleet uses 1.1) and can
+    # hurt when many small prefixes end up together (the demo), so it is off by default.
+    home_balance_factor: float = 0.0
     # How the budget sizes a prefix without a tokenizer: UTF-8 bytes per token (~4 for
     # English with a BPE tokenizer; measure yours with vLLM's /tokenize).
     bytes_per_token: float = 4.0

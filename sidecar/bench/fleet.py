@@ -126,6 +126,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             settings: dict[str, object] = {"grace_s": 1}
             if policy == SIDECAR:  # the baselines keep the plain ring's homes for prewarm
                 settings["home_kv_budget_tokens"] = budget
+                settings["home_balance_factor"] = args.home_balance
             run = await run_policy(
                 fleet.urls,
                 policy,
@@ -171,6 +172,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     return {
         "params": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
         "home_kv_budget_tokens": budget,
+        "home_balance_factor": args.home_balance,
         "homed_prefix_tokens": homed,
         "emulator": {
             "kv_tokens": config.kv_tokens,
@@ -216,7 +218,8 @@ def render(report: dict[str, Any]) -> str:
         )
         + (" ..." if len(report["prefixes"]) > 4 else ""),
         f"prefix tokens homed per pod, vs KV {report['emulator']['kv_tokens']:,} "
-        f"(sidecar budget {report['home_kv_budget_tokens']:,}; 0 = off):",
+        f"(sidecar budget {report['home_kv_budget_tokens']:,}, balance "
+        f"{report['home_balance_factor']:g}; 0 = off):",
         *(
             f"  {placement:<8}"
             + ", ".join(f"{url.rsplit(':', 1)[1]} {tokens:,}" for url, tokens in homed.items())
@@ -328,6 +331,13 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "of this workload; 0: plain ring placement)",
     )
     add(
+        "--home-balance",
+        type=float,
+        default=1.1,
+        metavar="F",
+        help="the sidecar's home_balance_factor (1.1; 0: off, the sidecar's default)",
+    )
+    add(
         "--policies",
         metavar="A,B",
         help="run only these, e.g. prefix_affinity,prefix_affinity_x4 (default: all six; "
@@ -364,6 +374,9 @@ def run(args: argparse.Namespace) -> int:
             f"choose from {', '.join(known)}",
             file=sys.stderr,
         )
+        return 2
+    if not (args.home_balance == 0 or 1.0 <= args.home_balance < math.inf):
+        print("prefix-sidecar bench fleet: --home-balance must be 0 or >= 1.0", file=sys.stderr)
         return 2
     if args.home_budget is not None and args.home_budget < 0:
         print("prefix-sidecar bench fleet: --home-budget must be >= 0", file=sys.stderr)

@@ -10,11 +10,11 @@ first (first-fit decreasing; ties by route key, then id). Each takes the first R
 preference order that still have room; only when fewer than R have room does it take the
 least-filled of the others (earlier in preference order on ties), over budget, because a
 prefix must live somewhere. "Room" is also bounded by a balance factor f over the fair share
-of all homed tokens (bounded loads, applied to placement): in `bench fleet` the budget alone
-still let the ring leave one pod home to 12k tokens and ~4 % of the traffic while three
-others ran at their bounded-load cap and spilled, cold, onto it. The result depends only on
-the ring and the registered set, so sidecars with the same prefixes and pods agree without
-talking. Routing contract section 6.
+of all homed tokens when asked (bounded loads, applied to placement): in `bench fleet` the
+budget alone still let the ring leave one pod home to 12k tokens and ~4 % of the traffic
+while three others ran at their bounded-load cap and spilled, cold, onto it. The result
+depends only on the ring and the registered set, so sidecars with the same prefixes and pods
+agree without talking. Routing contract section 6.
 
 Complexity: O(P log P + P x N) per placement, run once per membership or registration
 change (10,000 prefixes on 100 pods: well under a second), then one dict lookup per request.

@@ -120,4 +120,4 @@ def test_bad_budget_settings_are_refused_by_name(values: dict[str, object], mess
 def test_the_budget_is_off_by_default() -> None:
     config = build_config({})
     assert config.home_kv_budget_tokens == 0 and config.bytes_per_token == 4.0
-    assert config.home_balance_factor == 1.1
+    assert config.home_balance_factor == 0.0
