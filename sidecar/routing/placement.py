@@ -23,7 +23,7 @@ change (10,000 prefixes on 100 pods: well under a second), then one dict lookup 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -58,6 +58,14 @@ def place(
     than ceil(balance x T x w_m / W), T being the tokens of every replica of every prefix:
     the ring alone can leave a pod home to nothing while the others carry all the traffic.
     """
+    placed = _place(ring, prefixes, budget, balance)
+    return {prefix_id: homes for prefix_id, (homes, _) in placed.items()}
+
+
+def _place(
+    ring: _core.Ring, prefixes: Iterable[Placed], budget: int, balance: float = 0.0
+) -> dict[str, tuple[list[int], list[int]]]:
+    """(home set, whole preference order) by prefix id, both as member indexes."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget is {budget!r}; give the prefix KV tokens per pod, >= 1")
     if not (balance == 0.0 or 1.0 <= balance < math.inf):
@@ -74,7 +82,7 @@ def place(
             fair = math.ceil(balance * total * float(weight) / float(ring.total_weight))
             limit[m] = min(limit[m], fair)
     used = [0] * count
-    homes: dict[str, list[int]] = {}
+    homes: dict[str, tuple[list[int], list[int]]] = {}
     for prefix in sorted(items, key=lambda p: (-p.tokens, p.key, p.id)):
         want = min(prefix.replicas, count)
         order = [index[m] for m in ring.preference(prefix.key, count)]
@@ -87,7 +95,7 @@ def place(
             chosen = [m for m in order if m in taken]
         for m in chosen:
             used[m] += prefix.tokens
-        homes[prefix.id] = chosen
+        homes[prefix.id] = (chosen, order)
     return homes
 
 
@@ -95,21 +103,22 @@ class HomePlacer:
     """The sidecar's placement: recomputed when the ring or the registered set changes.
 
     `budget_tokens` 0 turns it off (homes are the ring's first R owners, contract v1).
+    `replicas_of` is the router's: the replica count a registered prefix asks for.
     """
 
     def __init__(
         self,
         store: PrefixStore,
-        budget_tokens: int,
+        replicas_of: Callable[[PrefixEntry], int],
+        budget_tokens: int = 0,
         bytes_per_token: float = 4.0,
-        default_replicas: int = 1,
         balance: float = 0.0,
     ) -> None:
         self.store = store
+        self.replicas_of = replicas_of
         self.budget_tokens = budget_tokens
-        self.balance = balance
         self.bytes_per_token = bytes_per_token
-        self.default_replicas = default_replicas
+        self.balance = balance
         # (ring, store generation) -> homes; a few rings live at once (routing, target).
         self._cache: dict[int, tuple[_core.Ring, int, dict[str, Homes]]] = {}
 
@@ -128,42 +137,24 @@ class HomePlacer:
             return None
         return self._placement(ring).get(entry.id)
 
-    def homed_tokens(self, ring: _core.Ring) -> dict[str, int]:
-        """Prefix tokens each member is home to: what the budget bounds (for metrics)."""
-        totals = dict.fromkeys(ring.members, 0)
-        placement = self._placement(ring) if self.enabled else None
-        for entry in self.store:
-            if placement is not None:
-                found = placement.get(entry.id)
-                names = [ring.members[i] for i in found.indexes] if found is not None else []
-            else:
-                replicas = entry.replicas or self.default_replicas
-                names = ring.preference(entry.route_key, replicas)
-            for name in names:
-                totals[name] += self.tokens_of(entry)
-        return totals
-
     def _placement(self, ring: _core.Ring) -> dict[str, Homes]:
         generation = self.store.generation
         cached = self._cache.get(id(ring))
         if cached is not None and cached[0] is ring and cached[1] == generation:
             return cached[2]
         entries = list(self.store)
-        placed = place(
+        placed = _place(
             ring,
-            (
-                Placed(e.route_key, self.tokens_of(e), e.replicas or self.default_replicas, e.id)
-                for e in entries
-            ),
+            (Placed(e.route_key, self.tokens_of(e), self.replicas_of(e), e.id) for e in entries),
             self.budget_tokens,
             self.balance,
         )
+        members = ring.members
         homes = {}
-        for entry in entries:
-            indexes = tuple(placed[entry.id])
-            names = tuple(ring.members[i] for i in indexes)
-            rest = ring.preference(entry.route_key, len(ring.members))
-            homes[entry.id] = Homes(indexes, names + tuple(m for m in rest if m not in names))
+        for prefix_id, (chosen, order) in placed.items():
+            rest = [m for m in order if m not in chosen]
+            names = tuple(members[m] for m in (*chosen, *rest))
+            homes[prefix_id] = Homes(tuple(chosen), names)
         if len(self._cache) >= 4:
             self._cache.pop(next(iter(self._cache)))
         self._cache[id(ring)] = (ring, generation, homes)

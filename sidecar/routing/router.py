@@ -48,7 +48,9 @@ class Router:
         load_factor: float = 1.25,
         load_cap_floor: int = 0,  # pick's min_cap; the sidecar passes config.load_cap_floor
         max_attempts: int = 3,
-        placer: HomePlacer | None = None,
+        home_kv_budget_tokens: int = 0,  # routing contract section 6; 0 = the ring's homes
+        home_balance_factor: float = 0.0,
+        bytes_per_token: float = 4.0,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -58,9 +60,12 @@ class Router:
         self.load_factor = load_factor
         self.load_cap_floor = load_cap_floor
         self.max_attempts = max_attempts
-        self.placer = placer or HomePlacer(store, 0, default_replicas=default_replicas)
+        self.placer = HomePlacer(
+            store, self.replicas_of, home_kv_budget_tokens, bytes_per_token, home_balance_factor
+        )
 
     def replicas_of(self, entry: PrefixEntry | None) -> int:
+        """The replica count the prefix asked for, else the configured default."""
         return entry.replicas if entry is not None and entry.replicas else self.default_replicas
 
     def for_prefix(self, entry: PrefixEntry) -> Decision:
@@ -92,15 +97,18 @@ class Router:
             )
         replicas = self.replicas_of(entry)
         homes = self.placer.homes(ring, entry) if entry is not None else None
+        backend, branch = self.policy.select(
+            table,
+            key,
+            replicas,
+            self.load_factor,
+            self.load_cap_floor,
+            homes.indexes if homes is not None else None,
+        )
+        order: Sequence[str]
         if homes is not None:
-            backend, branch = self.policy.select(
-                table, key, replicas, self.load_factor, self.load_cap_floor, homes.indexes
-            )
-            order: Sequence[str] = homes.order[: max(len(homes.indexes), self.max_attempts)]
+            order = homes.order[: max(len(homes.indexes), self.max_attempts)]
         else:
-            backend, branch = self.policy.select(
-                table, key, replicas, self.load_factor, self.load_cap_floor
-            )
             order = ring.preference(key, max(replicas, self.max_attempts))
         preference = [backend, *(url for url in order if url != backend)]
         elapsed = time.perf_counter_ns() - started
@@ -123,3 +131,12 @@ class Router:
         if homes is not None:
             return list(homes.order[: len(homes.indexes)])
         return ring.preference(entry.route_key, self.replicas_of(entry))
+
+    def homed_tokens(self) -> dict[str, int]:
+        """Estimated prefix tokens each pod is home to (target ring): what the budget bounds."""
+        ring = self.pool.target_ring()
+        totals = dict.fromkeys(ring.members if ring is not None else (), 0)
+        for entry in self.store:
+            for url in self.home_set(entry):
+                totals[url] += self.placer.tokens_of(entry)
+        return totals

@@ -38,7 +38,6 @@ from sidecar.membership.sources import (
 from sidecar.metrics import Metrics, start_metrics_server
 from sidecar.prefixes import PrefixError, PrefixStore
 from sidecar.prewarm import WARMED, Prewarmer
-from sidecar.routing.placement import HomePlacer
 from sidecar.routing.policy import make_policy
 from sidecar.routing.router import Router
 from sidecar.server.handlers import SERVICE, add_router_servicer
@@ -83,15 +82,11 @@ class Sidecar:
             load_factor=config.load_factor,
             load_cap_floor=config.load_cap_floor,
             max_attempts=config.max_attempts,
-            placer=HomePlacer(
-                self.store,
-                config.home_kv_budget_tokens,
-                config.bytes_per_token,
-                default_replicas=config.replicas,
-                balance=config.home_balance_factor,
-            ),
+            home_kv_budget_tokens=config.home_kv_budget_tokens,
+            home_balance_factor=config.home_balance_factor,
+            bytes_per_token=config.bytes_per_token,
         )
-        self.metrics.watch_home_tokens(self._homed_tokens, config.home_kv_budget_tokens)
+        self.metrics.watch_home_tokens(self.router.homed_tokens, config.home_kv_budget_tokens)
         self.prewarmer = Prewarmer(
             self.client,
             concurrency=config.prewarm_concurrency,
@@ -316,10 +311,6 @@ class Sidecar:
         for state in (WARMING, SERVING, EJECTED):
             with contextlib.suppress(KeyError):
                 self.metrics.backend_state.remove(url, state)
-
-    def _homed_tokens(self) -> dict[str, int]:
-        ring = self.pool.target_ring()
-        return self.router.placer.homed_tokens(ring) if ring is not None else {}
 
     def _table_changed(self, table: RoutingTable) -> None:
         for backend in self.pool.backends.values():
