@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from sidecar.upstream.sse import clip
+
 logger = logging.getLogger(__name__)
 
 ChangeCallback = Callable[[str, bool, "str | None"], None]
@@ -236,19 +238,26 @@ class HealthMonitor:
     async def _probe(self, target: str) -> str | None:
         """GET target once; None when healthy, else why not."""
         try:
+            # A redirect is never followed (it could point anywhere): a 3xx is a failure.
             async with self._session.get(
                 target, timeout=self._timeout, allow_redirects=False
             ) as response:
-                await response.read()  # drain, so the keep-alive connection is reused
                 if 200 <= response.status < 300:
+                    # Drain, so the keep-alive connection is reused; a body that does not
+                    # end within 64 KiB leaves with its connection when the block exits.
+                    left = 64 * 1024
+                    while left > 0 and (data := await response.content.read(left)):
+                        left -= len(data)
                     return None
+                response.close()  # an unhealthy answer's body is not worth reading
                 return f"GET {target} returned HTTP {response.status}"
         except TimeoutError:
             return f"GET {target} timed out after {self._timeout_s:g}s"
         except aiohttp.ClientConnectorError as exc:
             return f"GET {target}: cannot connect ({_describe_os_error(exc.os_error)})"
         except (aiohttp.ClientError, OSError) as exc:
-            return f"GET {target} failed: {type(exc).__name__}: {exc}"
+            # aiohttp may quote the pod's bytes (a bad status line): clip before logging.
+            return f"GET {target} failed: {type(exc).__name__}: {clip(str(exc))}"
 
     def _register_success(self, tracked: _Tracked) -> None:
         tracked.failures = 0

@@ -142,6 +142,7 @@ class Sidecar:
                 max_attempts=self.config.max_attempts,
                 first_token_timeout_s=self.config.first_token_timeout_s,
                 upstream_timeout_s=self.config.upstream_timeout_s,
+                max_message_bytes=self.config.max_message_bytes,
             ),
         )
         servicer = RouterServicer(

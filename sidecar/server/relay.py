@@ -5,6 +5,11 @@ a 5xx, a 429, a broken or malformed stream moves the request to the next pod in 
 order: nothing that could have been retried is lost. After the first token the text already
 sent stands and the stream ends with UNAVAILABLE, saying it is partial: replaying the
 request elsewhere would duplicate text the caller has already shown.
+
+Every Chunk fits a client's default 4 MiB receive limit and the server's send limit: a
+longer text is split across chunks. An SSE event over the gRPC message limit before the
+first token is a pod failure (the next pod is tried). What pods said in their errors is
+clipped per attempt and in total, so the status always fits in gRPC's metadata limits.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -22,7 +27,7 @@ from sidecar.membership.pool import BackendPool
 from sidecar.metrics import Metrics
 from sidecar.upstream.body import SplicedBody
 from sidecar.upstream.client import UpstreamClient, UpstreamError, UpstreamStream
-from sidecar.upstream.sse import Delta, usage_counts
+from sidecar.upstream.sse import Delta, clip, usage_counts
 from sidecar.v1 import router_pb2
 
 logger = logging.getLogger("sidecar.requests")
@@ -30,6 +35,16 @@ logger = logging.getLogger("sidecar.requests")
 # Less time than this left after the last attempt means the deadline ended the request.
 DEADLINE_SLACK_S = 0.01
 
+
+# gRPC's default max_receive_message_length on the client side.
+CLIENT_RECEIVE_LIMIT = 4 * 1024 * 1024
+# Room in a Chunk for everything but the text (backend url aside): field tags and lengths,
+# a clipped finish_reason, attempts, usage.
+CHUNK_OVERHEAD = 512
+# A status message is sent as grpc-message metadata (percent-encoded): keep it well under
+# the peer's 8 KiB metadata limit whatever the pods said.
+REASON_BYTES = 600
+STATUS_BYTES = 1900
 
 # A stream that ends with [DONE] but never said why it finished was cut short by the pod
 # (llama.cpp's server does this when another request arrives, for example).
@@ -60,6 +75,7 @@ class RelayPolicy:
     max_attempts: int
     first_token_timeout_s: float
     upstream_timeout_s: float
+    max_message_bytes: int = 8 * 1024 * 1024  # the server's max_send_message_length
 
 
 class Relay:
@@ -123,25 +139,37 @@ class Relay:
                     raise UpstreamError(
                         backend, f"no first token within {budget:.3g} s", retryable=True
                     ) from None
+                if first.largest_event > self.policy.max_message_bytes:
+                    raise UpstreamError(
+                        backend,
+                        f"an SSE event of {first.largest_event} bytes is over the gRPC message "
+                        f"limit (max_message_bytes {self.policy.max_message_bytes})",
+                        retryable=True,
+                    )
                 finish_reason = first.finish_reason
                 if first.done and not finish_reason and not first.text:
                     raise UpstreamError(backend, TRUNCATED, retryable=True)
                 outcome.ttft_s = time.perf_counter() - started
                 self.metrics.child(self.metrics.ttft, backend).observe(outcome.ttft_s)
                 sent_first = True
-                yield self._chunk(first, backend=backend, attempts=number, outcome=outcome)
+                limit = self._text_limit(backend)
+                for chunk in self._chunks(
+                    first, limit, backend=backend, attempts=number, outcome=outcome
+                ):
+                    yield chunk
                 while not stream.finished:
                     delta = await stream.next_delta()
                     finish_reason = delta.finish_reason or finish_reason
                     if delta.text or delta.finish_reason or delta.usage is not None:
-                        yield self._chunk(delta, outcome=outcome)
+                        for chunk in self._chunks(delta, limit, outcome=outcome):
+                            yield chunk
                 if not finish_reason:
                     raise UpstreamError(backend, TRUNCATED, retryable=True)
                 if self.health is not None:
                     self.health.record_success(backend)
                 return
             except UpstreamError as exc:
-                outcome.errors.append(str(exc))
+                outcome.errors.append(clip(str(exc), REASON_BYTES))
                 if exc.connection_failure and self.health is not None:
                     self.health.record_failure(backend, exc.message)
                 if sent_first:
@@ -186,13 +214,19 @@ class Relay:
             # timer (ours or aiohttp's) fired first.
             raise RelayAbort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"the deadline expired after {len(outcome.errors)} attempt(s): "
-                + "; ".join(outcome.errors),
+                clip(
+                    f"the deadline expired after {len(outcome.errors)} attempt(s): "
+                    + "; ".join(outcome.errors),
+                    STATUS_BYTES,
+                ),
             )
         raise RelayAbort(
             grpc.StatusCode.UNAVAILABLE,
-            f"no pod could serve the request after {len(outcome.errors)} attempt(s): "
-            + "; ".join(outcome.errors),
+            clip(
+                f"no pod could serve the request after {len(outcome.errors)} attempt(s): "
+                + "; ".join(outcome.errors),
+                STATUS_BYTES,
+            ),
         )
 
     def _first_token_budget(self, remaining: float | None, attempts_left: int) -> float:
@@ -207,6 +241,40 @@ class Relay:
         if remaining is None:
             return self.policy.upstream_timeout_s
         return min(remaining, self.policy.upstream_timeout_s)
+
+    def _text_limit(self, backend: str) -> int:
+        """UTF-8 bytes of text one Chunk may carry."""
+        size = min(CLIENT_RECEIVE_LIMIT, self.policy.max_message_bytes)
+        return max(size - CHUNK_OVERHEAD - len(backend.encode()), 256)
+
+    @classmethod
+    def _chunks(
+        cls,
+        delta: Delta,
+        limit: int,
+        *,
+        outcome: RelayOutcome,
+        backend: str = "",
+        attempts: int = 0,
+    ) -> Iterator[router_pb2.Chunk]:
+        """One Chunk, or several when the text is over `limit` bytes: the backend and
+        attempts go on the first, the finish reason and usage on the last."""
+        if len(delta.text) * 4 <= limit:  # the common case, without encoding the text
+            yield cls._chunk(delta, outcome=outcome, backend=backend, attempts=attempts)
+            return
+        pieces = _split_utf8(delta.text, limit)
+        last = len(pieces) - 1
+        for index, piece in enumerate(pieces):
+            part = Delta(text=piece)
+            if index == last:
+                part.finish_reason, part.usage = delta.finish_reason, delta.usage
+            first = index == 0
+            yield cls._chunk(
+                part,
+                outcome=outcome,
+                backend=backend if first else "",
+                attempts=attempts if first else 0,
+            )
 
     @staticmethod
     def _chunk(
@@ -227,3 +295,19 @@ class Relay:
                 )
             )
         return chunk
+
+
+def _split_utf8(text: str, limit: int) -> list[str]:
+    """text in pieces of at most `limit` UTF-8 bytes, cut between characters."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return [text]
+    pieces = []
+    start = 0
+    while start < len(data):
+        end = min(start + limit, len(data))
+        while end < len(data) and data[end] & 0xC0 == 0x80:  # a continuation byte
+            end -= 1
+        pieces.append(data[start:end].decode("utf-8"))
+        start = end
+    return pieces

@@ -7,6 +7,11 @@ Closing a stream closes its connection (not back to the pool), so a cancelled ca
 the vLLM slot at once instead of leaving the pod generating for nobody. A stream that ended
 with [DONE] keeps its connection: the few bytes that end the HTTP body are read in the
 background, so the next request skips a TCP connect (and the pod an accept).
+
+No redirect is ever followed: a member answering 3xx would otherwise make us re-send the
+whole prompt to a host nobody configured and label its answer with the member's name. A
+3xx is a failure of that pod (retryable, like a 5xx). Everything the pod says that reaches
+an error (its body, reason phrase, Location, an error event) is redacted, then clipped.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ import aiohttp
 
 from sidecar import __version__
 from sidecar.upstream.body import SplicedBody
-from sidecar.upstream.sse import Delta, SSEDecoder, SSEProtocolError
+from sidecar.upstream.sse import POD_ERROR_CHARS, Delta, SSEDecoder, SSEProtocolError, clip
 
 READ_CHUNK = 64 * 1024
 # After [DONE] the end of the HTTP body (the chunked terminator) is normally already read or
 # microseconds behind; a pod that takes longer, or sends more than this, loses the connection.
 DRAIN_TIMEOUT_S = 1.0
 DRAIN_MAX_BYTES = 64 * 1024
+MAX_ERROR_BYTES = 1024
 
 
 class UpstreamError(Exception):
@@ -41,6 +47,7 @@ class UpstreamError(Exception):
         status: int | None = None,
         connection_failure: bool = False,
     ) -> None:
+        message = clip(message, MAX_ERROR_BYTES)  # a last guard; pod words are clipped first
         super().__init__(f"{backend}: {message}")
         self.backend = backend
         self.message = message
@@ -68,32 +75,24 @@ class UpstreamStream:
         self.finished = False
 
     async def next_delta(self) -> Delta:
-        """Wait for the next read from the pod and return every event it completed."""
+        """Wait for the next read from the pod and return the events it completed (at most
+        one decoder slice: a fast pod must not hold the event loop)."""
         while True:
             if self._decoder.pending_error:
                 raise UpstreamError(self.backend, self._decoder.pending_error, retryable=True)
-            try:
-                data = await self._response.content.readany()
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-                raise UpstreamError(
-                    self.backend, f"stream broke: {exc.__class__.__name__}: {exc}", retryable=True
-                ) from None
-            except TimeoutError:  # the request's total timeout (the caller's deadline)
-                raise UpstreamError(
-                    self.backend, "the upstream timeout expired mid-stream", retryable=True
-                ) from None
-            if not data:
-                raise UpstreamError(
-                    self.backend,
-                    "the pod closed the stream before [DONE]",
-                    retryable=True,
-                )
+            if self._decoder.backlog:
+                # More is buffered than one slice: let other streams and calls run first
+                # (readany() does not yield while data is buffered).
+                await asyncio.sleep(0)
+                data = b""
+            else:
+                data = await self._read()
             try:
                 delta = self._decoder.feed(data)
             except SSEProtocolError as exc:
                 raise UpstreamError(self.backend, str(exc), retryable=True) from None
             if delta.error:
-                message = f"the pod reported an error: {self._redact(delta.error)}"
+                message = f"the pod reported an error: {clip(self._redact(delta.error))}"
                 if not (delta.text or delta.finish_reason):
                     raise UpstreamError(self.backend, message, retryable=True)
                 self._decoder.pending_error = message  # after relaying the text before it
@@ -101,6 +100,25 @@ class UpstreamStream:
                 if delta.done:
                     self.finished = True
                 return delta
+
+    async def _read(self) -> bytes:
+        try:
+            data = await self._response.content.readany()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise UpstreamError(
+                self.backend,
+                f"stream broke: {exc.__class__.__name__}: {clip(self._redact(str(exc)))}",
+                retryable=True,
+            ) from None
+        except TimeoutError:  # the request's total timeout (the caller's deadline)
+            raise UpstreamError(
+                self.backend, "the upstream timeout expired mid-stream", retryable=True
+            ) from None
+        if not data:
+            raise UpstreamError(
+                self.backend, "the pod closed the stream before [DONE]", retryable=True
+            )
+        return data
 
     def __aiter__(self) -> AsyncIterator[Delta]:
         return self._iterate()
@@ -172,7 +190,11 @@ class UpstreamClient:
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
         try:
             response = await self.session.post(
-                backend + path, data=body, headers=self._headers, timeout=timeout
+                backend + path,
+                data=body,
+                headers=self._headers,
+                timeout=timeout,
+                allow_redirects=False,
             )
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamError(
@@ -184,12 +206,22 @@ class UpstreamClient:
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamError(
                 backend,
-                f"request failed: {exc.__class__.__name__}: {exc}",
+                f"request failed: {exc.__class__.__name__}: {clip(self._redact(str(exc)))}",
                 retryable=True,
                 connection_failure=isinstance(exc, aiohttp.ServerDisconnectedError),
             ) from None
+        if 300 <= response.status < 400:
+            location = clip(self._redact(response.headers.get("Location", "")), 200)
+            response.close()  # its body is not worth reading: the connection goes
+            raise UpstreamError(
+                backend,
+                f"HTTP {response.status} redirect to {location or '(no Location)'}: "
+                "the sidecar does not follow redirects from a pod",
+                retryable=True,
+                status=response.status,
+            )
         if response.status != 200:
-            message = self._redact(await _error_message(response))
+            message = clip(self._redact(await _error_message(response)))
             response.release()
             retryable = response.status == 429 or response.status >= 500
             raise UpstreamError(
@@ -216,8 +248,18 @@ class UpstreamClient:
 
     async def get_json(self, backend: str, path: str, timeout_s: float) -> Any:
         async with self.session.get(
-            backend + path, headers=self._headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            backend + path,
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            allow_redirects=False,
         ) as response:
+            if 300 <= response.status < 400:
+                raise UpstreamError(
+                    backend,
+                    f"HTTP {response.status}: the sidecar does not follow redirects from a pod",
+                    retryable=True,
+                    status=response.status,
+                )
             response.raise_for_status()
             return await response.json(content_type=None)
 
@@ -240,24 +282,25 @@ async def _drain(response: aiohttp.ClientResponse) -> None:
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:
-    """The pod's own words: vLLM's {"message": ...} or {"error": {"message": ...}}."""
+    """The pod's own words: vLLM's {"message": ...} or {"error": {"message": ...}}. Longer
+    than what reaches a status: the caller redacts before it clips."""
+    reason = (response.reason or "no body")[:POD_ERROR_CHARS]
     try:
         raw = await asyncio.wait_for(response.content.read(64 * 1024), timeout=2.0)
     except (TimeoutError, aiohttp.ClientError):
-        return response.reason or "no body"
+        return reason
     text = raw.decode("utf-8", "replace").strip()
     try:
         data = json.loads(text)
     except ValueError:
-        return text[:500] or (response.reason or "no body")
+        return text[:POD_ERROR_CHARS] or reason
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:500]
+            return str(error["message"])[:POD_ERROR_CHARS]
         if isinstance(error, str):
-            return error[:500]
-        if data.get("message"):
-            return str(data["message"])[:500]
-        if data.get("detail"):
-            return str(data["detail"])[:500]
-    return text[:500]
+            return error[:POD_ERROR_CHARS]
+        for key in ("message", "detail"):
+            if data.get(key):
+                return str(data[key])[:POD_ERROR_CHARS]
+    return text[:POD_ERROR_CHARS]
