@@ -29,6 +29,8 @@ from typing import Any
 import grpc
 
 from sidecar.v1 import router_pb2, router_pb2_grpc
+from sidecar.workload.sidecars import SidecarProcesses
+from sidecar.workload.stats import percentile
 
 EVENT = b'data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n'
 BLOCK_EVENTS = 64 * 1024 // len(EVENT)
@@ -193,6 +195,70 @@ async def route_latencies(target: str, seconds: float, every_s: float = 0.01) ->
             samples.append(time.perf_counter() - started)
             await asyncio.sleep(every_s)
     return samples
+
+
+TARGET_CHUNKS_PER_S = 20_000
+TARGET_ROUTE_P50_S = 0.1
+TARGET_ROUTE_MAX_S = 1.0
+
+
+async def measure_stream_load(
+    streams: int, seconds: float, settings: dict[str, object] | None = None
+) -> dict[str, Any]:
+    """A sidecar process in front of a fast pod: what it relays while `streams` callers
+    read flat out, and what another caller's Route costs meanwhile (and before)."""
+    async with (
+        fast_pod() as (_, url),
+        SidecarProcesses(1, [url], "prefix_affinity", settings) as sidecars,
+    ):
+        target = sidecars.targets[0]
+        idle = await route_latencies(target, 0.5)
+        async with callers(target, streams, seconds) as (process, _):
+            settle = min(0.5, seconds / 4)
+            await asyncio.sleep(settle)
+            busy = await route_latencies(target, max(0.2, seconds - 2 * settle))
+            counts = await read_counts(process, seconds + 30)
+    chunks_per_s = counts["text_bytes"] / counts["seconds"]  # one token "x" per pod chunk
+    p50, worst = percentile(busy, 50), max(busy)
+    return {
+        "streams": streams,
+        "seconds": counts["seconds"],
+        "pod_chunks_per_s": chunks_per_s,
+        "grpc_messages_per_s": counts["chunks"] / counts["seconds"],
+        "errors": counts["errors"],
+        "route_idle_p50_ms": percentile(idle, 50) * 1e3,
+        "route_busy_p50_ms": p50 * 1e3,
+        "route_busy_max_ms": worst * 1e3,
+        "route_busy_n": len(busy),
+        "targets": [
+            {
+                "name": f"pod chunks relayed per sidecar process >= {TARGET_CHUNKS_PER_S:,}/s",
+                "measured": f"{chunks_per_s:,.0f}/s",
+                "met": chunks_per_s >= TARGET_CHUNKS_PER_S,
+            },
+            {
+                "name": f"another caller's Route under {streams} fast streams: p50 <= "
+                f"{TARGET_ROUTE_P50_S * 1e3:.0f} ms, max <= {TARGET_ROUTE_MAX_S:g} s",
+                "measured": f"p50 {p50 * 1e3:.1f} ms, max {worst * 1e3:.1f} ms",
+                "met": p50 <= TARGET_ROUTE_P50_S and worst <= TARGET_ROUTE_MAX_S,
+            },
+        ],
+    }
+
+
+def render_stream_load(report: dict[str, Any]) -> list[str]:
+    lines = [
+        f"fast stream: {report['streams']} callers reading a pod that streams tiny events "
+        f"flat out, {report['seconds']:.1f} s",
+        f"  relayed {report['pod_chunks_per_s']:,.0f} pod chunks/s in "
+        f"{report['grpc_messages_per_s']:,.0f} gRPC messages/s, {report['errors']} errors",
+        f"  another caller's Route: p50 {report['route_busy_p50_ms']:.1f} ms, max "
+        f"{report['route_busy_max_ms']:.1f} ms (idle p50 {report['route_idle_p50_ms']:.1f} ms)",
+    ]
+    for target in report["targets"]:
+        verdict = "MET" if target["met"] else "NOT MET"
+        lines.append(f"  {target['name']}: {target['measured']} - {verdict}")
+    return lines
 
 
 def main(argv: list[str]) -> int:

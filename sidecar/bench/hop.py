@@ -10,6 +10,9 @@ Measured one request at a time, the modes interleaved (so drift hits all alike):
 - fat: TTFT through the sidecar with the 60k-token text sent in every request.
 The pod runs at time x1000, so its modelled prefill is microseconds and TTFT differences
 are the software path. A breakdown of Route's server-side Python cost is timed in-process.
+Last, a fast stream: `--fast-streams` callers read a pod that streams tiny SSE events flat
+out through a sidecar process; the report gives the pod chunks relayed per second and what
+another caller's Route costs meanwhile (sidecar/bench/fastpod.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any, cast
 import aiohttp
 import grpc
 
+from sidecar.bench.fastpod import measure_stream_load, render_stream_load
 from sidecar.bench.report import progress_printer, run_and_report
 from sidecar.emulator import EmulatorConfig, EmulatorFleet
 from sidecar.v1 import router_pb2, router_pb2_grpc
@@ -339,7 +343,12 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
             }
     progress("route breakdown (in-process)")
     breakdown = await route_breakdown(prefix, args.breakdown_calls)
-    return _report(args, samples, wire, breakdown)
+    progress(f"fast stream: {args.fast_streams} callers for {args.fast_seconds:g} s")
+    report = _report(args, samples, wire, breakdown)
+    report["fast_stream"] = await measure_stream_load(
+        args.fast_streams, args.fast_seconds, {"log_level": args.log_level}
+    )
+    return report
 
 
 def _report(
@@ -443,6 +452,8 @@ def render(report: dict[str, Any]) -> str:
     for target in report["targets"]:
         verdict = "MET" if target["met"] else "NOT MET"
         lines.append(f"  {target['name']}: {target['measured']} - {verdict}")
+    if "fast_stream" in report:
+        lines += ["", *render_stream_load(report["fast_stream"])]
     return "\n".join(lines)
 
 
@@ -462,6 +473,12 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "--log-level", default="info", help="the sidecar's log_level (info, its default)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fast-streams", type=int, default=8, help="callers of the fast-stream phase (8)"
+    )
+    parser.add_argument(
+        "--fast-seconds", type=float, default=5.0, help="length of the fast-stream phase (5)"
+    )
     parser.add_argument("--quick", action="store_true", help="a few seconds, for tests")
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.set_defaults(func=run)
@@ -470,10 +487,17 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.iterations, args.warmup, args.breakdown_calls = 30, 5, 2000
-    if args.iterations < 1 or args.warmup < 0 or args.breakdown_calls < 1:
+        args.fast_seconds = min(args.fast_seconds, 2.0)
+    if (
+        args.iterations < 1
+        or args.warmup < 0
+        or args.breakdown_calls < 1
+        or args.fast_streams < 1
+        or not args.fast_seconds >= 1
+    ):
         print(
-            "prefix-sidecar bench hop: --iterations and --breakdown-calls must be >= 1, "
-            "--warmup >= 0",
+            "prefix-sidecar bench hop: --iterations, --breakdown-calls and --fast-streams "
+            "must be >= 1, --warmup >= 0, --fast-seconds >= 1",
             file=sys.stderr,
         )
         return 2
