@@ -1,10 +1,11 @@
-"""deploy/Dockerfile, checked without a container engine (none here): a static lint of its
-instructions, and its builder stage replayed for real - the build context that
-deploy/Dockerfile.dockerignore lets through is copied out and `pip wheel` builds the wheel
-from it, which must carry the Cython core, the generated gRPC modules and the entry point."""
+"""deploy/Dockerfile, read statically: a lint of its instructions, and its builder stage's
+`pip wheel .` replayed for real on the build context that deploy/Dockerfile.dockerignore lets
+through (the wheel must carry the Cython core, the generated gRPC modules and the entry point).
+tests/deploy/test_image.py builds and runs the image itself with podman."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -46,11 +47,13 @@ def instructions() -> list[tuple[str, str]]:
 
 
 def stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each stage; what comes before the first FROM is dropped."""
     result: list[list[tuple[str, str]]] = []
     for keyword, rest in instructions():
         if keyword == "FROM":
             result.append([])
-        result[-1].append((keyword, rest))
+        if result:
+            result[-1].append((keyword, rest))
     return result
 
 
@@ -60,21 +63,38 @@ def only(stage: list[tuple[str, str]], keyword: str) -> str:
     return values[0]
 
 
-def test_base_images_are_pinned_and_identical() -> None:
+def env_of(stage: list[tuple[str, str]]) -> dict[str, str]:
+    pairs = " ".join(rest for kw, rest in stage if kw == "ENV").split()
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def test_both_stages_use_one_base_image_pinned_by_default() -> None:
+    """The venv built in the builder (the Cython core included) runs on the runtime's Python
+    and glibc: both stages must be the same BASE_IMAGE, whatever the build passes."""
+    preamble = list(itertools.takewhile(lambda i: i[0] != "FROM", instructions()))
+    (default,) = [rest.split("=", 1)[1] for kw, rest in preamble if kw == "ARG"]
+    assert PINNED_PYTHON.match(default), f"{default} is not pinned to an exact slim tag"
     images = [rest.split()[0] for kw, rest in instructions() if kw == "FROM"]
-    assert len(images) == 2, "a builder stage and a runtime stage"
-    for image in images:
-        assert PINNED_PYTHON.match(image), f"{image} is not pinned to an exact slim tag"
-    # The wheel's extension is built for the builder's Python and glibc: they must match.
-    assert images[0] == images[1]
+    assert images == ["${BASE_IMAGE}", "${BASE_IMAGE}"], "a builder and a runtime stage"
 
 
-def test_builder_builds_the_wheel_and_runtime_installs_it_offline() -> None:
+def test_builder_builds_the_venv_and_runtime_only_copies_it() -> None:
     builder, runtime = stages()
-    assert any(kw == "RUN" and "pip wheel" in rest and " ." in rest for kw, rest in builder)
-    assert any(kw == "RUN" and "gcc" in rest for kw, rest in builder)  # for the Cython core
-    install = [rest for kw, rest in runtime if kw == "RUN" and "pip install" in rest]
-    assert install and "--no-index" in install[0] and "prefix-sidecar" in install[0]
+    runs = [rest for kw, rest in builder if kw == "RUN"]
+    # A compiler for the Cython core; Python.h from python3-dev where the base lacks it.
+    assert any("gcc" in run and "python3-dev" in run and "Python.h" in run for run in runs)
+    assert any(run == "python3 -m venv /opt/venv" for run in runs)
+    (install,) = [run for run in runs if "pip wheel" in run]
+    assert "--wheel-dir /wheels ." in install
+    # `serve` needs the project without extras, offline from the wheels just built.
+    assert "pip install --no-cache-dir --no-index --find-links=/wheels prefix-sidecar " in install
+    assert "pip uninstall -y -q pip setuptools" in install
+    assert env_of(builder)["PATH"].startswith("/opt/venv/bin:")
+    # The runtime stage installs nothing: no package manager, no compiler, no index settings.
+    assert ("COPY", "--from=builder /opt/venv /opt/venv") in runtime
+    assert not [rest for kw, rest in runtime if kw == "RUN" and ("pip" in rest or "apt" in rest)]
+    assert not [rest for kw, rest in runtime if kw == "ARG"]
+    assert env_of(runtime)["PATH"].startswith("/opt/venv/bin:")
 
 
 def test_runtime_runs_serve_as_the_non_root_user_the_manifests_expect() -> None:
@@ -91,8 +111,7 @@ def test_socket_dir_is_a_volume_and_the_healthcheck_uses_the_health_verb() -> No
     runtime = stages()[-1]
     assert json.loads(only(runtime, "VOLUME")) == [inject.DEFAULT_SOCKET_DIR]
     socket_path = f"{inject.DEFAULT_SOCKET_DIR}/{inject.SOCKET_FILE}"
-    env = " ".join(rest for kw, rest in runtime if kw == "ENV").split()
-    assert f"PREFIX_SIDECAR_LISTEN=unix://{socket_path}" in env
+    assert env_of(runtime)["PREFIX_SIDECAR_LISTEN"] == f"unix://{socket_path}"
     healthcheck = only(runtime, "HEALTHCHECK")
     command = json.loads(healthcheck.split(" CMD ", 1)[1])
     assert command == ["prefix-sidecar", "health", "--socket", socket_path]
