@@ -3,12 +3,17 @@ process in tests), served as text on the metrics port.
 
 The cost counters apply the note's price model to the pods' real `cached_tokens`, so the
 daily saving the design note promises can be watched live, not only computed offline.
+
+Label sets stay bounded: pod IPs change on every rollout and prefix names come and go, so the
+series of a pod that left the membership, or of a name no longer registered, are dropped
+(`forget_backends`, `forget_prefixes`, and again before every scrape, which also catches a
+series that a stream still running at the change recreated when it ended).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from aiohttp import web
@@ -21,6 +26,13 @@ DECISION_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 5e-4, 1e-3, 1e-2)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 60.0)
 
 M = TypeVar("M", bound=MetricWrapperBase)
+
+# A label value that never names a pod or a prefix ("no backend", "no prefix"): always kept.
+NONE_LABEL = "-"
+
+
+def _always(_: str) -> bool:
+    return True
 
 
 class Metrics:
@@ -114,11 +126,30 @@ class Metrics:
         self._raw_total = 0.0
         self._actual_total = 0.0
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+        # (metric, its label names, the position of the label that names a pod or a prefix)
+        self._per_backend = [
+            (m, names, names.index("backend"))
+            for m, names in (
+                (self.requests, ("rpc", "backend", "branch", "status")),
+                (self.failovers, ("backend", "reason")),
+                (self.ttft, ("backend",)),
+                (self.in_flight, ("backend",)),
+                (self.backend_healthy, ("backend",)),
+                (self.backend_state, ("backend", "state")),
+                (self.prewarm, ("backend", "result")),
+            )
+        ]
+        self._per_prefix = [
+            (m, ("prefix",), 0)
+            for m in (self.prompt_tokens, self.cached_tokens, self.completion_tokens)
+        ]
+        self._live_backend: Callable[[str], bool] = _always
+        self._live_prefix: Callable[[str], bool] = _always
 
     def child(self, metric: M, *labels: str) -> M:
         """`metric.labels(*labels)`, memoised: labels() takes a lock and rebuilds the key on
         every call, and the request path asks for the same few series each time. A series
-        dropped with remove() must be forgotten here too (forget_backend does)."""
+        dropped with remove() must be forgotten here too (_drop does)."""
         key = (metric, labels)
         found = self._children.get(key)
         if found is None:
@@ -128,9 +159,9 @@ class Metrics:
     def record_usage(self, prefix: str, prompt: int, cached: int, completion: int) -> None:
         base, cache, out = self._prices
         cached = min(cached, prompt)
-        self.prompt_tokens.labels(prefix).inc(prompt)
-        self.cached_tokens.labels(prefix).inc(cached)
-        self.completion_tokens.labels(prefix).inc(completion)
+        self.child(self.prompt_tokens, prefix).inc(prompt)
+        self.child(self.cached_tokens, prefix).inc(cached)
+        self.child(self.completion_tokens, prefix).inc(completion)
         raw = prompt * base + completion * out
         actual = (prompt - cached) * base + cached * cache + completion * out
         self.cost_raw.inc(raw)
@@ -141,18 +172,55 @@ class Metrics:
             self.saving_ratio.set(1.0 - self._actual_total / self._raw_total)
 
     def set_backend(self, url: str, state: str, healthy: bool | None) -> None:
-        self.backend_healthy.labels(url).set(1.0 if healthy else 0.0)
+        self.child(self.backend_healthy, url).set(1.0 if healthy else 0.0)
         for name in ("warming", "serving", "ejected"):
-            self.backend_state.labels(url, name).set(1.0 if name == state else 0.0)
+            self.child(self.backend_state, url, name).set(1.0 if name == state else 0.0)
 
-    def forget_backend(self, url: str) -> None:
-        for metric in (self.backend_healthy, self.in_flight):
-            self._children.pop((metric, (url,)), None)
+    def track(
+        self, live_backend: Callable[[str], bool], live_prefix: Callable[[str], bool]
+    ) -> None:
+        """Tell the metrics which pods and prefix names are current; every scrape first drops
+        the series of the others."""
+        self._live_backend = live_backend
+        self._live_prefix = live_prefix
+
+    def forget_backends(self) -> None:
+        """Drop the series of every pod that is not a member any more (`track`)."""
+        self._drop(self._per_backend, self._live_backend)
+
+    def forget_prefixes(self) -> None:
+        """Drop the token series of every prefix name that is not registered any more."""
+        self._drop(self._per_prefix, self._live_prefix)
+
+    def forget_prefix(self, name: str) -> None:
+        """Drop one name's token series (it was unregistered): O(1), unlike a sweep."""
+        for metric, _, _ in self._per_prefix:
+            self._children.pop((metric, (name,)), None)
             with contextlib.suppress(KeyError):
-                metric.remove(url)
-        for name in ("warming", "serving", "ejected"):
-            with contextlib.suppress(KeyError):
-                self.backend_state.remove(url, name)
+                metric.remove(name)
+
+    def _drop(
+        self,
+        metrics: Iterable[tuple[MetricWrapperBase, tuple[str, ...], int]],
+        live: Callable[[str], bool],
+    ) -> None:
+        for metric, names, position in metrics:
+            doomed = set()
+            for family in metric.collect():
+                for sample in family.samples:
+                    value = sample.labels.get(names[position], NONE_LABEL)
+                    if value == NONE_LABEL or live(value):
+                        continue
+                    # A stream still running on a pod that left ends with in_flight.dec():
+                    # its series stays until that count is back to 0, or it would come back
+                    # at -1 (a sweep after the stream ends removes it).
+                    if metric is self.in_flight and sample.value != 0:
+                        continue
+                    doomed.add(tuple(sample.labels[name] for name in names))
+            for labels in doomed:
+                self._children.pop((metric, labels), None)
+                with contextlib.suppress(KeyError):
+                    metric.remove(*labels)
 
     def watch_home_tokens(self, homed: Callable[[], dict[str, int]], budget: int) -> None:
         """Export, at scrape time, the prefix tokens each pod is home to and the budget
@@ -160,6 +228,8 @@ class Metrics:
         self.registry.register(_HomeTokens(homed, budget))
 
     def render(self) -> bytes:
+        self.forget_backends()
+        self.forget_prefixes()
         return generate_latest(self.registry)
 
 

@@ -4,6 +4,10 @@ A prefix is keyed by its id (SHA-256 of the UTF-8 text), so registering the same
 is idempotent and every sidecar derives the same id and route key without talking to the
 others. A name points at its newest version; older versions stay resolvable by id until they
 are unregistered, so a rules update does not break requests already in flight.
+
+Several names may point at the same text (one entry, one id). The entry lives while any name
+points at it; its display name (`PrefixEntry.name`, used in logs and for requests by id or by
+prompt) is the oldest of those names, so unregistering one name hands it to the next.
 """
 
 from __future__ import annotations
@@ -41,12 +45,20 @@ class PrefixEntry:
     (see `sidecar.upstream.body.escape`)."""
 
     id: str
-    name: str
+    # Every name that points at this text, oldest first; replaced (never mutated) so a reader
+    # on another thread sees a whole tuple.
+    names: tuple[str, ...]
     json_bytes: bytes
     route_key: int
     replicas: int
     size: int  # UTF-8 bytes of the text
     chars: int
+
+    @property
+    def name(self) -> str:
+        """The display name: the oldest name still pointing at this text."""
+        names = self.names
+        return names[0] if names else ""
 
     @property
     def text(self) -> str:
@@ -59,7 +71,11 @@ class PrefixEntry:
 
 
 class PrefixStore:
-    """Thread-safe map of id -> entry and name -> versions (oldest first)."""
+    """Thread-safe map of id -> entry and name -> versions (oldest first).
+
+    `max_prefixes` bounds both the entries (texts) and the names: a name is cheap to send, so
+    a caller registering one text under endless names must not grow the store without bound.
+    """
 
     def __init__(self, max_prefixes: int = 1024, max_bytes: int = 4 * 1024 * 1024) -> None:
         self._max_prefixes = max_prefixes
@@ -101,6 +117,11 @@ class PrefixStore:
             )
         entry_id = _core.prefix_id(text)
         with self._lock:
+            if name not in self._versions and len(self._versions) >= self._max_prefixes:
+                raise PrefixLimitExceeded(
+                    f"the sidecar holds {len(self._versions)} prefix names, its maximum "
+                    "(config max_prefixes); unregister unused names first"
+                )
             existing = self._by_id.get(entry_id)
             versions = self._versions.setdefault(name, [])
             if existing is not None:
@@ -110,6 +131,8 @@ class PrefixStore:
                 if entry_id in versions:
                     versions.remove(entry_id)
                 versions.append(entry_id)
+                if name not in existing.names:
+                    existing.names = (*existing.names, name)
                 return existing, False
             if len(self._by_id) >= self._max_prefixes:
                 if not versions:
@@ -120,7 +143,7 @@ class PrefixStore:
                 )
             entry = PrefixEntry(
                 id=entry_id,
-                name=name,
+                names=(name,),
                 json_bytes=escape(text),
                 route_key=_core.route_key(data),
                 replicas=replicas,
@@ -155,6 +178,27 @@ class PrefixStore:
     def versions(self, name: str) -> list[str]:
         return list(self._versions.get(name, ()))
 
+    def has_name(self, name: str) -> bool:
+        return name in self._versions
+
+    def has_id(self, prefix_id: str) -> bool:
+        return prefix_id in self._by_id
+
+    def names_of(self, prefix_id: str) -> tuple[str, ...]:
+        """The names pointing at a text, oldest first; () for an unknown id."""
+        entry = self._by_id.get(prefix_id)
+        return entry.names if entry is not None else ()
+
+    def named(self) -> list[tuple[str, PrefixEntry]]:
+        """Every (name, entry) pair: each name with each of its versions, oldest first. A
+        text registered under two names appears once under each."""
+        with self._lock:
+            return [
+                (name, self._by_id[prefix_id])
+                for name, versions in self._versions.items()
+                for prefix_id in versions
+            ]
+
     def unregister_id(self, prefix_id: str) -> list[str]:
         with self._lock:
             entry = self._by_id.get(prefix_id)
@@ -171,22 +215,25 @@ class PrefixStore:
             del self._versions[name]
             removed = []
             for prefix_id in ids:
+                entry = self._by_id[prefix_id]
+                entry.names = tuple(n for n in entry.names if n != name)
                 # The same text may also be registered under another name: it stays for it.
-                if any(prefix_id in versions for versions in self._versions.values()):
+                if entry.names:
                     continue
-                self._remove(self._by_id[prefix_id])
+                self._remove(entry)
                 removed.append(prefix_id)
             return removed
 
     def _remove(self, entry: PrefixEntry) -> None:
         del self._by_id[entry.id]
         self.generation += 1
-        for name in list(self._versions):
-            versions = self._versions[name]
-            if entry.id in versions:
+        for name in entry.names:
+            versions = self._versions.get(name)
+            if versions is not None and entry.id in versions:
                 versions.remove(entry.id)
                 if not versions:
                     del self._versions[name]
+        entry.names = ()
         head_key = entry.json_bytes[:MATCH_HEAD_BYTES]
         head = self._by_head.get(head_key)
         if head is not None and entry in head:

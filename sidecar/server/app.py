@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sidecar.config import Config
 from sidecar.membership.health import HealthMonitor
-from sidecar.membership.pool import EJECTED, SERVING, WARMING, BackendPool, RoutingTable
+from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.membership.sources import (
     CombinedSource,
     DnsSource,
@@ -87,6 +87,7 @@ class Sidecar:
             bytes_per_token=config.bytes_per_token,
         )
         self.metrics.watch_home_tokens(self.router.homed_tokens, config.home_kv_budget_tokens)
+        self.metrics.track(lambda url: url in self.pool.backends, self.store.has_name)
         self.prewarmer = Prewarmer(
             self.client,
             concurrency=config.prewarm_concurrency,
@@ -297,21 +298,12 @@ class Sidecar:
             logger.info("prefix %s loaded from %s (%s)", spec.name, spec.file, entry.id[:12])
 
     def _set_members(self, members: list[Member]) -> None:
-        gone = set(self.pool.backends) - {m.url for m in members}
         self.pool.set_members(members)
-        for url in gone:
-            self._forget_backend_metrics(url)
+        # Pod IPs change on every rollout: drop every series of the pods that left (an
+        # in-flight gauge of a stream still running stays until it ends, see Metrics._drop).
+        self.metrics.forget_backends()
         if self.health is not None:
             self.health.set_members([m.url for m in members])
-
-    def _forget_backend_metrics(self, url: str) -> None:
-        """Drop a departed pod's health and state series (not in_flight: a stream still
-        running on it decrements that gauge when it ends, which would recreate it at -1)."""
-        with contextlib.suppress(KeyError):
-            self.metrics.backend_healthy.remove(url)
-        for state in (WARMING, SERVING, EJECTED):
-            with contextlib.suppress(KeyError):
-                self.metrics.backend_state.remove(url, state)
 
     def _table_changed(self, table: RoutingTable) -> None:
         for backend in self.pool.backends.values():
@@ -330,14 +322,15 @@ class Sidecar:
         if pairs:
             logger.info("warming %s with %d prefix(es) before it serves", url, len(pairs))
             for event in await self.prewarmer.warm_all(pairs):
-                self.metrics.prewarm.labels(url, event.state.lower()).inc()
-                if event.state == WARMED:
-                    warmed.append(event.prefix_id)
-                else:
+                self.metrics.child(self.metrics.prewarm, url, event.state.lower()).inc()
+                if event.state != WARMED:
                     # A pod that cannot be warmed still serves, cold: losing capacity at
                     # peak is worse than one slow first request.
                     logger.warning("backend %s serves cold: its prewarm failed", url)
                     logger.debug("backend %s prewarm error: %s", url, event.error)
+                elif self.store.has_id(event.prefix_id):
+                    # A prefix unregistered while it warmed is not reported warm.
+                    warmed.append(event.prefix_id)
         self._warming.pop(url, None)
         self.pool.mark_warm(url, warmed)
 

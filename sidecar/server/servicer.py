@@ -47,6 +47,14 @@ class UpstreamPlan:
     path: str
     body: SplicedBody
     chat: bool
+    named: str = ""  # the prefix_name the caller sent, if any
+
+    @property
+    def prefix_label(self) -> str:
+        """Usage is labelled with the name the caller used, else the entry's display name."""
+        if self.named:
+            return self.named
+        return self.entry.name if self.entry is not None else "-"
 
 
 class Invalid(Exception):
@@ -150,12 +158,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise Invalid(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         logger.info(
             "prefix %s registered as %s (%d bytes, %s)",
-            entry.name,
+            request.name,
             entry.id[:12],
             entry.size,
             "new" if created else "already known",
         )
-        reply = self._prefix_message(entry)
+        reply = self._prefix_message(request.name, entry)
         if request.prewarm:
             targets = self.router.home_set(entry)
             if not targets:
@@ -172,8 +180,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         which = request.WhichOneof("prefix")
         try:
             if which == "prefix_id":
+                names = self.store.names_of(request.prefix_id)
                 removed = self.store.unregister_id(request.prefix_id)
             elif which == "prefix_name":
+                names = (request.prefix_name,)
                 removed = self.store.unregister_name(request.prefix_name)
             else:
                 raise Invalid(
@@ -183,25 +193,30 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise Invalid(grpc.StatusCode.NOT_FOUND, str(exc)) from None
         for prefix_id in removed:
             self.pool.forget_prefix(prefix_id)
+        # The token series of every name that no longer points at a text.
+        for name in names:
+            if not self.store.has_name(name):
+                self.metrics.forget_prefix(name)
         return router_pb2.UnregisterPrefixReply(removed_ids=removed)
 
     @_unary
     async def ListPrefixes(
         self, request: router_pb2.ListPrefixesRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ListPrefixesReply:
+        # One item per (name, version): a text registered under two names is listed twice.
         return router_pb2.ListPrefixesReply(
-            prefixes=[self._prefix_message(entry) for entry in self.store]
+            prefixes=[self._prefix_message(name, entry) for name, entry in self.store.named()]
         )
 
-    def _prefix_message(self, entry: PrefixEntry) -> router_pb2.Prefix:
+    def _prefix_message(self, name: str, entry: PrefixEntry) -> router_pb2.Prefix:
         return router_pb2.Prefix(
             id=entry.id,
-            name=entry.name,
+            name=name,
             bytes=entry.size,
             route_key=entry.route_key,
             replicas=self.router.replicas_of(entry),
             backends=self.router.home_set(entry),
-            versions=self.store.versions(entry.name),
+            versions=self.store.versions(name),
         )
 
     # --- routing ------------------------------------------------------------------------
@@ -305,7 +320,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             entry = decision.prefix
         model = request.model or self.config.model
         body = completion_body(prefix, user_input, _sampling(request), model)
-        return UpstreamPlan(decision, entry, "/v1/completions", body, chat=False)
+        return UpstreamPlan(
+            decision, entry, "/v1/completions", body, chat=False, named=request.prefix_name
+        )
 
     def _plan_chat(self, request: router_pb2.ChatRequest) -> UpstreamPlan:
         prefix, decision, entry = self._resolve_prefix(request)
@@ -321,7 +338,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             entry = decision.prefix
         model = request.model or self.config.model
         body = chat_body(prefix, messages, _sampling(request), model)
-        return UpstreamPlan(decision, entry, "/v1/chat/completions", body, chat=True)
+        return UpstreamPlan(
+            decision, entry, "/v1/chat/completions", body, chat=True, named=request.prefix_name
+        )
 
     async def _stream(
         self,
@@ -339,7 +358,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             upstream = plan(request)
             branch = upstream.decision.branch
-            prefix_label = upstream.entry.name if upstream.entry is not None else "-"
+            prefix_label = upstream.prefix_label
             decision_ns = upstream.decision.decision_ns
             self.metrics.child(self.metrics.decision, rpc).observe(decision_ns / 1e9)
             headers = EarlyHeaders(context)
@@ -428,10 +447,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             yield _event_message(event)
 
     def _note_warm(self, entry: PrefixEntry, event: WarmEvent) -> None:
-        if event.state == WARMED:
+        # A prewarm that ends after its prefix was unregistered must not list it as warm.
+        if event.state == WARMED and self.store.has_id(entry.id):
             self.pool.note_warm_prefix(event.backend, entry.id)
         if event.state in (WARMED, FAILED):
-            self.metrics.prewarm.labels(event.backend, event.state.lower()).inc()
+            self.metrics.child(self.metrics.prewarm, event.backend, event.state.lower()).inc()
 
     @_unary
     async def ListBackends(
