@@ -2,14 +2,20 @@
 
 The note pre-warms with fire-and-forget POSTs; here each (prefix, pod) pair is a
 `max_tokens=1` completion whose result is reported (one event per state change), retried
-with exponential backoff, and bounded in concurrency so a warm-up of many prefixes does
-not itself become the peak that saturates the fleet.
+with jittered exponential backoff, and bounded in concurrency so a warm-up of many prefixes
+does not itself become the peak that saturates the fleet.
+
+The bound is per pod (`concurrency` requests at once on each pod), and a slot is held only
+for one attempt, never through a backoff: a wedged pod (health OK, completions hang) then
+ties up only its own slots, and a healthy pod joining next to it warms in its own time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +45,12 @@ class WarmEvent:
     error: str = ""
 
 
+@dataclass
+class _PodSlots:
+    semaphore: asyncio.Semaphore
+    users: int = 0  # pairs holding or waiting for a slot; at 0 the entry is dropped
+
+
 class Prewarmer:
     def __init__(
         self,
@@ -52,7 +64,8 @@ class Prewarmer:
         on_result: Callable[[WarmEvent], None] | None = None,
     ) -> None:
         self._client = client
-        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._slots: dict[str, _PodSlots] = {}  # per pod; only pods with pairs in progress
         self._attempts = attempts
         self._backoff_s = backoff_s
         self._timeout_s = timeout_s
@@ -87,9 +100,28 @@ class Prewarmer:
                 final.append(event)
         return final
 
+    @contextlib.asynccontextmanager
+    async def _slot(self, url: str) -> AsyncIterator[None]:
+        """One of the pod's `concurrency` slots, for one attempt."""
+        slots = self._slots.get(url)
+        if slots is None:
+            slots = self._slots[url] = _PodSlots(asyncio.Semaphore(self._concurrency))
+        slots.users += 1
+        try:
+            async with slots.semaphore:
+                yield
+        finally:
+            slots.users -= 1
+            if slots.users == 0:
+                del self._slots[url]  # pod IPs churn: keep no state for idle pods
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential, with jitter so that many pairs failing together do not retry in step."""
+        return float(self._backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+
     async def _warm(self, entry: PrefixEntry, url: str, emit: Callable[[WarmEvent], None]) -> bool:
-        async with self._slots:
-            for attempt in range(1, self._attempts + 1):
+        for attempt in range(1, self._attempts + 1):
+            async with self._slot(url):
                 started = time.perf_counter()
                 emit(WarmEvent(url, entry.id, STARTED, attempt))
                 try:
@@ -119,21 +151,22 @@ class Prewarmer:
                         )
                         logger.debug("prewarm of %s on %s failed: %s", entry.name, url, error)
                         return False
-                    await asyncio.sleep(self._backoff_s * 2 ** (attempt - 1))
-                    continue
-                event = WarmEvent(
-                    url,
-                    entry.id,
-                    WARMED,
-                    attempt,
-                    elapsed_ms=(time.perf_counter() - started) * 1e3,
-                    prompt_tokens=prompt,
-                    cached_tokens=cached,
-                )
-                emit(event)
-                if self._on_result is not None:
-                    self._on_result(event)
-                return True
+                else:
+                    event = WarmEvent(
+                        url,
+                        entry.id,
+                        WARMED,
+                        attempt,
+                        elapsed_ms=(time.perf_counter() - started) * 1e3,
+                        prompt_tokens=prompt,
+                        cached_tokens=cached,
+                    )
+                    emit(event)
+                    if self._on_result is not None:
+                        self._on_result(event)
+                    return True
+            # The slot is free during the backoff: the pod's other pairs go on meanwhile.
+            await asyncio.sleep(self._backoff(attempt))
         return False  # pragma: no cover - attempts >= 1
 
     async def _complete(self, entry: PrefixEntry, url: str) -> tuple[int, int]:
