@@ -1,0 +1,215 @@
+"""Units of issue 11 items 9, 11 and 12: the prefix store's names, the metrics' label
+sweeps, and the prewarmer's per-pod slots. Pods are small aiohttp servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from sidecar.metrics import Metrics
+from sidecar.prefixes import PrefixLimitExceeded, PrefixStore
+from sidecar.prewarm import RETRYING, WARMED, Prewarmer
+from sidecar.upstream.client import UpstreamClient
+
+# --- PrefixStore: one text, several names ---------------------------------------------------
+
+
+def test_a_text_under_two_names_belongs_to_both_and_hands_over_its_name() -> None:
+    store = PrefixStore()
+    a, _ = store.register("a", "shared text")
+    b, created = store.register("b", "shared text")
+    assert b is a and not created
+    assert (a.names, a.name) == (("a", "b"), "a")
+    assert [(name, entry.id) for name, entry in store.named()] == [("a", a.id), ("b", a.id)]
+
+    assert store.unregister_name("a") == []  # "b" still holds the text
+    assert (a.names, a.name) == (("b",), "b")
+    assert store.by_name("b") is a and not store.has_name("a")
+    assert [(name, entry.id) for name, entry in store.named()] == [("b", a.id)]
+
+    assert store.unregister_name("b") == [a.id]
+    assert len(store) == 0 and store.named() == []
+
+
+def test_unregistering_a_shared_id_removes_it_from_every_name() -> None:
+    store = PrefixStore()
+    old, _ = store.register("rules", "v1")
+    store.register("alias", "v1")
+    new, _ = store.register("rules", "v2")
+    assert store.unregister_id(old.id) == [old.id]
+    assert store.versions("rules") == [new.id]
+    assert not store.has_name("alias")  # its only version is gone
+    assert old.names == ()
+
+
+def test_names_are_bounded_like_prefixes() -> None:
+    store = PrefixStore(max_prefixes=3)
+    for name in ("a", "b", "c"):
+        store.register(name, "one text")
+    with pytest.raises(PrefixLimitExceeded, match=r"3 prefix names.*max_prefixes"):
+        store.register("d", "one text")
+    store.register("c", "one text")  # a known name is not a new one
+    store.unregister_name("a")
+    store.register("d", "one text")
+
+
+# --- Metrics: series of pods that left, names no longer registered --------------------------
+
+
+def series(metrics: Metrics, name: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(sample.labels.values()): sample.value
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_a_departed_pods_in_flight_never_goes_negative_and_then_goes() -> None:
+    metrics = Metrics()
+    members = {"http://old", "http://new"}
+    metrics.track(lambda url: url in members, lambda name: False)
+    metrics.child(metrics.in_flight, "http://old").inc()  # a stream starts on it
+    metrics.child(metrics.ttft, "http://old").observe(0.1)
+    metrics.set_backend("http://old", "serving", True)
+
+    members.discard("http://old")
+    metrics.forget_backends()
+    assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 1.0}
+    assert series(metrics, "prefix_sidecar_backend_healthy") == {}
+    assert series(metrics, "prefix_sidecar_ttft_seconds_count") == {}
+
+    metrics.child(metrics.in_flight, "http://old").dec()  # the stream ends
+    metrics.child(metrics.requests, "Complete", "http://old", "home", "OK").inc()  # its log
+    assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 0.0}
+    assert b"http://old" not in metrics.render()
+    assert not metrics._children  # the memo forgot them too
+
+
+def test_usage_series_go_with_their_name() -> None:
+    metrics = Metrics()
+    registered = {"a", "b"}
+    metrics.track(lambda url: True, lambda name: name in registered)
+    for name in ("a", "b", "-"):
+        metrics.record_usage(name, 10, 5, 1)
+    registered.discard("a")
+    metrics.forget_prefix("a")
+    assert set(series(metrics, "prefix_sidecar_prompt_tokens_total")) == {("b",), ("-",)}
+    metrics.record_usage("a", 10, 5, 1)  # a stream that was running when "a" went
+    assert b'prefix="a"' not in metrics.render()
+    assert b'prefix="b"' in metrics.render()
+
+
+# --- Prewarmer: per-pod slots, released during backoff, jitter ------------------------------
+
+
+def sse_usage() -> bytes:
+    events = [
+        {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]},
+        {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}},
+    ]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    return body + b"data: [DONE]\n\n"
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def pod(handler: Handler) -> AsyncIterator[str]:
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def answer(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(sse_usage())
+    await response.write_eof()
+    return response
+
+
+async def test_a_slot_is_free_during_a_backoff() -> None:
+    """One slot on the pod; pair A fails first (503) and backs off 1 s: pair B is warmed
+    during that backoff, not after A's retries."""
+    failed_once: set[bytes] = set()
+
+    async def first_503(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if body.startswith(b'{"prompt":"A') and body not in failed_once:
+            failed_once.add(body)
+            return web.Response(status=503, text="busy")
+        return await answer(request)
+
+    store = PrefixStore()
+    first, _ = store.register("A", "A" * 100)
+    second, _ = store.register("B", "B" * 100)
+    client = UpstreamClient()
+    try:
+        async with pod(first_503) as url:
+            warmer = Prewarmer(client, concurrency=1, attempts=2, backoff_s=1.0, timeout_s=5)
+            seen: list[tuple[str, str, float]] = []
+            started = time.monotonic()
+            async for event in warmer.run([(first, url), (second, url)]):
+                seen.append((event.prefix_id, event.state, time.monotonic() - started))
+    finally:
+        await client.close()
+    order = [(prefix_id, state) for prefix_id, state, _ in seen]
+    assert order.index((first.id, RETRYING)) < order.index((second.id, WARMED))
+    assert order.index((second.id, WARMED)) < len(order) - 1  # before A's retry ends
+    b_warmed = next(t for p, s, t in seen if (p, s) == (second.id, WARMED))
+    assert b_warmed < 0.5, f"B waited for A's backoff: {seen}"
+    assert warmer._slots == {}  # no state kept for an idle pod
+
+
+async def test_a_wedged_pod_does_not_take_another_pods_slots() -> None:
+    """concurrency 1: a pod whose completions hang holds its own slot only."""
+    hang = asyncio.Event()
+
+    async def wedged(request: web.Request) -> web.StreamResponse:
+        await hang.wait()
+        return await answer(request)
+
+    store = PrefixStore()
+    entries = [store.register(f"p{i}", f"prefix {i}")[0] for i in range(3)]
+    client = UpstreamClient()
+    try:
+        async with pod(wedged) as stuck, pod(answer) as healthy:
+            warmer = Prewarmer(client, concurrency=1, attempts=1, timeout_s=30)
+            stuck_task = asyncio.create_task(warmer.warm_all([(e, stuck) for e in entries]))
+            await asyncio.sleep(0.1)
+            finals = await asyncio.wait_for(
+                warmer.warm_all([(e, healthy) for e in entries]), timeout=2.0
+            )
+            hang.set()
+            await stuck_task
+    finally:
+        await client.close()
+    assert [e.state for e in finals] == [WARMED] * 3
+
+
+def test_backoff_is_jittered_around_the_exponential_step() -> None:
+    warmer = Prewarmer(UpstreamClient(), backoff_s=0.2)
+    for attempt in (1, 2, 3):
+        step = 0.2 * 2 ** (attempt - 1)
+        delays = [warmer._backoff(attempt) for _ in range(200)]
+        assert all(0.5 * step <= d <= 1.5 * step for d in delays)
+        assert len(set(delays)) > 100  # not in lockstep
