@@ -233,10 +233,31 @@ class Sidecar:
                 ("grpc.max_receive_message_length", size),
                 ("grpc.max_send_message_length", size),
                 ("grpc.so_reuseport", 0),
-                # grpc core answers calls past 1,000 pending with CANCELLED; a sidecar in
-                # front of a peak must queue a burst instead (each call is cheap to hold).
-                ("grpc.server.max_pending_requests", 100_000),
-                ("grpc.server.max_pending_requests_hard_limit", 200_000),
+                # Hostile-caller limits (issue 11), measured with `prefix-sidecar attack`.
+                # HTTP/2 rapid reset: every HEADERS+RST_STREAM still becomes a call that
+                # waits in grpc core's pending queue (~30 KB each) until Python takes it;
+                # the old 100,000 pending let RSS grow to 2 GB. grpc counts a reset stream
+                # against max_concurrent_streams until its call is freed, so one connection
+                # holds at most 4,096 of them. Lower caps refuse a legitimate caller's
+                # streams (RST_STREAM REFUSED_STREAM, UNAVAILABLE to it): a 2,500-call burst
+                # on one channel must pass, and at 256 or 1,024 it did not.
+                ("grpc.max_concurrent_streams", 4096),
+                # 5,000 pending calls bound the queue at ~150 MB (soft = hard: nothing is
+                # shed at random below it). A call unrequested for 1 s is dropped in C,
+                # without costing Python: a healthy loop takes calls in microseconds.
+                ("grpc.server.max_pending_requests", 5_000),
+                ("grpc.server.max_pending_requests_hard_limit", 5_000),
+                ("grpc.server_max_unrequested_time_in_server", 1),
+                # A caller's metadata: grpc's defaults, pinned (8 KiB soft, 16 KiB hard). A
+                # CONTINUATION flood is cut at the hard limit.
+                ("grpc.max_metadata_size", 8 * 1024),
+                ("grpc.absolute_max_metadata_size", 16 * 1024),
+                # A connection that never sends its preface holds an fd for 120 s by
+                # default; a local caller needs milliseconds.
+                ("grpc.server_handshake_timeout_ms", 20_000),
+                # Connections with no call for 10 minutes are closed (clients reconnect);
+                # ping abuse keeps grpc's default of 2 strikes.
+                ("grpc.max_connection_idle_ms", 600_000),
             ]
         )
 
