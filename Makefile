@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint bench image clean
 
 $(STAMP): pyproject.toml setup.py csrc/_core_c.pyx csrc/murmur3.h $(wildcard proto/*/*/*.proto)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/prefix-sidecar bench core
+
+# The container image with podman, from Debian packages only (docs/deploy.md, "Build the image").
+image:
+	deploy/build-image.sh
 
 clean:
 	rm -rf build dist *.egg-info sidecar/v1 sidecar/*.so .pytest_cache .mypy_cache .ruff_cache
