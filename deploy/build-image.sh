@@ -45,6 +45,7 @@ mirrors() {
     fi
     local codename="" found=0 file
     if [ -r /etc/os-release ]; then
+        # shellcheck source=/dev/null
         codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
     fi
     if [ "$codename" = "$SUITE" ]; then
