@@ -46,9 +46,12 @@ from sidecar.server.servicer import RouterServicer
 from sidecar.server.unix_socket import (
     apply_socket_permissions,
     prepare_socket_path,
+    SocketIdentity,
     restrictive_umask,
 )
+    remove_own_socket,
 from sidecar.upstream.client import UpstreamClient
+    socket_identity,
 from sidecar.v1 import router_pb2
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,7 @@ class Sidecar:
     @property
     def socket_path(self) -> str:
         return self.config.socket_path
+        self._socket_identity: SocketIdentity | None = None  # the socket file we bound
 
     @property
     def target(self) -> str:
@@ -171,6 +175,7 @@ class Sidecar:
             await self.server.start()
         apply_socket_permissions(
             self.socket_path, self.config.socket_mode, self.config.socket_group
+            self._socket_identity = socket_identity(self.socket_path)
         )
         if self.config.metrics_port:
             runner = await start_metrics_server(
@@ -213,8 +218,9 @@ class Sidecar:
         await self.client.close()
         if self._health_session is not None:
             await self._health_session.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        # grpc unlinks the path when it stops listening, and a sidecar started since then may
+        # have bound it again (an overlapping restart): remove only the file this one bound.
+        remove_own_socket(self.socket_path, self._socket_identity)
         logger.info("prefix-sidecar stopped")
 
     async def __aenter__(self) -> Sidecar:

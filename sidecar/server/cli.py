@@ -39,11 +39,11 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     from sidecar.server.app import serve
-    from sidecar.server.unix_socket import SocketInUse
+    from sidecar.server.unix_socket import SocketPathError
 
     try:
         asyncio.run(serve(config))
-    except (ValueError, SocketInUse, OSError) as exc:
+    except (ValueError, SocketPathError, OSError) as exc:
         print(f"prefix-sidecar: cannot start: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

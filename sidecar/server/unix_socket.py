@@ -3,6 +3,14 @@
 A socket file left by a crashed sidecar would make bind() fail; deleting whatever is at the
 path would let a typo delete a real file or steal a live sidecar's socket. So: a socket
 nobody answers on is replaced, a live one or a non-socket is an error naming the path.
+
+In an overlapping restart the old sidecar stops accepting when SIGTERM arrives and the new one
+binds the path while the old one drains; so on exit a sidecar removes the path only if it is
+still the file it bound itself (same device and inode).
+
+The directories it creates are 0750 whatever the umask, and a directory on the way that anyone
+may write without the sticky bit is refused: anyone could swap the socket (or a directory)
+for their own and read every prompt.
 """
 
 from __future__ import annotations
@@ -15,14 +23,27 @@ import socket
 import stat
 from collections.abc import Iterator
 
+DIRECTORY_MODE = 0o750
 
-class SocketInUse(RuntimeError):
+
+class SocketPathError(RuntimeError):
+    """The socket path cannot be used; the message names the path and what to do."""
+
+
+class SocketInUse(SocketPathError):
     pass
+
+
+class UnsafeSocketDirectory(SocketPathError):
+    pass
+
+
+SocketIdentity = tuple[int, int]  # (st_dev, st_ino) of the socket file
 
 
 def prepare_socket_path(path: str) -> None:
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+    make_socket_directory(directory)
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -62,3 +83,52 @@ def apply_socket_permissions(path: str, mode: int, group: str) -> None:
             raise ValueError(f"config field 'socket_group': no group named {group!r}") from None
         os.chown(path, -1, gid)
     os.chmod(path, mode)
+
+
+def make_socket_directory(directory: str) -> None:
+    """Create the missing levels of `directory` 0750 each (chmod after mkdir: the umask may
+    be 000), then refuse it if it or a directory above it is world-writable, not sticky."""
+    missing = []
+    level = os.path.abspath(directory)
+    while not os.path.lexists(level):
+        missing.append(level)
+        level = os.path.dirname(level)
+    for level in reversed(missing):
+        try:
+            os.mkdir(level, DIRECTORY_MODE)
+        except FileExistsError:
+            continue  # made by someone else meanwhile: checked below like any other
+        os.chmod(level, DIRECTORY_MODE)
+    check_socket_directory(directory)
+
+
+def check_socket_directory(directory: str) -> None:
+    level = os.path.realpath(directory)
+    while True:
+        mode = os.stat(level).st_mode
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            raise UnsafeSocketDirectory(
+                f"socket directory {level} is world-writable without the sticky bit "
+                f"(mode {stat.S_IMODE(mode):04o}): anyone could replace the socket; run "
+                f"'chmod o-w {level}' (or 'chmod +t {level}'), or choose a socket path in "
+                "another directory"
+            )
+        parent = os.path.dirname(level)
+        if parent == level:
+            return
+        level = parent
+
+
+def socket_identity(path: str) -> SocketIdentity:
+    """What identifies the file bound at `path`, taken right after bind."""
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def remove_own_socket(path: str, identity: SocketIdentity | None) -> None:
+    """Unlink `path` only if it is still the socket this process bound."""
+    if identity is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if socket_identity(path) == identity:
+            os.unlink(path)
