@@ -41,6 +41,7 @@ from sidecar.prewarm import WARMED, Prewarmer
 from sidecar.routing.policy import make_policy
 from sidecar.routing.router import Router
 from sidecar.server.handlers import SERVICE, add_router_servicer
+from sidecar.server import caller
 from sidecar.server.relay import Relay, RelayPolicy
 from sidecar.server.servicer import RouterServicer
 from sidecar.server.unix_socket import (
@@ -69,6 +70,8 @@ class Sidecar:
             per_backend_connections=config.per_backend_connections,
             api_key=config.api_key(),
         )
+            # A request that waited for a pod connection is not sent if its caller left.
+            trace_configs=[caller.trace_config()],
         self.pool = BackendPool(
             vnodes=config.vnodes,
             warm_before_serve=config.warm_before_serve,

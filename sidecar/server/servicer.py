@@ -25,6 +25,7 @@ from sidecar.metrics import Metrics
 from sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound, PrefixStore
 from sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent
 from sidecar.routing.router import Decision, NoBackendError, Router
+from sidecar.server import caller
 from sidecar.server.relay import Relay, RelayAbort, RelayOutcome
 from sidecar.upstream.body import SplicedBody, chat_body, completion_body, escape
 from sidecar.v1 import router_pb2, router_pb2_grpc
@@ -112,6 +113,17 @@ class EarlyHeaders:
             self.pending = False
             with contextlib.suppress(Exception):
                 await self._task
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, outcome: RelayOutcome
+) -> None:
+    """End a stream with a status; a caller already gone cannot get one (see _stream)."""
+    try:
+        await context.abort(code, message)
+    except grpc.aio.InternalError:
+        outcome.status = caller.ended_status(context)
+        raise asyncio.CancelledError from None
 
 
 def _retrieve_failure(task: asyncio.Task[None]) -> None:
@@ -355,6 +367,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         branch = prefix_label = ""
         writing = False
         headers: EarlyHeaders | None = None
+        caller.watch(context)
         try:
             upstream = plan(request)
             branch = upstream.decision.branch
@@ -384,15 +397,25 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             outcome.status = exc.code.name
             if headers is not None:
                 await headers.settle()
-            await context.abort(exc.code, exc.message)
-        except Exception:
+            await _abort(context, exc.code, exc.message, outcome)
+        except asyncio.CancelledError:
+            # grpc cancels the task when the caller cancels or its deadline ends.
+            outcome.status = caller.ended_status(context)
+            raise
+        except Exception as exc:
             if writing:
-                raise  # the call ended under us (aborted, server stopping): grpc's to handle
+                # The call ended under us: the caller went away, or the server is stopping.
+                outcome.status = caller.ended_status(context)
+                if isinstance(exc, grpc.aio.InternalError):
+                    # Core failed the write: a cancelled call, not an error of ours. grpc
+                    # logs a cancel at DEBUG, a failed batch as ERROR with a traceback.
+                    raise asyncio.CancelledError from None
+                raise
             outcome.status = "INTERNAL"
             logger.exception("%s failed unexpectedly", rpc)
             if headers is not None:
                 await headers.settle()
-            await context.abort(grpc.StatusCode.INTERNAL, f"{rpc}: internal error")
+            await _abort(context, grpc.StatusCode.INTERNAL, f"{rpc}: internal error", outcome)
         finally:
             self._log(rpc, prefix_label, branch, outcome, started)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -142,8 +142,10 @@ class UpstreamClient:
         connect_timeout_s: float = 2.0,
         per_backend_connections: int = 512,
         api_key: str = "",
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
+        self._trace_configs = list(trace_configs)
         self._per_backend = per_backend_connections
         self._headers = {
             "Content-Type": "application/json",
@@ -165,6 +167,7 @@ class UpstreamClient:
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
+                trace_configs=self._trace_configs or None,
             )
         return self._session
 
