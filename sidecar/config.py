@@ -51,6 +51,9 @@ class Config:
     dns_nameserver: str = ""
     dns_interval_s: float = 5.0
     file_interval_s: float = 1.0
+    # Members at 0.0.0.0/::, link-local (169.254.0.0/16: cloud metadata; fe80::/10), multicast
+    # or broadcast addresses are refused with a warning unless this is true.
+    allow_special_backend_addresses: bool = False
 
     health_path: str = "/health"
     health_interval_s: float = 1.0
@@ -415,6 +418,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="headless Service name re-resolved for A/AAAA records",
     )
     parser.add_argument("--dns-nameserver", metavar="IP[:PORT]")
+    parser.add_argument(
+        "--allow-special-backend-addresses",
+        action="store_const",
+        const=True,
+        help="accept members at 0.0.0.0, ::, link-local, multicast or broadcast addresses",
+    )
     parser.add_argument("--health-path", help="GET path for active health checks")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off)")
     parser.add_argument(
@@ -442,6 +451,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         "backends_file",
         "backends_dns",
         "dns_nameserver",
+        "allow_special_backend_addresses",
         "health_path",
         "metrics_port",
     ):

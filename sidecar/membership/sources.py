@@ -14,10 +14,15 @@ hiccupped, turns a small fault into an outage.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import ipaddress
 import logging
 import math
+import os
 import re
+import stat
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -131,6 +136,56 @@ def _sorted_members(members: Iterable[Member]) -> list[Member]:
     return sorted(members, key=lambda m: m.url)
 
 
+_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+ALLOW_FIELD = "allow_special_backend_addresses"
+
+
+def special_address(url: str) -> str | None:
+    """Why a member's address cannot be a pod, or None. Loopback stays allowed; a host name
+    is resolved at connect time and not judged here."""
+    try:
+        ip = ipaddress.ip_address(urlsplit(url).hostname or "")
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_unspecified:
+        return "an unspecified address (0.0.0.0 or ::), which reaches this host itself"
+    if ip.is_link_local:
+        return "a link-local address (169.254.169.254 is the cloud metadata service)"
+    if ip.is_multicast:
+        return "a multicast address"
+    if ip == _BROADCAST:
+        return "the broadcast address"
+    return None
+
+
+def _admit(
+    records: Iterable[tuple[Member, str]], source: str, allow: bool, warned: set[str]
+) -> list[Member]:
+    """The members whose address may be a pod; each refused record is warned about once
+    (`warned` remembers them across polls: a file or DNS name is re-read every few seconds)."""
+    kept = []
+    refused = set()
+    for member, record in records:
+        reason = None if allow else special_address(member.url)
+        if reason is None:
+            kept.append(member)
+            continue
+        refused.add(record)
+        if record not in warned:
+            logger.warning(
+                "membership source %s: refusing %s: %s; set %s to accept it",
+                source,
+                record,
+                reason,
+                ALLOW_FIELD,
+            )
+    warned.clear()
+    warned.update(refused)
+    return kept
+
+
 def parse_backends_document(text: str, source: str) -> list[Member]:
     """Parse a YAML/JSON backend list: ["url", {url, weight}, ...] or {backends: [...]}."""
     try:
@@ -226,7 +281,7 @@ class MembershipSource(ABC):
 class StaticSource(MembershipSource):
     """Backends given on the command line or in code; never changes."""
 
-    def __init__(self, members: Sequence[Member | str]) -> None:
+    def __init__(self, members: Sequence[Member | str], allow_special: bool = False) -> None:
         parsed = [m if isinstance(m, Member) else Member(m) for m in members]
         if not parsed:
             raise ValueError("static backend list is empty; give at least one backend URL")
@@ -234,7 +289,15 @@ class StaticSource(MembershipSource):
         duplicates = sorted({u for u in urls if urls.count(u) > 1})
         if duplicates:
             raise ValueError(f"static backend list repeats {duplicates}; list each once")
-        self._members = _sorted_members(parsed)
+        kept = _admit(
+            ((m, f"backend {m.url}") for m in parsed), "static list", allow_special, set()
+        )
+        if not kept:
+            raise ValueError(
+                f"every static backend was refused ({', '.join(urls)}): none can be a pod; "
+                f"set {ALLOW_FIELD} to accept them"
+            )
+        self._members = _sorted_members(kept)
 
     @property
     def description(self) -> str:
@@ -244,36 +307,144 @@ class StaticSource(MembershipSource):
         return list(self._members)
 
 
+# A backend list is a few KB; anything near this is a mistake or an attack.
+MAX_BACKENDS_FILE_BYTES = 1024 * 1024
+FILE_READ_TIMEOUT_S = 5.0
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a special file"
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; anything else is refused.
+
+    O_NONBLOCK: opening a FIFO must not wait for a writer. A FIFO, a device (/dev/zero) or
+    a socket would never end or never start; the size is checked before reading and the read
+    is capped, in case the file grows meanwhile.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, f"it is {_file_kind(info.st_mode)}, not a regular file")
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"{info.st_size} bytes, over the {limit}-byte limit")
+        chunks = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise OSError(errno.EFBIG, f"it grew over the {limit}-byte limit while read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _in_daemon_thread(read: Callable[[], bytes]) -> asyncio.Future[bytes]:
+    """Start a blocking read in its own daemon thread; its future holds the outcome.
+
+    Not asyncio.to_thread: a read stuck in the kernel (a hung network mount) would hold a
+    default-executor thread, and asyncio.run waits for those at exit, so SIGTERM would no
+    longer end the process. A stuck daemon thread is left behind instead.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[bytes] = loop.create_future()
+    # Retrieved even when nobody waits any more (a read that outlived its timeout).
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def deliver(result: bytes, error: Exception | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        result, error = b"", None
+        try:
+            result = read()
+        except Exception as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(deliver, result, error)
+
+    threading.Thread(target=run, name="backends-file-read", daemon=True).start()
+    return future
+
+
 class FileSource(MembershipSource):
     """A YAML/JSON backend file, re-read every interval_s.
 
     Changes are detected by content, not mtime: a Kubernetes ConfigMap volume swaps a
     `..data` symlink to a new timestamped directory, so a watch on the mtime of the path
     itself misses the update. Reading a small file once a second costs ~nothing.
+
+    Only a regular file of at most MAX_BACKENDS_FILE_BYTES is read, in a thread, for at most
+    FILE_READ_TIMEOUT_S; anything else is an error (logged, the last good set kept). While a
+    read is stuck, no second one is started.
     """
 
-    def __init__(self, path: str | Path, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, path: str | Path, interval_s: float = 1.0, allow_special: bool = False
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"file source interval_s must be > 0, got {interval_s}")
         self.path = Path(path)
         self.interval_s = interval_s
+        self.allow_special = allow_special
+        self._warned: set[str] = set()
         self._cached_bytes: bytes | None = None
         self._cached: list[Member] | str = ""  # parsed members, or the parse error text
+        self._stuck: asyncio.Future[bytes] | None = None
+        self.max_bytes = MAX_BACKENDS_FILE_BYTES
+        self.read_timeout_s = FILE_READ_TIMEOUT_S
 
     @property
     def description(self) -> str:
         return f"file {self.path}"
 
-    async def resolve(self) -> list[Member]:
+    async def _read(self) -> bytes:
+        where = f"cannot read backends file {self.path}"
+        if self._stuck is not None and not self._stuck.done():
+            raise MembershipError(f"{where}: an earlier read is still stuck")
+        reading = _in_daemon_thread(lambda: read_regular_file(self.path, self.max_bytes))
         try:
-            data = await asyncio.to_thread(self.path.read_bytes)
+            async with asyncio.timeout(self.read_timeout_s):
+                return await asyncio.shield(reading)
+        except TimeoutError:
+            self._stuck = reading
+            raise MembershipError(f"{where}: no answer within {self.read_timeout_s:g} s") from None
         except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise MembershipError(f"cannot read backends file {self.path}: {reason}") from None
+            raise MembershipError(f"{where}: {exc.strerror or exc}") from None
+
+    async def resolve(self) -> list[Member]:
+        data = await self._read()
         if data != self._cached_bytes:  # parse only when the content changed
             self._cached_bytes = data
             try:
-                self._cached = parse_backends_document(data.decode("utf-8"), str(self.path))
+                parsed = parse_backends_document(data.decode("utf-8"), str(self.path))
+                self._cached = _admit(
+                    ((m, f"backend {m.url}") for m in parsed),
+                    self.description,
+                    self.allow_special,
+                    self._warned,
+                )
             except UnicodeDecodeError as exc:
                 self._cached = f"backends file {self.path} is not UTF-8 text: {exc}"
             except ValueError as exc:
@@ -299,7 +470,10 @@ class DnsSource(MembershipSource):
         nameserver: str | None = None,
         nameserver_port: int = 53,
         timeout_s: float = 2.0,
+        allow_special: bool = False,
     ) -> None:
+        self.allow_special = allow_special
+        self._warned: set[str] = set()
         if scheme not in DEFAULT_PORTS:
             raise ValueError(f"DNS source scheme {scheme!r}; use http or https")
         if not 1 <= port <= 65535:
@@ -341,9 +515,16 @@ class DnsSource(MembershipSource):
 
     async def resolve(self) -> list[Member]:
         v4, v6 = await asyncio.gather(self._addresses("A"), self._addresses("AAAA"))
-        urls = {canonical_backend_url(f"{self.scheme}://{ip}:{self.port}") for ip in v4}
-        urls |= {canonical_backend_url(f"{self.scheme}://[{ip}]:{self.port}") for ip in v6}
-        return _sorted_members(Member(url) for url in urls)
+        records = {
+            canonical_backend_url(f"{self.scheme}://{ip}:{self.port}"): f"A record {ip}"
+            for ip in v4
+        }
+        records |= {
+            canonical_backend_url(f"{self.scheme}://[{ip}]:{self.port}"): f"AAAA record {ip}"
+            for ip in v6
+        }
+        members = ((Member(url), f"{text} of {self.name}") for url, text in records.items())
+        return _sorted_members(_admit(members, self.description, self.allow_special, self._warned))
 
     async def _addresses(self, rdtype: str) -> list[str]:
         try:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -40,19 +41,19 @@ from sidecar.prefixes import PrefixError, PrefixStore
 from sidecar.prewarm import WARMED, Prewarmer
 from sidecar.routing.policy import make_policy
 from sidecar.routing.router import Router
-from sidecar.server.handlers import SERVICE, add_router_servicer
 from sidecar.server import caller
+from sidecar.server.handlers import SERVICE, add_router_servicer
 from sidecar.server.relay import Relay, RelayPolicy
 from sidecar.server.servicer import RouterServicer
 from sidecar.server.unix_socket import (
+    SocketIdentity,
     apply_socket_permissions,
     prepare_socket_path,
-    SocketIdentity,
-    restrictive_umask,
-)
     remove_own_socket,
-from sidecar.upstream.client import UpstreamClient
+    restrictive_umask,
     socket_identity,
+)
+from sidecar.upstream.client import UpstreamClient
 from sidecar.v1 import router_pb2
 
 logger = logging.getLogger(__name__)
@@ -69,9 +70,9 @@ class Sidecar:
             connect_timeout_s=config.connect_timeout_s,
             per_backend_connections=config.per_backend_connections,
             api_key=config.api_key(),
-        )
             # A request that waited for a pod connection is not sent if its caller left.
             trace_configs=[caller.trace_config()],
+        )
         self.pool = BackendPool(
             vnodes=config.vnodes,
             warm_before_serve=config.warm_before_serve,
@@ -111,11 +112,11 @@ class Sidecar:
         self._metrics_runner: object | None = None
         self.tcp_port: int | None = None
         self.metrics_port: int | None = None
+        self._socket_identity: SocketIdentity | None = None  # the socket file we bound
 
     @property
     def socket_path(self) -> str:
         return self.config.socket_path
-        self._socket_identity: SocketIdentity | None = None  # the socket file we bound
 
     @property
     def target(self) -> str:
@@ -174,11 +175,11 @@ class Sidecar:
         )
         with restrictive_umask(self.config.socket_mode):
             self.server.add_insecure_port(self.target)
+            self._socket_identity = socket_identity(self.socket_path)
             self._add_tcp_port(self.server)
             await self.server.start()
         apply_socket_permissions(
             self.socket_path, self.config.socket_mode, self.config.socket_group
-            self._socket_identity = socket_identity(self.socket_path)
         )
         if self.config.metrics_port:
             runner = await start_metrics_server(
@@ -287,10 +288,12 @@ class Sidecar:
     def _membership_source(self) -> MembershipSource:
         config = self.config
         sources: list[MembershipSource] = []
+        allow_special = config.allow_special_backend_addresses
         if config.backends:
-            sources.append(StaticSource([Member(url, weight) for url, weight in config.backends]))
+            members = [Member(url, weight) for url, weight in config.backends]
+            sources.append(StaticSource(members, allow_special=allow_special))
         if config.backends_file:
-            sources.append(FileSource(config.backends_file, config.file_interval_s))
+            sources.append(FileSource(config.backends_file, config.file_interval_s, allow_special))
         if config.backends_dns:
             name, port = parse_dns_target(config.backends_dns)
             nameserver, nameserver_port = None, 53
@@ -307,6 +310,7 @@ class Sidecar:
                     interval_s=config.dns_interval_s,
                     nameserver=nameserver,
                     nameserver_port=nameserver_port,
+                    allow_special=allow_special,
                 )
             )
         if not sources:
@@ -365,6 +369,27 @@ class Sidecar:
         self.pool.mark_warm(url, warmed)
 
 
+# After SIGTERM the process is gone within grace_s + this, whatever is stuck.
+SHUTDOWN_MARGIN_S = 5.0
+
+
+def _exit_deadline(seconds: float) -> None:
+    """End the process in `seconds` unless it exits by itself first.
+
+    A thread, not a loop timer: what overruns may be the loop itself, or asyncio.run waiting
+    for a thread stuck in a system call at exit. Daemonic, so a clean exit does not wait.
+    """
+
+    def expire() -> None:
+        logger.error("shutdown did not finish within %.1f s of the signal: exiting now", seconds)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+
+
 async def serve(
     config: Config,
     shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
@@ -384,6 +409,7 @@ async def serve(
                 loop.add_signal_handler(sig, stop.set)
             await stop.wait()
             logger.info("signal received: draining for up to %.1f s", config.grace_s)
+            _exit_deadline(config.grace_s + SHUTDOWN_MARGIN_S)
         else:
             await shutdown_trigger()
     finally:
