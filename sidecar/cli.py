@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "cost": "sidecar.cost",
     "inject": "sidecar.inject",
     "fuzz": "sidecar.fuzz",
+    "attack": "sidecar.attack",
 }
 
 

@@ -1,0 +1,94 @@
+"""`prefix-sidecar attack --short` (issue 11): hostile callers and misbehaving pods against a
+real `serve` process, each attack from its own process, judged by the command's verdicts.
+
+One run (~60 s) feeds every test here: the command itself must exit by its verdicts, and the
+rapid reset row is the regression test for item 2 (RSS went from 63 MB to 2 GB with grpc's
+pending queue raised to 100,000; the short run's 60,000 reset streams reached ~600 MB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytest.importorskip("hpack", reason="prefix-sidecar attack needs h2: pip install '.[test]'")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("attack") / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "attack", "--short", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+    )
+    if not out.exists():
+        pytest.fail(f"attack wrote no report (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["exit_code"] = done.returncode
+    result["table"] = done.stdout
+    print(done.stdout)
+    return result
+
+
+def _row(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for r in report["scenarios"] if r["scenario"] == name)
+
+
+def test_every_scenario_ran_and_the_exit_code_follows_the_verdicts(report: dict[str, Any]):
+    names = [r["scenario"] for r in report["scenarios"]]
+    assert names == [
+        "garbage", "http1", "rapid_reset", "continuation_flood", "idle_connections",
+        "fast_stream", "huge_event", "no_newline", "redirect", "wedge",
+    ]  # fmt: skip
+    assert report["sidecar_exit_code"] == 0  # survived everything, then drained cleanly
+    assert report["exit_code"] == (0 if report["passed"] else 1)
+    assert "| rapid_reset |" in report["table"]
+
+
+def test_rapid_reset_memory_stays_within_baseline_plus_200mb(report: dict[str, Any]):
+    row = _row(report, "rapid_reset")
+    assert row["attack"]["streams"] >= 60_000, row["attack"]
+    assert row["checks"]["rss_peak_within_budget"], row["rss_mb"]
+    assert row["checks"]["rss_after_within_budget"], row["rss_mb"]
+    assert row["checks"]["fds_back"], row["fds"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap (issue 11 item 2): during a rapid reset some probe calls are CANCELLED "
+    "by grpc core's bounded pending queue (or wait ~1 s in it); memory is bounded, latency not",
+)
+def test_rapid_reset_another_callers_route_stays_fast(report: dict[str, Any]):
+    row = _row(report, "rapid_reset")
+    assert row["checks"]["probe_during_p50"] and row["checks"]["probe_during_max"]
+    assert row["checks"]["probe_no_errors"], row["probe"]
+
+
+@pytest.mark.parametrize("name", ["garbage", "http1", "continuation_flood", "idle_connections"])
+def test_socket_abuse_passes(report: dict[str, Any], name: str):
+    row = _row(report, name)
+    assert row["passed"], row
+
+
+@pytest.mark.parametrize("name", ["fast_stream", "huge_event", "no_newline", "redirect", "wedge"])
+def test_misbehaving_pod_passes(report: dict[str, Any], name: str):
+    row = _row(report, name)
+    assert row["passed"], row
+
+
+def test_continuation_flood_is_cut_by_the_server(report: dict[str, Any]):
+    attack = _row(report, "continuation_flood")["attack"]
+    # Every connection was closed by the sidecar long before the 64 MiB cap per connection.
+    assert attack["closed_by_server"] == attack["connections"] > 0, attack
+    assert attack["bytes_sent"] < attack["connections"] * 8 * 1024 * 1024, attack
