@@ -175,7 +175,10 @@ def test_a_world_writable_socket_directory_is_refused(where: str) -> None:
         process = run_serve(
             ["--listen", f"unix://{socket_path}", "--backend", "http://127.0.0.1:9"]
         )
-        _, stderr = process.communicate(timeout=20)
+        try:
+            _, stderr = process.communicate(timeout=10)
+        finally:
+            process.kill()  # a sidecar that started anyway (the bug) must not outlive the test
         assert process.returncode == 2, stderr
         assert str(open_dir) in stderr and "world-writable without the sticky bit" in stderr
         assert f"chmod o-w {open_dir}" in stderr
