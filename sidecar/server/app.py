@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -41,7 +42,7 @@ from sidecar.prefixes import PrefixError, PrefixStore
 from sidecar.prewarm import WARMED, Prewarmer
 from sidecar.routing.policy import make_policy
 from sidecar.routing.router import Router
-from sidecar.server import caller
+from sidecar.server import caller, memory
 from sidecar.server.handlers import SERVICE, add_router_servicer
 from sidecar.server.relay import Relay, RelayPolicy
 from sidecar.server.servicer import RouterServicer
@@ -196,6 +197,8 @@ class Sidecar:
             self._set_members(first)
         self._tasks.append(asyncio.create_task(source.watch(self._set_members), name="membership"))
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+        # What an abusive burst allocated goes back to the OS once freed (rapid reset).
+        self._tasks.append(asyncio.create_task(memory.trim_forever(), name="memory-trim"))
         for service in ("", SERVICE):
             await self.health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         logger.info(
@@ -265,6 +268,10 @@ class Sidecar:
                 # A connection that never sends its preface holds an fd for 120 s by
                 # default; a local caller needs milliseconds.
                 ("grpc.server_handshake_timeout_ms", 20_000),
+                # Every connection holds an fd and ~40 KB of buffers: a local process opening
+                # them by the thousand must meet a bound before the fd limit (the image's
+                # nofile is 20,000). A sidecar's callers need a handful each.
+                ("grpc.max_allowed_incoming_connections", 4096),
                 # Connections with no call for 10 minutes are closed (clients reconnect);
                 # ping abuse keeps grpc's default of 2 strikes.
                 ("grpc.max_connection_idle_ms", 600_000),
@@ -399,6 +406,9 @@ async def serve(
     """Run a sidecar until the trigger fires (default: SIGTERM or SIGINT)."""
     sidecar = Sidecar(config, policy=policy)
     await sidecar.start()
+    # What start-up built (modules, descriptors, the prefixes) lives as long as the process:
+    # out of the collector's reach, a full collection no longer walks it on the loop.
+    gc.freeze()
     if ready is not None:
         ready(sidecar)
     try:

@@ -1,0 +1,57 @@
+"""Give memory freed after a burst back to the OS.
+
+An abusive burst (HTTP/2 rapid reset: thousands of calls queued in grpc core, each with its
+buffers) is freed when it ends, but glibc keeps the freed heap pages mapped, so the RSS a
+pod's memory limit counts stays at the burst's peak. `malloc_trim(0)` returns every whole
+free page of every arena. It runs in a thread (ctypes drops the GIL around the call, so the
+event loop goes on) every `interval_s`, and only on glibc: elsewhere this is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+TRIM_INTERVAL_S = 10.0
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def trim_available() -> bool:
+    return _malloc_trim is not None
+
+
+async def trim_now() -> bool:
+    """Return freed heap pages to the OS; True if anything was released."""
+    if _malloc_trim is None:
+        return False
+    return bool(await asyncio.to_thread(_malloc_trim, 0))
+
+
+async def trim_forever(interval_s: float = TRIM_INTERVAL_S) -> None:
+    """Trim every `interval_s` until cancelled (a task of the running sidecar)."""
+    if _malloc_trim is None:
+        logger.debug("malloc_trim is not available (not glibc): freed memory is not trimmed")
+        return
+    while True:
+        await asyncio.sleep(interval_s)
+        await trim_now()
