@@ -56,7 +56,8 @@ async def test_cold_prefix_costs_prefill_warm_does_not(session: aiohttp.ClientSe
     ttft_sum = metrics["vllm:time_to_first_token_seconds_sum"]
     assert 3.7 < ttft_sum < 3.77 + 2.0, ttft_sum  # MODELLED seconds, not real ones
     assert metrics["vllm:time_to_first_token_seconds_count"] == 2
-    assert metrics["vllm:time_to_first_token_seconds_bucket[0.25]"] == 1  # the warm one
+    # the warm one: modelled ~13 ms, plus this machine's scheduling delay x 20 under load
+    assert metrics["vllm:time_to_first_token_seconds_bucket[1.0]"] == 1
     assert metrics["vllm:time_to_first_token_seconds_bucket[5.0]"] == 2
 
 
