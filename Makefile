@@ -5,21 +5,30 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The demo needs the package and its tooling; the tests also need the test tools and
+# llama.cpp. llama-cpp-python compiles llama.cpp from source (~5 min on 2 cores); pip keeps
+# the built wheel in its cache, so later runs on the same machine skip the build.
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
-# llama-cpp-python compiles llama.cpp from source (~5 min on 2 cores); pip keeps the built
-# wheel in its cache, so later runs on the same machine skip the build.
+SOURCES := pyproject.toml setup.py csrc/_core_c.pyx csrc/murmur3.h $(wildcard proto/*/*/*.proto)
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: demo test test-fast lint bench image clean
 
-$(STAMP): pyproject.toml setup.py csrc/_core_c.pyx csrc/murmur3.h $(wildcard proto/*/*/*.proto)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench,real]'
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): $(SOURCES) | $(VENV)/bin/python
+	$(BIN)/python -m pip install -q -e '.[tools]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(SOURCES) | $(VENV)/bin/python
+	$(BIN)/python -m pip install -q -e '.[test,tools,real]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/prefix-sidecar demo
 
 lint: $(STAMP)
@@ -35,7 +44,7 @@ test: lint
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not real_engine and not slow"
 
-bench: $(STAMP)
+bench: $(DEMO_STAMP)
 	$(BIN)/prefix-sidecar bench core
 
 # The container image with podman, from Debian packages only (docs/deploy.md, "Build the image").

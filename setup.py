@@ -2,14 +2,15 @@
 
 SIDECAR_NO_EXTENSIONS=1 skips the extension (the pure-Python twin is used). The proto modules
 are generated into the source tree (git-ignored) before build_py, so that both wheels and
-editable installs carry them.
+editable installs carry them. SIDECAR_RUNTIME_ONLY=1 leaves the tooling (sidecar/tools) out:
+the container image's wheel holds only what `serve` and the client verbs run.
 """
 
 import os
 from pathlib import Path
 from typing import ClassVar
 
-from setuptools import Command, Distribution, Extension, setup
+from setuptools import Command, Distribution, Extension, find_packages, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
@@ -77,7 +78,13 @@ def extensions() -> list:
 # wheel built from a clean tree (Docker, sdist) ships without the gRPC modules.
 GenerateProto(Distribution()).run()
 
+def packages() -> list[str]:
+    tooling = ["sidecar.tools", "sidecar.tools.*"] if os.environ.get("SIDECAR_RUNTIME_ONLY") else []
+    return find_packages(include=["sidecar", "sidecar.*"], exclude=tooling)
+
+
 setup(
+    packages=packages(),
     ext_modules=extensions(),
     cmdclass={
         "generate_proto": GenerateProto,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 # sub-command -> module exposing `register(subparsers) -> None`; the parser it adds
 # sets `func=<callable(args) -> int>` as its default.
-COMMANDS: dict[str, str] = {
+RUNTIME_COMMANDS: dict[str, str] = {
     "serve": "sidecar.server.cli",
     "route": "sidecar.client_cli",
     "complete": "sidecar.client_cli",
@@ -21,14 +21,49 @@ COMMANDS: dict[str, str] = {
     "backends": "sidecar.client_cli",
     "prefixes": "sidecar.client_cli",
     "health": "sidecar.client_cli",
-    "emulate": "sidecar.emulator.cli",
-    "demo": "sidecar.demo",
-    "bench": "sidecar.bench.cli",
-    "cost": "sidecar.cost",
     "inject": "sidecar.inject",
-    "fuzz": "sidecar.fuzz",
-    "attack": "sidecar.attack",
 }
+# The tooling (sidecar/tools): not needed to serve; its dependencies are an extra away.
+TOOL_COMMANDS: dict[str, str] = {
+    "emulate": "sidecar.tools.emulator.cli",
+    "demo": "sidecar.tools.demo",
+    "bench": "sidecar.tools.bench.cli",
+    "cost": "sidecar.tools.cost",
+    "fuzz": "sidecar.tools.fuzz",
+    "attack": "sidecar.tools.attack",
+}
+COMMANDS: dict[str, str] = {**RUNTIME_COMMANDS, **TOOL_COMMANDS}
+
+# A module a tooling verb may miss -> the extra that brings it.
+EXTRA_OF_MODULE = {
+    "hypothesis": "tools",
+    "h2": "tools",
+    "hpack": "tools",
+    "hyperframe": "tools",
+    "uhashring": "tools",
+    "matplotlib": "tools",
+    "llama_cpp": "real",
+    "gguf": "real",
+}
+
+
+def missing_extra_message(command: str, exc: ModuleNotFoundError) -> str | None:
+    """What to install when a tooling verb cannot import what it needs, or None if the
+    missing module is not one an extra provides (a real bug: let it raise)."""
+    top = (exc.name or "").split(".")[0]
+    if exc.name is not None and exc.name.startswith("sidecar.tools"):
+        return (
+            f"prefix-sidecar: {command!r} is tooling, and this build has no sidecar.tools "
+            "(a runtime-only build, like the container image): install the full package, "
+            "pip install 'prefix-sidecar[tools]'"
+        )
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    return (
+        f"prefix-sidecar: {command!r} needs {top}, which comes with the {extra!r} extra: "
+        f"pip install 'prefix-sidecar[{extra}]'"
+    )
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -44,11 +79,13 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if wanted and exc.name is not None and module_name.startswith(exc.name):
-                raise SystemExit(
-                    f"prefix-sidecar: command {wanted[0]!r} is not available: {exc}"
-                ) from None
-            continue
+            message = missing_extra_message(wanted[0], exc) if wanted else None
+            if message is not None:
+                print(message, file=sys.stderr)
+                raise SystemExit(2) from None
+            if wanted:
+                raise
+            continue  # --help: list what this installation can run
         module.register(subparsers)
     return parser
 
@@ -61,7 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    result = func(args)
+    try:
+        result = func(args)
+    except ModuleNotFoundError as exc:  # a tooling verb that imports its extra lazily
+        message = missing_extra_message(args.command, exc)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 2
     return int(result or 0)
 
 

@@ -73,8 +73,8 @@ def cpp_client() -> Path:
 async def sidecar_with_pods(socket_path: Path) -> AsyncIterator[tuple[str, list[str]]]:
     """PODS emulated pods + one in-process sidecar on `socket_path`; yields (target, urls)."""
     from sidecar.config import build_config
-    from sidecar.emulator import EmulatorConfig, run_emulator
     from sidecar.server.app import Sidecar
+    from sidecar.tools.emulator import EmulatorConfig, run_emulator
     from sidecar.v1 import router_pb2, router_pb2_grpc
 
     async with contextlib.AsyncExitStack() as stack:

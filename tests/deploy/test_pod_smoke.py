@@ -115,7 +115,7 @@ async def run(argv: list[str], timeout: float = 30) -> tuple[int, str]:
 async def test_the_caller_pod_starts_discovers_prewarms_serves_and_drains(
     tmp_path: Path, dns_port: int
 ) -> None:
-    from sidecar.emulator import EmulatorConfig, run_emulator
+    from sidecar.tools.emulator import EmulatorConfig, run_emulator
     from sidecar.v1 import router_pb2, router_pb2_grpc
 
     sidecar, data = caller_objects()

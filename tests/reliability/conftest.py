@@ -22,8 +22,8 @@ import pytest
 from aiohttp import web
 
 from sidecar.config import Config, build_config
-from sidecar.fuzz import Fuzzer, FuzzTarget
 from sidecar.server.app import Sidecar
+from sidecar.tools.fuzz import Fuzzer, FuzzTarget
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 

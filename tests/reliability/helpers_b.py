@@ -27,8 +27,8 @@ from dnslib.server import BaseResolver, DNSLogger, DNSServer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.config import Config, build_config
-from sidecar.emulator import EmulatorConfig
 from sidecar.server.app import Sidecar
+from sidecar.tools.emulator import EmulatorConfig
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 # 20x real time: a 200-token answer streams for ~0.3 s, long enough to cut it midway.

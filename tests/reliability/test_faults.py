@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.emulator import EmulatorFleet, Faults, get_stats, set_faults
+from sidecar.tools.emulator import EmulatorFleet, Faults, get_stats, set_faults
 from sidecar.v1 import router_pb2
 from tests.reliability.helpers_b import (
     FAULT_PODS,

@@ -3,7 +3,7 @@ docs/RELIABILITY.md documents for its input class, with a message; nothing hangs
 and the sidecar still answers a good request every 250 cases and after each RPC's run.
 
 The generators, the target (an emulator pod and a sidecar, real processes) and the checks
-live in sidecar/fuzz.py and are shared with `prefix-sidecar fuzz --cases N`.
+live in sidecar/tools/fuzz.py and are shared with `prefix-sidecar fuzz --cases N`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.fuzz import RPCS, Fuzzer, over_max_message, split
+from sidecar.tools.fuzz import RPCS, Fuzzer, over_max_message, split
 
 CI_CASES = 10_000
 PLAN = split(CI_CASES)

@@ -23,12 +23,12 @@ import grpc
 import pytest
 from aiohttp import web
 
-from sidecar.bench import fastpod
-from sidecar.bench.soak import SidecarProcess
 from sidecar.membership.health import HealthMonitor, MemberStatus
+from sidecar.tools.bench import fastpod
+from sidecar.tools.bench.soak import SidecarProcess
+from sidecar.tools.workload.stats import percentile
 from sidecar.upstream.client import UpstreamClient, UpstreamError
 from sidecar.v1 import router_pb2
-from sidecar.workload.stats import percentile
 from tests.reliability.helpers_b import short_tmpdir
 
 StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod

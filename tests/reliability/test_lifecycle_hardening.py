@@ -31,8 +31,8 @@ import grpc
 import pytest
 from aiohttp import web
 
-from sidecar.bench.soak import SidecarProcess
-from sidecar.emulator import EmulatorFleet
+from sidecar.tools.bench.soak import SidecarProcess
+from sidecar.tools.emulator import EmulatorFleet
 from sidecar.v1 import router_pb2_grpc
 from tests.reliability.helpers_b import (
     FAULT_PODS,

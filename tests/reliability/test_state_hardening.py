@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.emulator import EmulatorConfig, EmulatorFleet
+from sidecar.tools.emulator import EmulatorConfig, EmulatorFleet
 from sidecar.v1 import router_pb2, router_pb2_grpc
 from tests.server.conftest import cli_sidecar, free_port, running_sidecar, sidecar_config
 

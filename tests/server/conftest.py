@@ -25,8 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar import _core
 from sidecar.config import Config, build_config
-from sidecar.emulator import EmulatorConfig, get_stats, run_emulator
 from sidecar.server.app import Sidecar
+from sidecar.tools.emulator import EmulatorConfig, get_stats, run_emulator
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 # Functional tests: 1000x faster than real time, every stage still modelled.

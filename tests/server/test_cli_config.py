@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from sidecar import _core
-from sidecar.emulator import get_stats
+from sidecar.tools.emulator import get_stats
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 from .conftest import CLI, cli_env, cli_sidecar, owner_ring, wait_serving

@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar.emulator import set_faults
 from sidecar.server.app import Sidecar
+from sidecar.tools.emulator import set_faults
 from sidecar.v1 import router_pb2
 
 from .conftest import (

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from sidecar import _core
-from sidecar.emulator import EmulatorConfig, get_stats, run_emulator, set_faults
+from sidecar.tools.emulator import EmulatorConfig, get_stats, run_emulator, set_faults
 from sidecar.v1 import router_pb2
 
 from .conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config, wait_for

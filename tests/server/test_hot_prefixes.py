@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from sidecar import _core
-from sidecar.emulator import EmulatorConfig, run_emulator, set_faults
 from sidecar.server.app import Sidecar, serve
+from sidecar.tools.emulator import EmulatorConfig, run_emulator, set_faults
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 from .conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from sidecar.config import ConfigError, build_config
-from sidecar.emulator import EmulatorConfig, run_emulator
+from sidecar.tools.emulator import EmulatorConfig, run_emulator
 from sidecar.v1 import router_pb2
 
 from .conftest import owner_ring, running_sidecar, sidecar_config

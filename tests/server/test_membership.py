@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from sidecar import _core
-from sidecar.emulator import EmulatorConfig, get_stats, run_emulator, set_faults
+from sidecar.tools.emulator import EmulatorConfig, get_stats, run_emulator, set_faults
 from sidecar.v1 import router_pb2, router_pb2_grpc
 from tests.membership.conftest import DnsFixture, EditableResolver
 

@@ -13,8 +13,8 @@ import pytest
 
 from sidecar import _core
 from sidecar.config import ConfigError, build_config
-from sidecar.emulator import run_emulator
 from sidecar.routing.placement import Placed, place
+from sidecar.tools.emulator import run_emulator
 from sidecar.v1 import router_pb2
 
 from .conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config

@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 import pytest
 
-from sidecar.emulator import get_stats
 from sidecar.server.app import Sidecar
+from sidecar.tools.emulator import get_stats
 from sidecar.v1 import router_pb2
 
 from .conftest import collect, owner_ring

@@ -21,9 +21,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from sidecar.emulator import run_emulator
 from sidecar.server.app import Sidecar
 from sidecar.server.unix_socket import SocketInUse
+from sidecar.tools.emulator import run_emulator
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 from .conftest import FAST, free_port, health_status, running_sidecar, sidecar_config, socket_path

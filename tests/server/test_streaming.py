@@ -6,7 +6,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from sidecar.emulator import EmulatorConfig, get_stats, run_emulator
+from sidecar.tools.emulator import EmulatorConfig, get_stats, run_emulator
 from sidecar.v1 import router_pb2
 
 from .conftest import collect, running_sidecar, sidecar_config

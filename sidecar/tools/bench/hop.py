@@ -1,0 +1,518 @@
+"""`prefix-sidecar bench hop`: what the extra hop through the sidecar costs, in one run.
+
+Measured one request at a time, the modes interleaved (so drift hits all alike):
+- echo: a bare grpc.aio unary RPC over a unix socket, bytes in and out, served by a tiny
+  server process (the transport floor a sidecar call cannot beat);
+- route: the sidecar's Route RPC over its unix socket;
+- direct: TTFT calling the emulated pod directly (aiohttp streaming POST of the whole
+  prompt, the body pre-encoded once: the best case for the caller);
+- thin: TTFT through the sidecar with a registered prefix id plus the merchant's input;
+- fat: TTFT through the sidecar with the 60k-token text sent in every request.
+The pod runs at time x1000, so its modelled prefill is microseconds and TTFT differences
+are the software path. A breakdown of Route's server-side Python cost is timed in-process.
+Last, a fast stream: `--fast-streams` callers read a pod that streams tiny SSE events flat
+out through a sidecar process; the report gives the pod chunks relayed per second and what
+another caller's Route costs meanwhile (sidecar/tools/bench/fastpod.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import aiohttp
+import grpc
+
+from sidecar.tools import PACKAGE_ROOT as _PACKAGE_ROOT
+from sidecar.tools.bench.fastpod import measure_stream_load, render_stream_load
+from sidecar.tools.bench.report import progress_printer, run_and_report
+from sidecar.tools.emulator import EmulatorConfig, EmulatorFleet
+from sidecar.tools.workload.driver import CHANNEL_OPTIONS
+from sidecar.tools.workload.sidecars import SidecarProcesses
+from sidecar.tools.workload.stats import percentile
+from sidecar.tools.workload.texts import merchant_query, rules_text
+from sidecar.v1 import router_pb2, router_pb2_grpc
+
+ECHO_METHOD = "/bench.hop.Echo/Echo"
+MODES = ("echo", "route", "direct", "thin", "fat")
+TARGET_ROUTE_OVER_ECHO = 1.10
+TARGET_OVERHEAD_MS = 1.0
+BODY_STEP = "Complete path: completion_body() for the 240 KB prompt"
+SETTLE_S = 0.002  # idle time before each measured call
+
+
+# --- the echo server (a child process: `python -m sidecar.tools.bench.hop echo-server TARGET`) ---
+
+
+async def _serve_echo(target: str) -> None:
+    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return request
+
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(echo)  # no (de)serializers: raw bytes
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("bench.hop.Echo", {"Echo": handler}),)
+    )
+    server.add_insecure_port(target)
+    await server.start()
+    print("READY", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def echo_server(target: str) -> Any:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar.tools.bench.hop",
+        "echo-server",
+        target,
+        stdout=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 20)
+        if not line.startswith(b"READY"):
+            raise RuntimeError("the echo server did not start; its stderr says why")
+        yield process
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 5)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+# --- where Route's server-side time goes (in-process, the sidecar's own objects) --------
+
+
+def _ns_per_call(function: Callable[[], object], calls: int) -> float:
+    started = time.perf_counter_ns()
+    for _ in range(calls):
+        function()
+    return (time.perf_counter_ns() - started) / calls
+
+
+async def route_breakdown(prefix: str, calls: int) -> dict[str, float]:
+    """Microseconds per call of each step of RouterServicer.Route, without gRPC."""
+    from sidecar.config import Config
+    from sidecar.membership.sources import Member
+    from sidecar.server.app import Sidecar
+    from sidecar.server.relay import Relay
+    from sidecar.server.servicer import RouterServicer
+    from sidecar.upstream.body import completion_body
+
+    urls = [f"http://127.0.0.1:{9000 + i}" for i in range(4)]
+    sidecar = Sidecar(Config(backends=tuple((url, 1) for url in urls)))
+    try:
+        sidecar.pool.set_members([Member(url, 1) for url in urls])
+        for url in urls:
+            sidecar.pool.set_health(url, True)
+        entry, _ = sidecar.store.register("compliance-rules", prefix, 0)
+        servicer = RouterServicer(
+            sidecar.config,
+            sidecar.store,
+            sidecar.pool,
+            sidecar.router,
+            cast(Relay, None),  # Route never relays
+            sidecar.prewarmer,
+            sidecar.metrics,
+        )
+        data = router_pb2.RouteRequest(prefix_id=entry.id).SerializeToString()
+        request = router_pb2.RouteRequest.FromString(data)
+        decision = sidecar.router.for_prefix(entry)
+        histogram = sidecar.metrics.decision
+
+        def build() -> router_pb2.RouteReply:
+            return router_pb2.RouteReply(
+                backend=decision.backend,
+                preference=decision.preference,
+                prefix_id=entry.id,
+                route_key=decision.route_key,
+                branch=decision.branch,
+                decision_ns=decision.decision_ns,
+            )
+
+        reply = build()
+        steps = {
+            "decode RouteRequest (protobuf)": lambda: router_pb2.RouteRequest.FromString(data),
+            "request.WhichOneof + store.get(prefix_id)": lambda: (
+                request.WhichOneof("target"),
+                sidecar.store.get(request.prefix_id),
+            ),
+            "router.for_prefix (decision incl. ring.pick)": lambda: sidecar.router.for_prefix(
+                entry
+            ),
+            "metrics: decision.labels('Route').observe()": lambda: histogram.labels(
+                "Route"
+            ).observe(1e-6),
+            "build RouteReply": build,
+            "encode RouteReply (protobuf)": reply.SerializeToString,
+        }
+        result = {name: _ns_per_call(step, calls) / 1e3 for name, step in steps.items()}
+        user_input = "\n\nMerchant 10001 asks: is this 499 yuan down jacket offer compliant?" * 11
+        result[BODY_STEP] = (
+            _ns_per_call(
+                lambda: completion_body(entry.json_bytes, user_input, {"max_tokens": 1}, ""),
+                max(1, calls // 20),
+            )
+            / 1e3
+        )
+
+        async def noop() -> None:
+            return None
+
+        started = time.perf_counter_ns()
+        for _ in range(calls):
+            await servicer.Route(request, cast(grpc.aio.ServicerContext, None))
+        result["servicer.Route whole (awaited, no gRPC)"] = (
+            (time.perf_counter_ns() - started) / calls / 1e3
+        )
+        started = time.perf_counter_ns()
+        for _ in range(calls):
+            await noop()
+        result["(baseline: await a no-op coroutine)"] = (
+            (time.perf_counter_ns() - started) / calls / 1e3
+        )
+        return result
+    finally:
+        await sidecar.client.close()
+
+
+# --- the measured calls ---------------------------------------------------------------
+
+
+async def _first_chunk(stub: router_pb2_grpc.RouterStub, request: Any) -> float:
+    started = time.perf_counter_ns()
+    call = stub.Complete(request, timeout=30)
+    first = await call.read()
+    elapsed = time.perf_counter_ns() - started
+    if first is grpc.aio.EOF:
+        raise RuntimeError("the sidecar ended the stream without a chunk")
+    while await call.read() is not grpc.aio.EOF:
+        pass
+    return float(elapsed)
+
+
+async def _first_event(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
+    started = time.perf_counter_ns()
+    async with session.post(
+        f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    ) as response:
+        if response.status != 200:
+            raise RuntimeError(f"the pod answered {response.status}: {await response.text()}")
+        elapsed = None
+        async for line in response.content:
+            if elapsed is None and line.startswith(b"data: "):
+                elapsed = time.perf_counter_ns() - started
+        if elapsed is None:
+            raise RuntimeError("the pod sent no SSE event")
+    return float(elapsed)
+
+
+def _direct_body(prompt: str, model: str) -> bytes:
+    return json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        ensure_ascii=False,
+    ).encode()
+
+
+async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    import random
+
+    prefix = rules_text(60_000, seed=args.seed)
+    rng = random.Random(args.seed)
+    inputs = [merchant_query(rng) for _ in range(args.warmup + args.iterations)]
+    config = EmulatorConfig(time_scale=1000.0, kv_tokens=400_000)
+    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory(prefix="prefix-sidecar-hop-") as workdir:
+        echo_target = f"unix://{workdir}/echo.sock"
+        async with (
+            EmulatorFleet(1, config) as fleet,
+            SidecarProcesses(
+                1,
+                fleet.urls,
+                "prefix_affinity",
+                {"log_level": args.log_level, "grace_s": 1},
+                stderr_path=f"{workdir}/sidecar.log",
+            ) as sidecars,
+            echo_server(echo_target),
+            grpc.aio.insecure_channel(sidecars.targets[0], options=CHANNEL_OPTIONS) as channel,
+            grpc.aio.insecure_channel(echo_target) as echo_channel,
+            aiohttp.ClientSession() as session,
+        ):
+            pod = fleet.urls[0]
+            stub = router_pb2_grpc.RouterStub(channel)
+            registered = await stub.RegisterPrefix(
+                router_pb2.RegisterPrefixRequest(name="compliance-rules", text=prefix, prewarm=True)
+            )
+            prefix_id = registered.id
+            route_request = router_pb2.RouteRequest(prefix_id=prefix_id)
+            echo = echo_channel.unary_unary(ECHO_METHOD)
+            reply_size = len((await stub.Route(route_request)).SerializeToString())
+            payload = os.urandom(reply_size)
+            progress(f"pod {pod}, sidecar {sidecars.targets[0]}, echo {echo_target}")
+
+            async def time_echo(_: int) -> float:
+                started = time.perf_counter_ns()
+                await echo(payload)
+                return float(time.perf_counter_ns() - started)
+
+            async def time_route(_: int) -> float:
+                started = time.perf_counter_ns()
+                await stub.Route(route_request)
+                return float(time.perf_counter_ns() - started)
+
+            async def time_direct(i: int) -> float:
+                return await _first_event(session, pod, bodies[i])
+
+            async def time_thin(i: int) -> float:
+                request = router_pb2.CompleteRequest(
+                    prefix_id=prefix_id, input=inputs[i], max_tokens=1, temperature=0.0
+                )
+                return await _first_chunk(stub, request)
+
+            async def time_fat(i: int) -> float:
+                request = router_pb2.CompleteRequest(
+                    prefix_text=prefix, input=inputs[i], max_tokens=1, temperature=0.0
+                )
+                return await _first_chunk(stub, request)
+
+            bodies = [_direct_body(prefix + text, config.model) for text in inputs]
+            calls: dict[str, Callable[[int], Awaitable[float]]] = {
+                "echo": time_echo,
+                "route": time_route,
+                "direct": time_direct,
+                "thin": time_thin,
+                "fat": time_fat,
+            }
+            total = args.warmup + args.iterations
+            order = list(MODES)
+            for i in range(total):
+                # A fresh random order every round, and a pause before every call: the
+                # teardown of one call (a finished stream, a 240 KB message) must not be
+                # billed to whichever mode always follows it.
+                rng.shuffle(order)
+                for mode in order:
+                    await asyncio.sleep(SETTLE_S)
+                    value = await calls[mode](i)
+                    if i >= args.warmup:
+                        samples[mode].append(value)
+                if (i + 1) % max(1, total // 5) == 0:
+                    progress(f"{i + 1}/{total} rounds")
+            wire = {
+                "thin": len(
+                    router_pb2.CompleteRequest(
+                        prefix_id=prefix_id, input=inputs[0], max_tokens=1
+                    ).SerializeToString()
+                ),
+                "fat": len(
+                    router_pb2.CompleteRequest(
+                        prefix_text=prefix, input=inputs[0], max_tokens=1
+                    ).SerializeToString()
+                ),
+                "direct": len(bodies[0]),
+            }
+    progress("route breakdown (in-process)")
+    breakdown = await route_breakdown(prefix, args.breakdown_calls)
+    progress(f"fast stream: {args.fast_streams} callers for {args.fast_seconds:g} s")
+    report = _report(args, samples, wire, breakdown)
+    report["fast_stream"] = await measure_stream_load(
+        args.fast_streams, args.fast_seconds, {"log_level": args.log_level}
+    )
+    return report
+
+
+def _report(
+    args: argparse.Namespace,
+    samples: dict[str, list[float]],
+    wire: dict[str, int],
+    breakdown: dict[str, float],
+) -> dict[str, Any]:
+    stats = {
+        mode: {
+            "p50_us": percentile(values, 50) / 1e3,
+            "p99_us": percentile(values, 99) / 1e3,
+            "mean_us": sum(values) / len(values) / 1e3,
+            "n": len(values),
+        }
+        for mode, values in samples.items()
+    }
+    route_ratio = stats["route"]["p50_us"] / stats["echo"]["p50_us"]
+    overhead_ms = (stats["thin"]["p50_us"] - stats["direct"]["p50_us"]) / 1e3
+    saving_ms = (stats["fat"]["p50_us"] - stats["thin"]["p50_us"]) / 1e3
+    return {
+        "params": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
+        "latency": stats,
+        "ratios": {
+            "route_over_echo_p50": route_ratio,
+            "route_over_echo_p99": stats["route"]["p99_us"] / stats["echo"]["p99_us"],
+            "thin_over_direct_p50": stats["thin"]["p50_us"] / stats["direct"]["p50_us"],
+            "fat_over_thin_p50": stats["fat"]["p50_us"] / stats["thin"]["p50_us"],
+        },
+        "sidecar_overhead_ms": {
+            "p50": overhead_ms,
+            "p99": (stats["thin"]["p99_us"] - stats["direct"]["p99_us"]) / 1e3,
+        },
+        "thin_saving": {
+            "p50_ms": saving_ms,
+            "p99_ms": (stats["fat"]["p99_us"] - stats["thin"]["p99_us"]) / 1e3,
+            "request_bytes": wire,
+        },
+        "route_breakdown_us": breakdown,
+        "targets": [
+            {
+                "name": f"Route p50 <= {TARGET_ROUTE_OVER_ECHO:.2f}x the echo floor",
+                "measured": f"{route_ratio:.2f}x ({stats['route']['p50_us']:.0f} us vs "
+                f"{stats['echo']['p50_us']:.0f} us)",
+                "met": route_ratio <= TARGET_ROUTE_OVER_ECHO,
+            },
+            {
+                "name": f"sidecar TTFT overhead <= {TARGET_OVERHEAD_MS:g} ms at p50 over the pod",
+                "measured": f"{overhead_ms:.2f} ms",
+                "met": overhead_ms <= TARGET_OVERHEAD_MS,
+            },
+        ],
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    latency = report["latency"]
+    labels = {
+        "echo": "bare grpc.aio echo (unix socket)",
+        "route": "sidecar Route",
+        "direct": "TTFT, pod called directly",
+        "thin": "TTFT via sidecar, thin (prefix id)",
+        "fat": "TTFT via sidecar, fat (60k-token text)",
+    }
+    lines = [
+        f"prefix-sidecar bench hop: {latency['echo']['n']} rounds, one call at a time, "
+        f"sidecar log level {report['params']['log_level']}"
+        + ("  [--quick]" if report["params"]["quick"] else ""),
+        "",
+        f"{'':<42}{'p50 us':>10}{'p99 us':>10}",
+    ]
+    for mode, label in labels.items():
+        lines.append(
+            f"{label:<42}{latency[mode]['p50_us']:>10,.0f}{latency[mode]['p99_us']:>10,.0f}"
+        )
+    ratios, overhead, saving = (
+        report["ratios"],
+        report["sidecar_overhead_ms"],
+        report["thin_saving"],
+    )
+    wire = saving["request_bytes"]
+    floor_ms = latency["echo"]["p50_us"] / 1e3
+    body_ms = report["route_breakdown_us"][BODY_STEP] / 1e3
+    rest_ms = overhead["p50"] - floor_ms - body_ms
+    lines += [
+        "",
+        f"Route / echo: p50 {ratios['route_over_echo_p50']:.2f}x, "
+        f"p99 {ratios['route_over_echo_p99']:.2f}x",
+        f"sidecar TTFT overhead over the pod: p50 {overhead['p50']:.2f} ms, "
+        f"p99 {overhead['p99']:.2f} ms",
+        f"thin query saves {saving['p50_ms']:.2f} ms at p50 ({ratios['fat_over_thin_p50']:.2f}x) "
+        f"and sends {wire['thin']:,} bytes instead of {wire['fat']:,} per request",
+        f"overhead accounting at p50: gRPC floor (echo) {floor_ms:.2f} ms + "
+        f"completion_body() {body_ms:.2f} ms + the rest {rest_ms:.2f} ms",
+        "",
+        "Route server-side Python cost, in-process (us per call)",
+    ]
+    for name, value in report["route_breakdown_us"].items():
+        lines.append(f"  {name:<52}{value:>8.2f}")
+    lines += ["", "targets (as measured in this run)"]
+    for target in report["targets"]:
+        verdict = "MET" if target["met"] else "NOT MET"
+        lines.append(f"  {target['name']}: {target['measured']} - {verdict}")
+    if "fast_stream" in report:
+        lines += ["", *render_stream_load(report["fast_stream"])]
+    return "\n".join(lines)
+
+
+def register(bench_subparsers: argparse._SubParsersAction) -> None:
+    parser = bench_subparsers.add_parser(
+        "hop",
+        help="the sidecar hop: Route vs a bare gRPC echo, TTFT via sidecar vs direct, thin vs fat",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--iterations", type=int, default=1000, help="measured rounds (1000)")
+    parser.add_argument("--warmup", type=int, default=50, help="unmeasured rounds first (50)")
+    parser.add_argument(
+        "--breakdown-calls", type=int, default=20_000, help="in-process Route calls timed"
+    )
+    parser.add_argument(
+        "--log-level", default="info", help="the sidecar's log_level (info, its default)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fast-streams", type=int, default=8, help="callers of the fast-stream phase (8)"
+    )
+    parser.add_argument(
+        "--fast-seconds", type=float, default=5.0, help="length of the fast-stream phase (5)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a few seconds, for tests")
+    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.quick:
+        args.iterations, args.warmup, args.breakdown_calls = 30, 5, 2000
+        args.fast_seconds = min(args.fast_seconds, 2.0)
+    if (
+        args.iterations < 1
+        or args.warmup < 0
+        or args.breakdown_calls < 1
+        or args.fast_streams < 1
+        or not args.fast_seconds >= 1
+    ):
+        print(
+            "prefix-sidecar bench hop: --iterations, --breakdown-calls and --fast-streams "
+            "must be >= 1, --warmup >= 0, --fast-seconds >= 1",
+            file=sys.stderr,
+        )
+        return 2
+
+    report = run_and_report(
+        "bench hop", measure(args, progress_printer("bench hop")), render, args.json
+    )
+    return 130 if report is None else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "echo-server":
+        asyncio.run(_serve_echo(sys.argv[2]))
+    else:
+        print(
+            "usage: python -m sidecar.tools.bench.hop echo-server unix:///path.sock",
+            file=sys.stderr,
+        )
+        sys.exit(2)

@@ -1,0 +1,113 @@
+"""`prefix-sidecar bench core --quick` runs end to end and writes a well-formed report.
+
+Not a timed test: the numbers are only checked for shape and sanity, never for speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+IMPLEMENTATIONS = ["cython", "python", "uhashring", "note"]
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("SIDECAR_NO_EXTENSIONS")),
+    reason="the core bench measures the extension, which SIDECAR_NO_EXTENSIONS turns off",
+)
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "bench", "core", "--quick", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    result = _bench("--json")
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)  # stdout holds only the JSON
+    return data
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_report_has_every_section(report: dict[str, Any]) -> None:
+    assert {"machine", "params", "definitions", "latency_ns", "rings", "ratios"} <= set(report)
+    assert {"targets", "throughput_mb_s"} <= set(report)
+    assert report["params"]["quick"] is True
+    assert report["params"]["pods"] == [8, 100]
+    assert report["machine"]["python"] == sys.version.split()[0]
+    assert report["machine"]["cpu"]
+
+
+def test_latencies_and_ratios(report: dict[str, Any]) -> None:
+    for pods in ("8", "100"):
+        ops = report["latency_ns"][pods]
+        assert set(ops) == {"owner", "pick", "route"}
+        for op, by_impl in ops.items():
+            assert list(by_impl) == IMPLEMENTATIONS
+            assert all(_positive(ns) for ns in by_impl.values()), (pods, op, by_impl)
+            for base in ("uhashring", "note"):
+                ratio = report["ratios"][pods][op][base]
+                assert math.isclose(ratio, by_impl[base] / by_impl["cython"])
+
+
+def test_targets_are_evaluated_at_100_pods(report: dict[str, Any]) -> None:
+    names = [target["name"] for target in report["targets"]]
+    assert len(names) == 4 and all("100 pods" in name for name in names)
+    for target in report["targets"]:
+        assert target["met"] == (target["ratio"] >= target["target"])
+
+
+def test_ring_quality(report: dict[str, Any]) -> None:
+    for pods, rings in report["rings"].items():
+        assert list(rings) == IMPLEMENTATIONS
+        for impl, ring in rings.items():
+            assert ring["stray_moves"] == 0, f"{impl} moved keys between survivors at {pods}"
+            assert 0 < ring["moved_pct"] < 50
+            assert ring["busiest_over_mean"] >= 1.0
+            assert _positive(ring["build_ms"])
+        # Both twins build the same ring, so the same keys move.
+        assert rings["cython"]["points"] == rings["python"]["points"] == int(pods) * 1024
+        assert rings["cython"]["moved_pct"] == rings["python"]["moved_pct"]
+        assert rings["note"]["points"] == 3 * int(pods)
+    assert report["rings"]["100"]["cython"]["busiest_over_mean"] <= 1.10
+
+
+def test_throughput(report: dict[str, Any]) -> None:
+    names = set(report["throughput_mb_s"])
+    assert {"route_key cython", "route_key python", "prefix_id cython", "prefix_id python"} <= names
+    assert all(_positive(mb_s) for mb_s in report["throughput_mb_s"].values())
+
+
+def test_table_and_json_file(tmp_path: Path) -> None:
+    out = tmp_path / "core.json"
+    result = _bench("--pods", "8", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "decision latency" in result.stdout and "busiest/mean" in result.stdout
+    assert "not evaluated" in result.stdout  # 100 pods were not measured
+    data = json.loads(out.read_text())
+    assert data["params"]["pods"] == [8] and data["targets"] == []
+
+
+def test_bad_pods_argument_is_refused() -> None:
+    result = _bench("--pods", "8,x")
+    assert result.returncode == 2
+    assert "--pods wants comma-separated integers" in result.stderr

@@ -1,0 +1,97 @@
+"""`prefix-sidecar bench fleet --quick`: a real fleet, real sidecar processes, every policy.
+
+Checks that the report is well-formed (all policies, finite numbers in range, JSON and PNG
+written), not that the targets are met: a seconds-long run on a shared box cannot judge that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.tools.bench.fleet import BASELINES, SIDECAR, evaluate_targets, multi_name
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _bench(*args: str, timeout: float = 80) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "bench", "fleet", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_quick_fleet_report_is_well_formed(tmp_path: Path) -> None:
+    report_path, plot_path = tmp_path / "fleet.json", tmp_path / "ttft.png"
+    done = _bench("--quick", "--json", str(report_path), "--plot", str(plot_path))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(report_path.read_text())
+    sidecars = report["params"]["sidecars"]
+    expected = [*BASELINES, SIDECAR, multi_name(sidecars)]
+    assert list(report["results"]) == expected
+    pods = report["params"]["pods"]
+    for name, result in report["results"].items():
+        assert result["requests"] == report["measured_requests"] > 0, name
+        assert 0.0 <= result["hit_rate"] <= 1.0, name
+        for key in ("p50", "p90", "p99"):
+            assert math.isfinite(result["ttft_ms"][key]) and result["ttft_ms"][key] > 0, name
+        assert result["ttft_ms"]["p50"] <= result["ttft_ms"]["p99"]
+        assert len(result["load"]["per_pod"]) == pods
+        assert result["load"]["max_over_mean"] >= 1.0
+        assert math.isfinite(result["requests_per_s"]) and result["requests_per_s"] > 0
+        assert 0 < result["cost_yuan_per_day"] <= result["cost_raw_yuan_per_day"] == 2_468_000
+    assert report["results"][multi_name(sidecars)]["sidecars"] == sidecars
+    assert {p["name"] for p in report["prefixes"]} >= {"compliance-rules", "live-stream-script"}
+    assert report["prefixes"][0]["tokens"] == 60_000
+    assert all(1 <= p["replicas"] <= pods for p in report["prefixes"])
+    assert len(report["targets"]) == 3 and all(
+        isinstance(t["met"], bool) for t in report["targets"]
+    )
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in expected:
+        assert name in done.stdout
+    assert "targets (as measured in this run)" in done.stdout
+
+
+def test_targets_follow_the_numbers() -> None:
+    def result(hit: float, balance: float, p99: float, bound: bool = False) -> dict:
+        return {
+            "hit_rate": hit,
+            "load": {"max_over_mean": balance},
+            "ttft_ms": {"p99": p99, "lower_bound": bound},
+        }
+
+    good = {
+        "round_robin": result(0.9, 1.0, 30_000, bound=True),
+        SIDECAR: result(0.99, 1.1, 200),
+        multi_name(4): result(0.99, 1.2, 250),
+    }
+    assert [t["met"] for t in evaluate_targets(good, 4)] == [True, True, True]
+    bad = {
+        "round_robin": result(0.9, 1.0, 2_000),
+        SIDECAR: result(0.99, 1.4, 200),
+        multi_name(4): result(0.95, 1.2, 250),
+    }
+    assert [t["met"] for t in evaluate_targets(bad, 4)] == [False, False, False]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--kv-tokens", "50000"], "--kv-tokens"),
+        (["--warmup", "70"], "--warmup"),
+        (["--pods", "0"], "--pods"),
+    ],
+)
+def test_bad_flags_are_refused(flags: list[str], message: str) -> None:
+    done = _bench(*flags, timeout=30)
+    assert done.returncode == 2
+    assert message in done.stderr
