@@ -61,7 +61,6 @@ class Prewarmer:
         backoff_s: float = 0.2,
         timeout_s: float = 120.0,
         model: str = "",
-        on_result: Callable[[WarmEvent], None] | None = None,
     ) -> None:
         self._client = client
         self._concurrency = concurrency
@@ -70,7 +69,6 @@ class Prewarmer:
         self._backoff_s = backoff_s
         self._timeout_s = timeout_s
         self._model = model
-        self._on_result = on_result
 
     async def run(self, pairs: Sequence[tuple[PrefixEntry, str]]) -> AsyncIterator[WarmEvent]:
         """Warm every (prefix, pod) pair; yield events as they happen."""
@@ -142,8 +140,6 @@ class Prewarmer:
                         error=error,
                     )
                     emit(event)
-                    if self._on_result is not None:
-                        self._on_result(event)
                     if last:
                         # The pod's own words may echo the prefix: full text only at DEBUG.
                         logger.warning(
@@ -162,8 +158,6 @@ class Prewarmer:
                         cached_tokens=cached,
                     )
                     emit(event)
-                    if self._on_result is not None:
-                        self._on_result(event)
                     return True
             # The slot is free during the backoff: the pod's other pairs go on meanwhile.
             await asyncio.sleep(self._backoff(attempt))
