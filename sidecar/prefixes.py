@@ -65,10 +65,6 @@ class PrefixEntry:
         """The prefix text, decoded on demand (tools and tests; not the request path)."""
         return str(json.loads(b'"' + self.json_bytes + b'"'))
 
-    @property
-    def json_fragment(self) -> str:
-        return self.json_bytes.decode("utf-8")
-
 
 class PrefixStore:
     """Thread-safe map of id -> entry and name -> versions (oldest first).
