@@ -18,7 +18,16 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
@@ -39,6 +48,11 @@ def _always(_: str) -> bool:
 class Metrics:
     def __init__(self, price_base: float = 2.0, price_cache: float = 0.2, price_out: float = 6.0):
         self.registry = CollectorRegistry()
+        # The standard process_* (memory, fds, CPU), python_info and python_gc_* series,
+        # which prometheus_client only puts on its default registry.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self._prices = (price_base / 1e6, price_cache / 1e6, price_out / 1e6)
         r = self.registry
         self.requests = Counter(
@@ -290,13 +304,18 @@ class _HomeTokens:
         )
 
 
-async def start_metrics_server(metrics: Metrics, host: str, port: int) -> web.AppRunner:
+async def start_metrics_server(
+    metrics: Metrics, host: str, port: int, routes: Iterable[web.RouteDef] = ()
+) -> web.AppRunner:
+    """Serve /metrics, plus `routes` (the probes) on the same port."""
+
     async def handle(_: web.Request) -> web.Response:
         body = await metrics.render_off_loop()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
+    app.add_routes(routes)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

@@ -44,6 +44,7 @@ from sidecar.routing.policy import make_policy
 from sidecar.routing.router import Router
 from sidecar.server import caller, memory
 from sidecar.server.handlers import SERVICE, add_router_servicer
+from sidecar.server.probes import Readiness, probe_routes
 from sidecar.server.relay import Relay, RelayPolicy
 from sidecar.server.servicer import RouterServicer
 from sidecar.server.unix_socket import (
@@ -108,6 +109,7 @@ class Sidecar:
         self._health_session: aiohttp.ClientSession | None = None
         self.server: grpc.aio.Server | None = None
         self.health_servicer = health_aio.HealthServicer()
+        self.readiness = Readiness()  # /readyz on the metrics port
         self._tasks: list[asyncio.Task[None]] = []
         self._warming: dict[str, asyncio.Task[None]] = {}
         self._metrics_runner: object | None = None
@@ -184,7 +186,10 @@ class Sidecar:
         )
         if self.config.metrics_port:
             runner = await start_metrics_server(
-                self.metrics, self.config.metrics_host, self.config.metrics_port
+                self.metrics,
+                self.config.metrics_host,
+                self.config.metrics_port,
+                probe_routes(self.readiness),
             )
             self._metrics_runner = runner
             self.metrics_port = self.config.metrics_port
@@ -210,6 +215,7 @@ class Sidecar:
 
     async def stop(self, grace_s: float | None = None) -> None:
         grace = self.config.grace_s if grace_s is None else grace_s
+        self.readiness.drain()
         await self.health_servicer.enter_graceful_shutdown()
         if self.server is not None:
             await self.server.stop(grace)
@@ -347,6 +353,7 @@ class Sidecar:
             self.health.set_members([m.url for m in members])
 
     def _table_changed(self, table: RoutingTable) -> None:
+        self.readiness.observe(backend.state for backend in self.pool.backends.values())
         for backend in self.pool.backends.values():
             self.metrics.set_backend(backend.url, backend.state, backend.healthy)
 
