@@ -1,7 +1,10 @@
 """The sidecar's configuration: one YAML file, overridden by PREFIX_SIDECAR_* env vars, then flags.
 
-Every field is validated at start; a bad value fails with the field's name and the reason,
-so a broken ConfigMap is caught by the pod's first start, not by the first request.
+`Config` is the one table of fields (sidecar/fields.py): each field's default, help, flag and
+check are declared once, and the file, env vars, flags, `--print-config`, the docs table and
+the components' own defaults all read it. Every field is validated at start; a bad value
+fails with the field's name and the reason, so a broken ConfigMap is caught by the pod's
+first start, not by the first request.
 """
 
 from __future__ import annotations
@@ -9,21 +12,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import grp
-import math
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sidecar import fields
+from sidecar.fields import FieldError, above, at_least, one_of, setting
+from sidecar.hostport import split_host_port
+
 ENV_PREFIX = "PREFIX_SIDECAR_"
 DEFAULT_SOCKET = "unix:///tmp/prefix-sidecar.sock"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message names the field."""
+ConfigError = FieldError  # the name callers catch: a value that cannot be used, field named
 
 
 @dataclass(frozen=True)
@@ -35,169 +42,7 @@ class PrefixSpec:
     replicas: int = 0
 
 
-@dataclass(frozen=True)
-class Config:
-    listen: str = DEFAULT_SOCKET
-    socket_mode: int = 0o660
-    socket_group: str = ""
-    tcp_listen: str = ""
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_client_ca_file: str = ""
-
-    backends: tuple[tuple[str, int], ...] = ()  # (url, weight)
-    backends_file: str = ""
-    backends_dns: str = ""
-    dns_nameserver: str = ""
-    dns_interval_s: float = 5.0
-    file_interval_s: float = 1.0
-    # Members at 0.0.0.0/::, link-local (169.254.0.0/16: cloud metadata; fe80::/10), multicast
-    # or broadcast addresses are refused with a warning unless this is true.
-    allow_special_backend_addresses: bool = False
-
-    health_path: str = "/health"
-    health_interval_s: float = 1.0
-    health_timeout_s: float = 1.0
-    eject_after_failures: int = 3
-
-    metrics_port: int = 0
-    metrics_host: str = "127.0.0.1"
-
-    model: str = ""
-    route_window_bytes: int = 4096
-    replicas: int = 1
-    load_factor: float = 1.25
-    # The floor under every pod's bounded-load cap (routing contract v1, pick's min_cap). A vLLM
-    # pod batches dozens of requests, so below ~8 in flight spilling a prefix to a cold pod
-    # costs a full prefill for nothing; at low traffic the proportional cap alone is 1-2
-    # streams. 0 gives the pure contract formula.
-    load_cap_floor: int = 8
-    # The most prefix KV tokens one pod (per unit of weight) is home to (routing contract
-    # section 6). Set it to the pods' KV cache size minus what in-flight requests need; 0
-    # keeps the ring's plain placement, which can stack several big prefixes on one pod.
-    home_kv_budget_tokens: int = 0
-    # With the budget on, also keep every pod within this factor of its fair share of all
-    # homed prefix tokens (contract section 6; 0 = off). Tokens are a proxy for traffic: it
-    # helps when the ring leaves a pod home to almost nothing (bench fleet uses 1.1) and can
-    # hurt when many small prefixes end up together (the demo), so it is off by default.
-    home_balance_factor: float = 0.0
-    # How the budget sizes a prefix without a tokenizer: UTF-8 bytes per token (~4 for
-    # English with a BPE tokenizer; measure yours with vLLM's /tokenize).
-    bytes_per_token: float = 4.0
-    vnodes: int = 0  # 0: the core's DEFAULT_VNODES
-    max_attempts: int = 3
-    warm_before_serve: bool = True
-    prewarm_concurrency: int = 4
-    prewarm_attempts: int = 3
-    prewarm_backoff_s: float = 0.2
-    prewarm_timeout_s: float = 120.0
-
-    max_prefix_bytes: int = 4 * 1024 * 1024
-    max_input_bytes: int = 1024 * 1024
-    max_prefixes: int = 1024
-    max_message_bytes: int = 8 * 1024 * 1024
-
-    upstream_timeout_s: float = 600.0
-    first_token_timeout_s: float = 60.0
-    connect_timeout_s: float = 2.0
-    per_backend_connections: int = 512
-    api_key_env: str = "PREFIX_SIDECAR_API_KEY"
-    api_key_file: str = ""
-
-    grace_s: float = 10.0
-    policy: str = "prefix_affinity"
-    log_level: str = "info"
-
-    price_base: float = 2.0
-    price_cache: float = 0.2
-    price_out: float = 6.0
-
-    prefixes: tuple[PrefixSpec, ...] = field(default_factory=tuple)
-
-    @property
-    def socket_path(self) -> str:
-        """The unix socket path of `listen` (empty when listening on TCP only)."""
-        return self.listen[len("unix://") :] if self.listen.startswith("unix://") else ""
-
-    def api_key(self) -> str:
-        """The upstream API key, from the file if set, else from the env var; never logged."""
-        if self.api_key_file:
-            return Path(self.api_key_file).read_text(encoding="utf-8").strip()
-        return os.environ.get(self.api_key_env, "").strip()
-
-
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-
-
-def _coerce(name: str, value: Any, default: Any) -> Any:
-    """Turn a YAML/env/flag value into the field's type, or raise ConfigError naming the field."""
-    where = f"config field {name!r}"
-    if name == "prefixes":
-        return tuple(_prefix_spec(i, item) for i, item in enumerate(_as_list(name, value)))
-    if name == "backends":
-        items = _as_list(name, value)
-        backends = []
-        for index, entry in enumerate(items):
-            item: Any = entry
-            weight: Any = 1
-            if isinstance(entry, (tuple, list)) and len(entry) == 2:
-                item, weight = entry
-            elif isinstance(entry, Mapping):
-                item, weight = entry.get("url"), entry.get("weight", 1)
-            if not isinstance(item, str) or not item:
-                raise ConfigError(f"{where}[{index}] must be a URL string, got {item!r}")
-            if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
-                raise ConfigError(
-                    f"{where}[{index}].weight must be an integer >= 1, got {weight!r}"
-                )
-            backends.append((item, weight))
-        return tuple(backends)
-    if name == "socket_mode":
-        if isinstance(value, int) and not isinstance(value, bool):
-            mode = value
-        else:
-            try:
-                mode = int(str(value).strip().lower().removeprefix("0o"), 8)
-            except ValueError:
-                raise ConfigError(
-                    f'{where} must be an octal mode like "0660", got {value!r}'
-                ) from None
-        if not 0 <= mode <= 0o777:
-            raise ConfigError(f"{where} must be within 0000..0777, got {oct(mode)}")
-        return mode
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
-    if isinstance(default, int):
-        if isinstance(value, bool):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        try:
-            return int(str(value).replace("_", "")) if not isinstance(value, int) else value
-        except ValueError:
-            raise ConfigError(f"{where} must be an integer, got {value!r}") from None
-    if isinstance(default, float):
-        if isinstance(value, bool):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be a number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise ConfigError(f"{where} must be a finite number, got {value!r}")
-        return number
-    if isinstance(default, str):
-        if value is None:
-            return ""
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return str(value)
-    raise ConfigError(f"{where} has an unsupported value {value!r}")  # pragma: no cover
+# --- parsers and checks of single fields ----------------------------------------------------
 
 
 def _as_list(name: str, value: Any) -> list[Any]:
@@ -208,6 +53,28 @@ def _as_list(name: str, value: Any) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise ConfigError(f"config field {name!r} must be a list, got {type(value).__name__}")
     return list(value)
+
+
+def _backends(name: str, value: Any) -> tuple[tuple[str, int], ...]:
+    where = f"config field {name!r}"
+    backends = []
+    for index, entry in enumerate(_as_list(name, value)):
+        item: Any = entry
+        weight: Any = 1
+        if isinstance(entry, (tuple, list)) and len(entry) == 2:
+            item, weight = entry
+        elif isinstance(entry, Mapping):
+            item, weight = entry.get("url"), entry.get("weight", 1)
+        if not isinstance(item, str) or not item:
+            raise ConfigError(f"{where}[{index}] must be a URL string, got {item!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise ConfigError(f"{where}[{index}].weight must be an integer >= 1, got {weight!r}")
+        backends.append((item, weight))
+    return tuple(backends)
+
+
+def _prefixes(name: str, value: Any) -> tuple[PrefixSpec, ...]:
+    return tuple(_prefix_spec(i, item) for i, item in enumerate(_as_list(name, value)))
 
 
 def _prefix_spec(index: int, item: Any) -> PrefixSpec:
@@ -242,104 +109,297 @@ def parse_prefix_flag(text: str) -> PrefixSpec:
     return PrefixSpec(name=name, file=rest)
 
 
-def _validate(config: Config) -> Config:
-    def fail(name: str, reason: str) -> ConfigError:
-        return ConfigError(f"config field {name!r} {reason}")
+def _octal_mode(name: str, value: Any) -> int:
+    where = f"config field {name!r}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        mode = value
+    else:
+        try:
+            mode = int(str(value).strip().lower().removeprefix("0o"), 8)
+        except ValueError:
+            raise ConfigError(f'{where} must be an octal mode like "0660", got {value!r}') from None
+    if not 0 <= mode <= 0o777:
+        raise ConfigError(f"{where} must be within 0000..0777, got {oct(mode)}")
+    return mode
 
-    if not (config.listen.startswith("unix://") and len(config.listen) > len("unix://")):
-        raise fail("listen", f"must be unix:///path.sock, got {config.listen!r}")
-    if config.tcp_listen:
-        _host, sep, port = config.tcp_listen.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise fail("tcp_listen", f"must be HOST:PORT, got {config.tcp_listen!r}")
+
+def _unix_url(value: str) -> str | None:
+    if value.startswith("unix://") and len(value) > len("unix://"):
+        return None
+    return f"must be unix:///path.sock, got {value!r}"
+
+
+def _host_and_port(value: str) -> str | None:
+    if not value:
+        return None
+    try:
+        split_host_port(value)
+    except ValueError as exc:
+        return f"must be HOST:PORT: {exc}"
+    return None
+
+
+def _nameserver(value: str) -> str | None:
+    if not value:
+        return None
+    try:
+        ipaddress.ip_address(split_host_port(value, default_port=53)[0])
+    except ValueError:
+        return f"must be IP[:PORT], e.g. '10.96.0.10' or '[fd00::a]:53', got {value!r}"
+    return None
+
+
+def _existing_file(path: str) -> str | None:
+    return None if not path or Path(path).is_file() else f"names a file that does not exist: {path}"
+
+
+def _group(name: str) -> str | None:
+    if not name:
+        return None
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        # Checked here, not at chown time: by then the socket is bound and half started.
+        return f"names no group on this host: {name!r}"
+    return None
+
+
+def _policy(name: str) -> str | None:
+    from sidecar.routing.policy import POLICIES  # routing imports the pool: only when checked
+
+    return None if name in POLICIES else f"must be one of {', '.join(POLICIES)}, got {name!r}"
+
+
+def _path(value: str) -> str | None:
+    return None if value.startswith("/") else f"must start with '/', got {value!r}"
+
+
+def _balance(value: float) -> str | None:
+    return None if value == 0 or value >= 1.0 else f"must be 0 (off) or >= 1.0, got {value}"
+
+
+def _log_level(value: str) -> str | None:
+    if value.lower() in LOG_LEVELS:
+        return None
+    return f"must be debug, info, warning or error, got {value!r}"
+
+
+def _vnodes(value: int) -> str | None:
+    return None if value >= 0 else f"must be >= 1 (or 0 for the default), got {value}"
+
+
+def _port(value: int) -> str | None:
+    return None if 0 <= value < 65536 else f"must be a port number (0 = off), got {value}"
+
+
+POSITIVE = above(0)
+AT_LEAST_ONE = at_least(1)
+NOT_NEGATIVE = at_least(0)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of a sidecar; see docs/api.md's configuration table (made from this)."""
+
+    listen: str = setting(
+        DEFAULT_SOCKET, "the gRPC unix socket, unix:///path.sock", flag="--listen", check=_unix_url
+    )
+    socket_mode: int = setting(
+        0o660, "the socket file's mode, octal", parse=_octal_mode, verbatim=True
+    )
+    socket_group: str = setting("", "the socket file's group (must exist)", check=_group)
+    tcp_listen: str = setting(
+        "", "HOST:PORT of an extra TLS-only gRPC listener; empty = none", check=_host_and_port
+    )
+    tls_cert_file: str = setting("", "the TCP listener's certificate (PEM)")
+    tls_key_file: str = setting("", "the TCP listener's private key (PEM)")
+    tls_client_ca_file: str = setting("", "CA that client certificates must chain to (mTLS)")
+
+    backends: tuple[tuple[str, int], ...] = setting(
+        (),
+        "vLLM pod URLs, each a string or {url, weight}",
+        flag="--backend",
+        metavar="URL",
+        repeat=True,
+        parse=_backends,
+    )
+    backends_file: str = setting(
+        "", "YAML/JSON list of pods, re-read on change", flag="--backends-file"
+    )
+    backends_dns: str = setting(
+        "",
+        "headless Service NAME:PORT re-resolved for A/AAAA records",
+        flag="--backends-dns",
+        metavar="NAME:PORT",
+    )
+    dns_nameserver: str = setting(
+        "",
+        "IP[:PORT] of the DNS server for backends_dns; empty = the system's",
+        flag="--dns-nameserver",
+        metavar="IP[:PORT]",
+        check=_nameserver,
+    )
+    dns_interval_s: float = setting(5.0, "seconds between DNS lookups", check=POSITIVE)
+    file_interval_s: float = setting(1.0, "seconds between backends_file reads", check=POSITIVE)
+    # Members at 0.0.0.0/::, link-local (169.254.0.0/16: cloud metadata; fe80::/10), multicast
+    # or broadcast addresses are refused with a warning unless this is true.
+    allow_special_backend_addresses: bool = setting(
+        False,
+        "accept members at 0.0.0.0, ::, link-local, multicast or broadcast addresses",
+        flag="--allow-special-backend-addresses",
+    )
+
+    health_path: str = setting(
+        "/health", "GET path of active health checks", flag="--health-path", check=_path
+    )
+    health_interval_s: float = setting(1.0, "seconds between a pod's health checks", check=POSITIVE)
+    health_timeout_s: float = setting(1.0, "seconds a health check may take", check=POSITIVE)
+    eject_after_failures: int = setting(
+        3, "consecutive failures that take a pod out", check=AT_LEAST_ONE
+    )
+
+    metrics_port: int = setting(
+        0, "Prometheus /metrics port; 0 = off", flag="--metrics-port", check=_port
+    )
+    metrics_host: str = setting("127.0.0.1", "the address the metrics port binds")
+
+    model: str = setting("", "model name sent to the pods; empty = the caller's or the pod's")
+    route_window_bytes: int = setting(
+        4096, "bytes of an unregistered prompt that make its route key", check=AT_LEAST_ONE
+    )
+    replicas: int = setting(1, "pods per prefix (R of the routing contract)", check=AT_LEAST_ONE)
+    load_factor: float = setting(
+        1.25, "bounded-load factor c: a pod's cap is c x its fair share", check=at_least(1.0)
+    )
+    # The floor under every pod's bounded-load cap (routing contract v1, pick's min_cap). A vLLM
+    # pod batches dozens of requests, so below ~8 in flight spilling a prefix to a cold pod
+    # costs a full prefill for nothing; at low traffic the proportional cap alone is 1-2
+    # streams. 0 gives the pure contract formula.
+    load_cap_floor: int = setting(
+        8,
+        "the floor under every pod's cap (min_cap); 0 = none",
+        check=at_least(0, " (0 = no floor)"),
+    )
+    # The most prefix KV tokens one pod (per unit of weight) is home to (routing contract
+    # section 6). Set it to the pods' KV cache size minus what in-flight requests need; 0
+    # keeps the ring's plain placement, which can stack several big prefixes on one pod.
+    home_kv_budget_tokens: int = setting(
+        0,
+        "most prefix KV tokens a pod is home to, per unit of weight; 0 = plain ring",
+        check=at_least(0, " (0 = plain ring placement)"),
+    )
+    # With the budget on, also keep every pod within this factor of its fair share of all
+    # homed prefix tokens (contract section 6; 0 = off). Tokens are a proxy for traffic: it
+    # helps when the ring leaves a pod home to almost nothing (bench fleet uses 1.1) and can
+    # hurt when many small prefixes end up together (the demo), so it is off by default.
+    home_balance_factor: float = setting(
+        0.0, "keep each pod within f x its share of homed tokens; 0 = off", check=_balance
+    )
+    # How the budget sizes a prefix without a tokenizer: UTF-8 bytes per token (~4 for
+    # English with a BPE tokenizer; measure yours with vLLM's /tokenize).
+    bytes_per_token: float = setting(
+        4.0, "UTF-8 bytes per token, to size prefixes for the budget", check=POSITIVE
+    )
+    vnodes: int = setting(
+        0, "ring points per unit of weight; 0 = the core's default", check=_vnodes
+    )
+    max_attempts: int = setting(
+        3, "pods a request may try before its first token", check=AT_LEAST_ONE
+    )
+    warm_before_serve: bool = setting(True, "warm a joining pod's prefixes before it takes traffic")
+    prewarm_concurrency: int = setting(4, "prewarm requests in flight at once", check=AT_LEAST_ONE)
+    prewarm_attempts: int = setting(3, "tries of one prewarm", check=AT_LEAST_ONE)
+    prewarm_backoff_s: float = setting(0.2, "seconds before a prewarm's retry", check=NOT_NEGATIVE)
+    prewarm_timeout_s: float = setting(120.0, "seconds one prewarm may take", check=POSITIVE)
+
+    max_prefix_bytes: int = setting(
+        4 * 1024 * 1024, "largest prefix text a caller may register", check=AT_LEAST_ONE
+    )
+    max_input_bytes: int = setting(
+        1024 * 1024, "largest thin query or prompt of a request", check=AT_LEAST_ONE
+    )
+    max_prefixes: int = setting(1024, "most prefixes registered at once", check=AT_LEAST_ONE)
+    max_message_bytes: int = setting(
+        8 * 1024 * 1024, "largest gRPC message in either direction", check=AT_LEAST_ONE
+    )
+
+    upstream_timeout_s: float = setting(
+        600.0, "seconds a whole completion may take", check=POSITIVE
+    )
+    first_token_timeout_s: float = setting(
+        60.0, "seconds until a pod's first token, else the next pod", check=POSITIVE
+    )
+    connect_timeout_s: float = setting(2.0, "seconds to connect to a pod", check=POSITIVE)
+    per_backend_connections: int = setting(
+        512, "HTTP connections to one pod at most", check=AT_LEAST_ONE
+    )
+    api_key_env: str = setting(
+        "PREFIX_SIDECAR_API_KEY", "env var holding the pods' API key (sent as a bearer token)"
+    )
+    api_key_file: str = setting(
+        "", "file holding the pods' API key; wins over api_key_env", check=_existing_file
+    )
+
+    grace_s: float = setting(10.0, "seconds to drain streams after SIGTERM", check=NOT_NEGATIVE)
+    policy: str = setting(
+        "prefix_affinity", "the pick; the others are baselines for benchmarks", check=_policy
+    )
+    log_level: str = setting("info", "debug, info, warning or error", check=_log_level)
+    log_format: str = setting(
+        "text", "text, or json: one JSON object per line", check=one_of(LOG_FORMATS)
+    )
+
+    price_base: float = setting(2.0, "yuan per million uncached prompt tokens", check=NOT_NEGATIVE)
+    price_cache: float = setting(0.2, "yuan per million cached prompt tokens", check=NOT_NEGATIVE)
+    price_out: float = setting(6.0, "yuan per million output tokens", check=NOT_NEGATIVE)
+
+    prefixes: tuple[PrefixSpec, ...] = setting(
+        (),
+        "prefixes registered (and warmed) at start: NAME=FILE[:REPLICAS] or {name, file, replicas}",
+        flag="--prefix",
+        metavar="NAME=FILE[:REPLICAS]",
+        repeat=True,
+        parse=_prefixes,
+    )
+
+    @property
+    def socket_path(self) -> str:
+        """The unix socket path of `listen` (empty when listening on TCP only)."""
+        return self.listen[len("unix://") :] if self.listen.startswith("unix://") else ""
+
+    def api_key(self) -> str:
+        """The upstream API key, from the file if set, else from the env var; never logged."""
+        if self.api_key_file:
+            return Path(self.api_key_file).read_text(encoding="utf-8").strip()
+        return os.environ.get(self.api_key_env, "").strip()
+
+
+DEFAULTS = Config()  # the defaults components take when built without a Config
+FIELDS = fields.table(Config)
+
+
+def _fail(name: str, reason: str) -> ConfigError:
+    return ConfigError(f"config field {name!r} {reason}")
+
+
+def _validate(config: Config) -> Config:
+    fields.validate(config, lambda name, reason: f"config field {name!r} {reason}")
+    if config.tcp_listen:  # the TLS files matter only with a TCP listener
         if not (config.tls_cert_file and config.tls_key_file):
-            raise fail(
+            raise _fail(
                 "tcp_listen",
                 "needs tls_cert_file and tls_key_file: the TCP listener only serves TLS",
             )
         for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
-            path = getattr(config, name)
-            if path and not Path(path).is_file():
-                raise fail(name, f"names a file that does not exist: {path}")
+            reason = _existing_file(getattr(config, name))
+            if reason is not None:
+                raise _fail(name, reason)
         if config.tls_client_ca_file and not config.tls_cert_file:
-            raise fail("tls_client_ca_file", "needs tls_cert_file and tls_key_file (mTLS)")
-    positive = {
-        "dns_interval_s": config.dns_interval_s,
-        "file_interval_s": config.file_interval_s,
-        "health_interval_s": config.health_interval_s,
-        "health_timeout_s": config.health_timeout_s,
-        "upstream_timeout_s": config.upstream_timeout_s,
-        "first_token_timeout_s": config.first_token_timeout_s,
-        "connect_timeout_s": config.connect_timeout_s,
-        "prewarm_timeout_s": config.prewarm_timeout_s,
-    }
-    for name, value in positive.items():
-        if value <= 0:
-            raise fail(name, f"must be > 0, got {value}")
-    at_least_one = {
-        "eject_after_failures": config.eject_after_failures,
-        "route_window_bytes": config.route_window_bytes,
-        "replicas": config.replicas,
-        "max_attempts": config.max_attempts,
-        "prewarm_concurrency": config.prewarm_concurrency,
-        "prewarm_attempts": config.prewarm_attempts,
-        "max_prefix_bytes": config.max_prefix_bytes,
-        "max_input_bytes": config.max_input_bytes,
-        "max_prefixes": config.max_prefixes,
-        "max_message_bytes": config.max_message_bytes,
-        "per_backend_connections": config.per_backend_connections,
-    }
-    for name, value in at_least_one.items():
-        if value < 1:
-            raise fail(name, f"must be >= 1, got {value}")
-    if config.vnodes < 0:
-        raise fail("vnodes", f"must be >= 1 (or 0 for the default), got {config.vnodes}")
-    if config.load_factor < 1.0:
-        raise fail("load_factor", f"must be >= 1.0, got {config.load_factor}")
-    if config.load_cap_floor < 0:
-        raise fail("load_cap_floor", f"must be >= 0 (0 = no floor), got {config.load_cap_floor}")
-    if config.home_kv_budget_tokens < 0:
-        raise fail(
-            "home_kv_budget_tokens",
-            f"must be >= 0 (0 = plain ring placement), got {config.home_kv_budget_tokens}",
-        )
-    if not (config.home_balance_factor == 0 or config.home_balance_factor >= 1.0):
-        raise fail(
-            "home_balance_factor",
-            f"must be 0 (off) or >= 1.0, got {config.home_balance_factor}",
-        )
-    if config.bytes_per_token <= 0:
-        raise fail("bytes_per_token", f"must be > 0, got {config.bytes_per_token}")
-    for name in ("grace_s", "prewarm_backoff_s"):
-        if getattr(config, name) < 0:
-            raise fail(name, f"must be >= 0, got {getattr(config, name)}")
-    if not 0 <= config.metrics_port < 65536:
-        raise fail("metrics_port", f"must be a port number (0 = off), got {config.metrics_port}")
-    from sidecar.routing.policy import POLICIES
-
-    if config.policy not in POLICIES:
-        raise fail("policy", f"must be one of {', '.join(POLICIES)}, got {config.policy!r}")
-    if not config.health_path.startswith("/"):
-        raise fail("health_path", f"must start with '/', got {config.health_path!r}")
-    if config.socket_group:
-        try:
-            grp.getgrnam(config.socket_group)
-        except KeyError:
-            # Checked here, not at chown time: by then the socket is bound and half started.
-            raise fail(
-                "socket_group", f"names no group on this host: {config.socket_group!r}"
-            ) from None
-    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise fail("log_level", f"must be debug, info, warning or error, got {config.log_level!r}")
-    for name in ("price_base", "price_cache", "price_out"):
-        if getattr(config, name) < 0:
-            raise fail(name, "must be >= 0")
-    if config.api_key_file and not Path(config.api_key_file).is_file():
-        raise fail("api_key_file", f"names a file that does not exist: {config.api_key_file}")
+            raise _fail("tls_client_ca_file", "needs tls_cert_file and tls_key_file (mTLS)")
     names = [p.name for p in config.prefixes]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
-        raise fail("prefixes", f"has duplicate names {sorted(duplicates)}")
+        raise _fail("prefixes", f"has duplicate names {sorted(duplicates)}")
     return config
 
 
@@ -350,24 +410,23 @@ def build_config(
 ) -> Config:
     """Merge file < env < overrides (flags) into a validated Config."""
     values: dict[str, Any] = {}
-    for source_name, source in (("config file", file_values or {}), ("flags", overrides or {})):
-        if source_name == "flags":
-            for key, raw in (env or {}).items():
-                if key.startswith(ENV_PREFIX):
-                    name = key[len(ENV_PREFIX) :].lower()
-                    if name in FIELDS and name != "api_key":
-                        values[name] = _coerce(name, raw, FIELDS[name].default)
-        for name, raw in source.items():
-            if name not in FIELDS:
-                raise ConfigError(
-                    f"unknown config field {name!r} in the {source_name}; "
-                    f"known fields: {', '.join(sorted(FIELDS))}"
-                )
-            default = FIELDS[name].default
-            if default is dataclasses.MISSING:
-                default = ()
-            values[name] = _coerce(name, raw, default)
+    _merge(values, file_values or {}, "config file")
+    for key, raw in (env or {}).items():
+        name = key[len(ENV_PREFIX) :].lower() if key.startswith(ENV_PREFIX) else ""
+        if name in FIELDS:  # other PREFIX_SIDECAR_* vars (the API key) are not fields
+            values[name] = fields.coerce(FIELDS[name], raw)
+    _merge(values, overrides or {}, "flags")
     return _validate(Config(**values))
+
+
+def _merge(values: dict[str, Any], source: Mapping[str, Any], source_name: str) -> None:
+    for name, raw in source.items():
+        if name not in FIELDS:
+            raise ConfigError(
+                f"unknown config field {name!r} in the {source_name}; "
+                f"known fields: {', '.join(sorted(FIELDS))}"
+            )
+        values[name] = fields.coerce(FIELDS[name], raw)
 
 
 def load_file(path: str) -> dict[str, Any]:
@@ -385,10 +444,11 @@ def load_file(path: str) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path} must hold a mapping of fields, got {type(data).__name__}"
         )
-    if isinstance(data.get("socket_mode"), int):
-        # YAML reads `socket_mode: 440` as decimal 440 (0o670) but `0660` as octal: take the
-        # digits as written, so every spelling of a mode means what a chmod user expects.
-        data["socket_mode"] = _raw_scalar(text, "socket_mode")
+    for name, entry in FIELDS.items():
+        if entry.spec.verbatim and isinstance(data.get(name), int):
+            # YAML reads `socket_mode: 440` as decimal 440 (0o670) but `0660` as octal: take
+            # the digits as written, so every spelling of a mode means what a chmod user expects.
+            data[name] = _raw_scalar(text, name)
     return data
 
 
@@ -401,38 +461,9 @@ def _raw_scalar(text: str, key: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags for `serve`; every field can also be set in the file or the environment."""
+    """Flags for `serve`, from the table; every field can also be set in the file or the env."""
     parser.add_argument("--config", help="YAML config file")
-    parser.add_argument("--listen", help=f"unix:///path.sock (default {DEFAULT_SOCKET})")
-    parser.add_argument(
-        "--backend",
-        dest="backends",
-        action="append",
-        metavar="URL",
-        help="a vLLM pod URL (repeatable)",
-    )
-    parser.add_argument("--backends-file", help="YAML/JSON list of pods, re-read on change")
-    parser.add_argument(
-        "--backends-dns",
-        metavar="NAME:PORT",
-        help="headless Service name re-resolved for A/AAAA records",
-    )
-    parser.add_argument("--dns-nameserver", metavar="IP[:PORT]")
-    parser.add_argument(
-        "--allow-special-backend-addresses",
-        action="store_const",
-        const=True,
-        help="accept members at 0.0.0.0, ::, link-local, multicast or broadcast addresses",
-    )
-    parser.add_argument("--health-path", help="GET path for active health checks")
-    parser.add_argument("--metrics-port", type=int, help="Prometheus port (0 = off)")
-    parser.add_argument(
-        "--prefix",
-        dest="prefixes",
-        action="append",
-        metavar="NAME=FILE[:REPLICAS]",
-        help="register a prefix at start (repeatable)",
-    )
+    fields.add_flags(parser, Config, typed=False)
     parser.add_argument(
         "--set",
         dest="settings",
@@ -445,32 +476,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
     file_values = load_file(args.config) if getattr(args, "config", None) else {}
-    overrides: dict[str, Any] = {}
-    for name in (
-        "listen",
-        "backends_file",
-        "backends_dns",
-        "dns_nameserver",
-        "allow_special_backend_addresses",
-        "health_path",
-        "metrics_port",
-    ):
-        value = getattr(args, name, None)
-        if value is not None:
-            overrides[name] = value
-    if getattr(args, "backends", None):
-        overrides["backends"] = args.backends
-    if getattr(args, "prefixes", None):
-        overrides["prefixes"] = [parse_prefix_flag(p) for p in args.prefixes]
-    for setting in getattr(args, "settings", []) or []:
-        name, sep, value = setting.partition("=")
+    overrides = fields.given(args, Config)
+    for setting_text in getattr(args, "settings", []) or []:
+        name, sep, value = setting_text.partition("=")
         if not sep:
-            raise ConfigError(f"--set {setting!r} must look like FIELD=VALUE")
+            raise ConfigError(f"--set {setting_text!r} must look like FIELD=VALUE")
         name = name.strip()
-        if name == "socket_mode":  # octal text, as chmod reads it: YAML would make 660 decimal
+        entry = FIELDS.get(name)
+        if entry is not None and entry.spec.verbatim:  # octal text, as chmod reads it
             overrides[name] = value
-            continue
-        overrides[name] = yaml.safe_load(value) if value else ""
+        else:
+            overrides[name] = yaml.safe_load(value) if value else ""
     return build_config(file_values, os.environ if env is None else env, overrides)
 
 
