@@ -12,9 +12,10 @@ prompt) is the oldest of those names, so unregistering one name hands it to the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sidecar import _core
@@ -85,6 +86,22 @@ class PrefixStore:
         # Bumped whenever the set of entries or a replica count changes: placements that
         # depend on the whole registered set (routing/placement.py) recompute on it.
         self.generation = 0
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, watcher: Callable[[], None]) -> None:
+        """Call `watcher` after every change that bumps `generation`, once the change is whole
+        and the lock released (the home placement is rebuilt then, not by the next request)."""
+        self._watchers.append(watcher)
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        with self._lock:
+            before = self.generation
+            yield
+            changed = self.generation != before
+        if changed:
+            for watcher in self._watchers:
+                watcher()
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -112,7 +129,7 @@ class PrefixStore:
                 "(config max_prefix_bytes)"
             )
         entry_id = _core.prefix_id(text)
-        with self._lock:
+        with self._changing():
             if name not in self._versions and len(self._versions) >= self._max_prefixes:
                 raise PrefixLimitExceeded(
                     f"the sidecar holds {len(self._versions)} prefix names, its maximum "
@@ -196,7 +213,7 @@ class PrefixStore:
             ]
 
     def unregister_id(self, prefix_id: str) -> list[str]:
-        with self._lock:
+        with self._changing():
             entry = self._by_id.get(prefix_id)
             if entry is None:
                 raise PrefixNotFound(f"no prefix with id {prefix_id!r} to unregister")
@@ -204,7 +221,7 @@ class PrefixStore:
             return [prefix_id]
 
     def unregister_name(self, name: str) -> list[str]:
-        with self._lock:
+        with self._changing():
             ids = self._versions.get(name)
             if not ids:
                 raise PrefixNotFound(f"no prefix named {name!r} to unregister")
