@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from sidecar.config import DEFAULTS
 from sidecar.prefixes import PrefixEntry
 from sidecar.upstream.body import completion_body
 from sidecar.upstream.client import UpstreamClient, UpstreamError
@@ -56,11 +57,11 @@ class Prewarmer:
         self,
         client: UpstreamClient,
         *,
-        concurrency: int = 4,
-        attempts: int = 3,
-        backoff_s: float = 0.2,
-        timeout_s: float = 120.0,
-        model: str = "",
+        concurrency: int = DEFAULTS.prewarm_concurrency,
+        attempts: int = DEFAULTS.prewarm_attempts,
+        backoff_s: float = DEFAULTS.prewarm_backoff_s,
+        timeout_s: float = DEFAULTS.prewarm_timeout_s,
+        model: str = DEFAULTS.model,
     ) -> None:
         self._client = client
         self._concurrency = concurrency

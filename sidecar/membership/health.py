@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from sidecar.config import DEFAULTS
 from sidecar.upstream.sse import clip
 
 logger = logging.getLogger(__name__)
@@ -94,10 +95,10 @@ class HealthMonitor:
         self,
         session: aiohttp.ClientSession,
         *,
-        path: str = "/health",
-        interval_s: float = 2.0,
-        timeout_s: float = 1.0,
-        failure_threshold: int = 3,
+        path: str = DEFAULTS.health_path,
+        interval_s: float = DEFAULTS.health_interval_s,
+        timeout_s: float = DEFAULTS.health_timeout_s,
+        failure_threshold: int = DEFAULTS.eject_after_failures,
         on_change: ChangeCallback,
         failure_recheck_s: float = 0.2,
         watch_connections: bool = True,
@@ -197,10 +198,6 @@ class HealthMonitor:
         for tracked in self._members.values():
             for task in tracked.tasks:
                 task.cancel()
-
-    async def check_all(self) -> None:
-        """Check every member once now (e.g. at startup, before taking traffic)."""
-        await asyncio.gather(*(self._check(t) for t in list(self._members.values())))
 
     # --- internals ---------------------------------------------------------------------
 

@@ -36,10 +36,12 @@ import dns.name
 import dns.resolver
 import yaml
 
+from sidecar._core_py import MAX_WEIGHT  # the routing contract's bound, in both cores
+from sidecar.hostport import split_host_port
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
-MAX_WEIGHT = 1000  # weights scale ring points; a typo like 100000 should not eat memory
 _HOST_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$")
 _EXAMPLE = "e.g. 'http://10.0.0.5:8000'"
 
@@ -246,17 +248,14 @@ def _parse_entry(entry: Any, where: str) -> Member:
 
 def parse_dns_target(text: str) -> tuple[str, int]:
     """Split "vllm-headless.llm.svc.cluster.local:8000" into (name, port)."""
-    example = "e.g. 'vllm-headless.llm.svc.cluster.local:8000'"
-    if not isinstance(text, str) or "://" in text:
-        raise ValueError(f"DNS target {text!r} must be 'name:port' without a scheme, {example}")
-    name, sep, port_text = text.strip().rpartition(":")
-    if not sep or not name:
-        raise ValueError(f"DNS target {text!r} must be 'name:port', {example}")
+    example = "'vllm-headless.llm.svc.cluster.local:8000'"
+    try:
+        name, port = split_host_port(text, example=example)
+    except ValueError as exc:
+        raise ValueError(f"DNS target: {exc}") from None
     if ":" in name or "/" in name or " " in name:
-        raise ValueError(f"DNS target {text!r}: {name!r} is not a DNS name, {example}")
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ValueError(f"DNS target {text!r}: port {port_text!r} must be 1-65535, {example}")
-    return name, int(port_text)
+        raise ValueError(f"DNS target {text!r}: {name!r} is not a DNS name, e.g. {example}")
+    return name, port
 
 
 class MembershipSource(ABC):

@@ -65,7 +65,7 @@ def test_canonical_backend_url_rejects(raw: str, message: str) -> None:
 def test_member_canonicalises_and_validates_weight() -> None:
     assert Member("HTTP://A:8000/") == Member("http://a:8000")
     assert Member("a:1", 3).weight == 3
-    for bad in (0, -1, 1001, True, 1.5):
+    for bad in (0, -1, 65537, True, 1.5):
         with pytest.raises(ValueError, match="weight"):
             Member("http://a:1", bad)  # type: ignore[arg-type]
 
@@ -92,7 +92,7 @@ backends:
         ),
         (
             "- {url: a:1, weight: 0}\n",
-            "src: backends[0]: backend 'a:1': weight must be 1-1000, got 0",
+            "src: backends[0]: backend 'a:1': weight must be 1-65536, got 0",
         ),
         ("- {url: a:1, weight: two}\n", "src: backends[0]: field 'weight' must be an integer"),
         ("- {url: a:1, wieght: 2}\n", "src: backends[0]: unknown field(s) ['wieght']"),
