@@ -45,9 +45,10 @@ def _reject_message(request: Undecodable) -> str:
     )
 
 
-def _unary(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Also wraps a streaming method written as a coroutine that calls context.write: the
-    check costs one await at the start instead of a generator resume per message."""
+def _reject_undecodable(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Answer an Undecodable request with INVALID_ARGUMENT before a coroutine method runs:
+    a unary method, or a streaming one that sends with context.write (the check then costs
+    one await at the start instead of a generator resume per message)."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Undecodable):
@@ -57,7 +58,11 @@ def _unary(method: Callable[..., Any]) -> Callable[..., Any]:
     return handle
 
 
-def _streaming(method: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+def _reject_undecodable_stream(
+    method: Callable[..., AsyncIterator[Any]],
+) -> Callable[..., AsyncIterator[Any]]:
+    """The same for a streaming method written as an async generator."""
+
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _reject_message(request))
@@ -76,7 +81,11 @@ def add_router_servicer(servicer: Any, server: grpc.aio.Server) -> None:
         response_class = database.GetSymbol(method.output_type.full_name)
         implementation = getattr(servicer, method.name)
         if method.server_streaming:
-            wrap = _unary if inspect.iscoroutinefunction(implementation) else _streaming
+            wrap = (
+                _reject_undecodable
+                if inspect.iscoroutinefunction(implementation)
+                else _reject_undecodable_stream
+            )
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
                 wrap(implementation),
                 request_deserializer=_decoder(request_class),
@@ -84,7 +93,7 @@ def add_router_servicer(servicer: Any, server: grpc.aio.Server) -> None:
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _unary(implementation),
+                _reject_undecodable(implementation),
                 request_deserializer=_decoder(request_class),
                 response_serializer=response_class.SerializeToString,
             )
