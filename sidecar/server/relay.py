@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -25,6 +25,7 @@ import grpc
 from sidecar.membership.health import HealthMonitor
 from sidecar.membership.pool import BackendPool
 from sidecar.metrics import Metrics
+from sidecar.server.abort import RpcAbort
 from sidecar.upstream.body import SplicedBody
 from sidecar.upstream.client import UpstreamClient, UpstreamError, UpstreamStream
 from sidecar.upstream.sse import Delta, clip, usage_counts
@@ -49,15 +50,6 @@ STATUS_BYTES = 1900
 # A stream that ends with [DONE] but never said why it finished was cut short by the pod
 # (llama.cpp's server does this when another request arrives, for example).
 TRUNCATED = "the stream ended without a finish_reason: the pod cut it short"
-
-
-class RelayAbort(Exception):
-    """End the RPC with this status and message."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass
@@ -103,9 +95,14 @@ class Relay:
         time_remaining: Callable[[], float | None],
         outcome: RelayOutcome,
         on_accepted: Callable[[], None] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[router_pb2.Chunk, None]:
         """Yield the chunks of the first pod that streams; `on_accepted` is called when a
-        pod first answers 200 (the caller can send its response headers then)."""
+        pod first answers 200 (the caller can send its response headers then). `headers`
+        are added to every attempt's HTTP request (the caller's trace context).
+
+        Raises RpcAbort with the status the call must end with when no pod streams, or when
+        the stream breaks after the first token."""
         started = time.perf_counter()
         attempts = candidates[: self.policy.max_attempts]
         for number, backend in enumerate(attempts, 1):
@@ -128,6 +125,7 @@ class Relay:
                             body,
                             timeout_s=self._total_timeout(remaining),
                             chat=chat,
+                            headers=headers,
                         )
                         if on_accepted is not None:
                             on_accepted()
@@ -176,7 +174,7 @@ class Relay:
                     outcome.status = "PARTIAL"
                     remaining = time_remaining()
                     expired = remaining is not None and remaining < DEADLINE_SLACK_S
-                    raise RelayAbort(
+                    raise RpcAbort(
                         grpc.StatusCode.DEADLINE_EXCEEDED
                         if expired
                         else grpc.StatusCode.UNAVAILABLE,
@@ -186,7 +184,7 @@ class Relay:
                     ) from None
                 if not exc.retryable:
                     outcome.status = "INVALID_ARGUMENT"
-                    raise RelayAbort(
+                    raise RpcAbort(
                         grpc.StatusCode.INVALID_ARGUMENT,
                         f"the pod {backend} rejected the request: {exc.message}",
                     ) from None
@@ -204,7 +202,7 @@ class Relay:
                 self.metrics.child(self.metrics.in_flight, backend).dec()
         outcome.status = "UNAVAILABLE"
         if not outcome.errors:
-            raise RelayAbort(
+            raise RpcAbort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 "the deadline expired before any pod could be tried",
             )
@@ -212,7 +210,7 @@ class Relay:
         if remaining is not None and remaining < DEADLINE_SLACK_S:
             # The last attempt's timeouts were the caller's deadline: say so, whichever
             # timer (ours or aiohttp's) fired first.
-            raise RelayAbort(
+            raise RpcAbort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 clip(
                     f"the deadline expired after {len(outcome.errors)} attempt(s): "
@@ -220,7 +218,7 @@ class Relay:
                     STATUS_BYTES,
                 ),
             )
-        raise RelayAbort(
+        raise RpcAbort(
             grpc.StatusCode.UNAVAILABLE,
             clip(
                 f"no pod could serve the request after {len(outcome.errors)} attempt(s): "

@@ -1,8 +1,11 @@
-"""The sidecar.v1.Router servicer: validates each call, routes it, relays the pod's answer.
+"""The sidecar.v1.Router servicer: the RPCs. Each checks its request (validation.py), routes
+it, and for Complete and Chat relays the pod's answer (relay.py) and records the outcome
+(request_log.py).
 
 Every refusal carries a gRPC status a client can branch on and a message that says what
-to fix (docs/api.md lists them). Handlers never let an exception escape as UNKNOWN: an
-unexpected bug is logged and reported as INTERNAL, and the sidecar keeps serving.
+to fix (docs/api.md lists them): code below raises RpcAbort, the RPC turns it into its
+status. Handlers never let an exception escape as UNKNOWN: an unexpected bug is logged and
+reported as INTERNAL, and the sidecar keeps serving.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -26,15 +28,21 @@ from sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound, PrefixSto
 from sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent
 from sidecar.routing.router import Decision, NoBackendError, Router
 from sidecar.server import caller
-from sidecar.server.relay import Relay, RelayAbort, RelayOutcome
+from sidecar.server.abort import RpcAbort, invalid_argument
+from sidecar.server.early_headers import EarlyHeaders
+from sidecar.server.relay import Relay, RelayOutcome
+from sidecar.server.request_log import record_outcome
+from sidecar.server.trace_context import TraceContext
+from sidecar.server.validation import (
+    chat_messages,
+    registration_text,
+    sampling_params,
+    text_field,
+)
 from sidecar.upstream.body import SplicedBody, chat_body, completion_body, escape
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 logger = logging.getLogger("sidecar.requests")
-
-CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
-MAX_STOP = 16
-MAX_REPLICAS = 1024
 
 T = TypeVar("T")
 
@@ -58,21 +66,14 @@ class UpstreamPlan:
         return self.entry.name if self.entry is not None else "-"
 
 
-class Invalid(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Map our exceptions to statuses for unary RPCs."""
+def _status_on_error(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """End a unary RPC with RpcAbort's status, or INTERNAL for an unexpected bug."""
 
     @functools.wraps(method)
     async def wrapper(self: RouterServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
         try:
             return await method(self, request, context)
-        except Invalid as exc:
+        except RpcAbort as exc:
             await context.abort(exc.code, exc.message)
         except Exception:
             logger.exception("%s failed unexpectedly", method.__name__)
@@ -80,39 +81,6 @@ def _unary(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
     return wrapper
-
-
-class EarlyHeaders:
-    """Send a stream's response headers (initial metadata) once a pod accepted the request,
-    while it works on the prompt.
-
-    A grpc.aio client receives the headers and the first message in two steps, each a hop
-    through its completion-queue thread; with the headers already there when the first
-    chunk is written, that hop is off the time to first token. A task, so the relay is not
-    held up; not before a pod accepted, so a call no pod takes still ends trailers-only.
-    """
-
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
-        self._context = context
-        self._task: asyncio.Task[None] | None = None
-        self.pending = False  # sent and not yet awaited
-
-    def send(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._context.send_initial_metadata(())
-            )
-            self._task.add_done_callback(_retrieve_failure)
-            self.pending = True
-
-    async def settle(self) -> None:
-        """Wait for the headers before anything else goes out on the call: grpc sends
-        initial metadata once, and the first message or the status would add them again.
-        Their failure is the call's, which the next step on the call reports."""
-        if self.pending and self._task is not None:
-            self.pending = False
-            with contextlib.suppress(Exception):
-                await self._task
 
 
 async def _abort(
@@ -124,11 +92,6 @@ async def _abort(
     except grpc.aio.InternalError:
         outcome.status = caller.ended_status(context)
         raise asyncio.CancelledError from None
-
-
-def _retrieve_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()  # the call ended under the task: nothing to log
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -152,22 +115,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     # --- prefixes -----------------------------------------------------------------------
 
-    @_unary
+    @_status_on_error
     async def RegisterPrefix(
         self, request: router_pb2.RegisterPrefixRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.Prefix:
-        if not request.name:
-            raise Invalid(grpc.StatusCode.INVALID_ARGUMENT, "name is empty; name the prefix")
-        if request.replicas > MAX_REPLICAS:
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"replicas is {request.replicas}; the maximum is {MAX_REPLICAS}",
-            )
-        text = _text(request.text, "prefix text", self.config.max_prefix_bytes)
+        text = registration_text(request, self.config.max_prefix_bytes)
         try:
             entry, created = self.store.register(request.name, text, request.replicas)
         except PrefixError as exc:
-            raise Invalid(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            raise invalid_argument(str(exc)) from None
         logger.info(
             "prefix %s registered as %s (%d bytes, %s)",
             request.name,
@@ -179,13 +135,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if request.prewarm:
             targets = self.router.home_set(entry)
             if not targets:
-                raise Invalid(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
+                raise RpcAbort(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
             for event in await self.prewarmer.warm_all([(entry, url) for url in targets]):
                 self._note_warm(entry, event)
                 reply.prewarm.append(_event_message(event))
         return reply
 
-    @_unary
+    @_status_on_error
     async def UnregisterPrefix(
         self, request: router_pb2.UnregisterPrefixRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.UnregisterPrefixReply:
@@ -198,11 +154,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 names = (request.prefix_name,)
                 removed = self.store.unregister_name(request.prefix_name)
             else:
-                raise Invalid(
-                    grpc.StatusCode.INVALID_ARGUMENT, "set prefix_id or prefix_name to unregister"
-                )
+                raise invalid_argument("set prefix_id or prefix_name to unregister")
         except PrefixNotFound as exc:
-            raise Invalid(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+            raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
         for prefix_id in removed:
             self.pool.forget_prefix(prefix_id)
         # The token series of every name that no longer points at a text.
@@ -211,7 +165,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.metrics.forget_prefix(name)
         return router_pb2.UnregisterPrefixReply(removed_ids=removed)
 
-    @_unary
+    @_status_on_error
     async def ListPrefixes(
         self, request: router_pb2.ListPrefixesRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ListPrefixesReply:
@@ -233,7 +187,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     # --- routing ------------------------------------------------------------------------
 
-    @_unary
+    @_status_on_error
     async def Route(
         self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouteReply:
@@ -245,7 +199,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 lambda: self.router.for_prefix(self._by_name(request.prefix_name))
             )
         elif which == "prompt":
-            prompt = _text(
+            prompt = text_field(
                 request.prompt,
                 "prompt",
                 self.config.max_prefix_bytes + self.config.max_input_bytes,
@@ -253,9 +207,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             )
             decision = self._decide(lambda: self.router.for_prompt(prompt))
         else:
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT, "set one of prefix_id, prefix_name or prompt"
-            )
+            raise invalid_argument("set one of prefix_id, prefix_name or prompt")
         self.metrics.child(self.metrics.decision, "Route").observe(decision.decision_ns / 1e9)
         return router_pb2.RouteReply(
             backend=decision.backend,
@@ -270,19 +222,19 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         try:
             return decide()
         except NoBackendError as exc:
-            raise Invalid(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+            raise RpcAbort(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
 
     def _by_id(self, prefix_id: str) -> PrefixEntry:
         try:
             return self.store.get(prefix_id)
         except PrefixNotFound as exc:
-            raise Invalid(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+            raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
 
     def _by_name(self, name: str) -> PrefixEntry:
         try:
             return self.store.by_name(name)
         except PrefixNotFound as exc:
-            raise Invalid(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+            raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
 
     def _resolve_prefix(self, request: Any) -> tuple[bytes, Decision | None, PrefixEntry | None]:
         """(escaped prefix bytes, decision if routed by prefix, entry) for Complete/Chat."""
@@ -292,7 +244,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         elif which == "prefix_name":
             entry = self._by_name(request.prefix_name)
         elif which == "prefix_text":
-            text = _text(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
+            text = text_field(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
             if not text:
                 return b"", None, None
             decision = self._decide(lambda: self.router.for_prefix_text(text))
@@ -320,36 +272,34 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def _plan_completion(self, request: router_pb2.CompleteRequest) -> UpstreamPlan:
         prefix, decision, entry = self._resolve_prefix(request)
-        user_input = _text(request.input, "input", self.config.max_input_bytes)
+        user_input = text_field(request.input, "input", self.config.max_input_bytes)
         if decision is None:
             if not user_input:
-                raise Invalid(
-                    grpc.StatusCode.INVALID_ARGUMENT,
+                raise invalid_argument(
                     "no prefix and an empty input: set prefix_id, prefix_name or "
-                    "prefix_text, or send the whole prompt in input",
+                    "prefix_text, or send the whole prompt in input"
                 )
             decision = self._decide(lambda: self.router.for_prompt(user_input))
             entry = decision.prefix
         model = request.model or self.config.model
-        body = completion_body(prefix, user_input, _sampling(request), model)
+        body = completion_body(prefix, user_input, sampling_params(request), model)
         return UpstreamPlan(
             decision, entry, "/v1/completions", body, chat=False, named=request.prefix_name
         )
 
     def _plan_chat(self, request: router_pb2.ChatRequest) -> UpstreamPlan:
         prefix, decision, entry = self._resolve_prefix(request)
-        messages = _messages(request.messages, self.config.max_input_bytes)
+        messages = chat_messages(request.messages, self.config.max_input_bytes)
         if not messages:
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise invalid_argument(
                 "messages is empty: send at least one message"
-                + (" after the prefix" if decision is not None else ""),
+                + (" after the prefix" if decision is not None else "")
             )
         if decision is None:
             decision = self._decide(lambda: self.router.for_prompt(messages[0]["content"]))
             entry = decision.prefix
         model = request.model or self.config.model
-        body = chat_body(prefix, messages, _sampling(request), model)
+        body = chat_body(prefix, messages, sampling_params(request), model)
         return UpstreamPlan(
             decision, entry, "/v1/chat/completions", body, chat=True, named=request.prefix_name
         )
@@ -361,12 +311,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         request: Any,
         context: grpc.aio.ServicerContext,
     ) -> None:
-        """Validate and route (plan), relay the pod's stream, and log/measure the outcome."""
+        """Validate and route (plan), relay the pod's stream with the caller's trace
+        headers, and log/measure the outcome."""
         started = time.perf_counter()
         outcome = RelayOutcome()
         branch = prefix_label = ""
         writing = False
         headers: EarlyHeaders | None = None
+        trace = TraceContext.from_metadata(context.invocation_metadata())
         caller.watch(context)
         try:
             upstream = plan(request)
@@ -383,6 +335,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 time_remaining=context.time_remaining,
                 outcome=outcome,
                 on_accepted=headers.send,
+                headers=trace.http_headers(),
             )
             # aclosing: however the call ends, the relay's cleanup (pod connection, in-flight
             # count) runs now, not when the abandoned generator is collected.
@@ -393,7 +346,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     writing = True
                     await context.write(chunk)
                     writing = False
-        except (Invalid, RelayAbort) as exc:
+        except RpcAbort as exc:
             outcome.status = exc.code.name
             if headers is not None:
                 await headers.settle()
@@ -417,33 +370,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 await headers.settle()
             await _abort(context, grpc.StatusCode.INTERNAL, f"{rpc}: internal error", outcome)
         finally:
-            self._log(rpc, prefix_label, branch, outcome, started)
-
-    def _log(
-        self, rpc: str, prefix: str, branch: str, outcome: RelayOutcome, started: float
-    ) -> None:
-        status = outcome.status
-        requests = self.metrics.requests
-        self.metrics.child(requests, rpc, outcome.backend or "-", branch or "-", status).inc()
-        prompt, completion, cached = outcome.usage
-        if prompt or completion:
-            self.metrics.record_usage(prefix or "-", prompt, cached, completion)
-        ttft = f"{outcome.ttft_s * 1e3:.1f}" if outcome.ttft_s is not None else "-"
-        logger.info(
-            "%s prefix=%s backend=%s branch=%s attempts=%d status=%s ttft_ms=%s total_ms=%.1f "
-            "prompt_tokens=%d cached_tokens=%d completion_tokens=%d",
-            rpc,
-            prefix or "-",
-            outcome.backend or "-",
-            branch or "-",
-            outcome.attempts,
-            status,
-            ttft,
-            (time.perf_counter() - started) * 1e3,
-            prompt,
-            cached,
-            completion,
-        )
+            record_outcome(self.metrics, rpc, prefix_label, branch, outcome, started, trace)
 
     async def Prewarm(
         self, request: router_pb2.PrewarmRequest, context: grpc.aio.ServicerContext
@@ -455,14 +382,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             elif which == "prefix_name":
                 entry = self._by_name(request.prefix_name)
             else:
-                raise Invalid(grpc.StatusCode.INVALID_ARGUMENT, "set prefix_id or prefix_name")
+                raise invalid_argument("set prefix_id or prefix_name")
             if request.all_backends:
                 targets = [b.url for b in self.pool.backends.values() if b.healthy is not False]
             else:
                 targets = self.router.home_set(entry)
             if not targets:
-                raise Invalid(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
-        except Invalid as exc:
+                raise RpcAbort(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
+        except RpcAbort as exc:
             await context.abort(exc.code, exc.message)
             return
         async for event in self.prewarmer.run([(entry, url) for url in targets]):
@@ -476,7 +403,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if event.state in (WARMED, FAILED):
             self.metrics.child(self.metrics.prewarm, event.backend, event.state.lower()).inc()
 
-    @_unary
+    @_status_on_error
     async def ListBackends(
         self, request: router_pb2.ListBackendsRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ListBackendsReply:
@@ -493,81 +420,6 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             for b in sorted(self.pool.backends.values(), key=lambda b: b.url)
         ]
         return router_pb2.ListBackendsReply(backends=backends, generation=self.pool.generation)
-
-
-def _text(value: str, field_name: str, limit: int, source: str = "") -> str:
-    """Check a text field: valid UTF-8 (protobuf already rejects bad bytes) and size.
-    `source` names the setting behind the limit, for the error message."""
-    if len(value) > limit // 4:  # cheap check first: a char is at most 4 bytes
-        size = len(value.encode("utf-8", "surrogatepass"))
-        if size > limit:
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{field_name} is {size} bytes; the maximum is {limit} bytes "
-                f"({source or _limit_source(field_name)})",
-            )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise Invalid(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{field_name} is not valid UTF-8 text (lone surrogate at character {exc.start})",
-        ) from None
-    return value
-
-
-def _limit_source(field_name: str) -> str:
-    return "config max_prefix_bytes" if "prefix" in field_name else "config max_input_bytes"
-
-
-def _sampling(request: Any) -> dict[str, object]:
-    params: dict[str, object] = {}
-    if request.max_tokens:
-        params["max_tokens"] = request.max_tokens
-    if request.HasField("temperature"):
-        if not math.isfinite(request.temperature) or request.temperature < 0:
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"temperature is {request.temperature}; it must be a finite number >= 0",
-            )
-        params["temperature"] = request.temperature
-    if request.HasField("top_p"):
-        if not (0 < request.top_p <= 1):
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"top_p is {request.top_p}; it must be in (0, 1]",
-            )
-        params["top_p"] = request.top_p
-    if request.stop:
-        if len(request.stop) > MAX_STOP or not all(request.stop):
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"stop must be 1-{MAX_STOP} non-empty strings, got {len(request.stop)}",
-            )
-        params["stop"] = [_text(s, "stop", 1024, "a fixed limit") for s in request.stop]
-    if request.HasField("seed"):
-        params["seed"] = request.seed
-    return params
-
-
-def _messages(messages: Any, limit: int) -> list[dict[str, str]]:
-    result = []
-    total = 0
-    for index, message in enumerate(messages):
-        if message.role not in CHAT_ROLES:
-            raise Invalid(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"messages[{index}].role is {message.role!r}; use one of {', '.join(CHAT_ROLES)}",
-            )
-        content = _text(message.content, f"messages[{index}].content", limit)
-        total += len(content.encode("utf-8"))
-        result.append({"role": message.role, "content": content})
-    if total > limit:
-        raise Invalid(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"messages hold {total} bytes; the maximum is {limit} bytes (config max_input_bytes)",
-        )
-    return result
 
 
 def _event_message(event: WarmEvent) -> router_pb2.PrewarmEvent:

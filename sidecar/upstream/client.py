@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
+from multidict import CIMultiDict
 
 from sidecar import __version__
 from sidecar.upstream.body import SplicedBody
@@ -188,14 +189,17 @@ class UpstreamClient:
         *,
         timeout_s: float | None,
         chat: bool,
+        headers: Mapping[str, str] | None = None,
     ) -> UpstreamStream:
-        """POST and wait for the response headers; raise UpstreamError on any failure."""
+        """POST and wait for the response headers; raise UpstreamError on any failure.
+        `headers` are added to the request; they cannot replace the client's own
+        (Content-Type, Accept, User-Agent, Authorization)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
         try:
             response = await self.session.post(
                 backend + path,
                 data=body,
-                headers=self._headers,
+                headers=self._with_own(headers) if headers else self._headers,
                 timeout=timeout,
                 allow_redirects=False,
             )
@@ -234,6 +238,12 @@ class UpstreamClient:
                 status=response.status,
             )
         return UpstreamStream(backend, response, chat, self._redact, self._recycle)
+
+    def _with_own(self, headers: Mapping[str, str]) -> CIMultiDict[str]:
+        """`headers` plus the client's own, which replace any of the same name (any case)."""
+        merged = CIMultiDict(headers)
+        merged.update(self._headers)
+        return merged
 
     def _recycle(self, response: aiohttp.ClientResponse) -> None:
         """Return a finished response's connection to the pool once its body has ended."""
