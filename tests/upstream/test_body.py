@@ -1,0 +1,91 @@
+"""Upstream bodies: `escape` is JSON's string escaping and splits at any character boundary
+(prefix matching on escaped bytes relies on it); the spliced bodies are the JSON they claim."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.upstream.body import SplicedBody, chat_body, completion_body, escape
+
+# Every code point, lone surrogates aside (a request's text is valid UTF-8).
+TEXT = st.text(st.characters(exclude_categories=["Cs"]))
+
+
+@given(TEXT, TEXT)
+def test_escape_of_a_concatenation_is_the_concatenation_of_escapes(a: str, b: str) -> None:
+    assert escape(a + b) == escape(a) + escape(b)
+
+
+@given(TEXT)
+def test_escape_is_json_string_escaping_without_quotes(text: str) -> None:
+    assert escape(text) == json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
+    assert json.loads(b'"' + escape(text) + b'"') == text
+
+
+@given(TEXT, TEXT)
+def test_a_text_starts_with_another_exactly_when_its_escape_does(a: str, b: str) -> None:
+    # What the prefix store's lookup on escaped bytes needs.
+    assert escape(a + b).startswith(escape(a))
+    assert escape(b).startswith(escape(a)) == b.startswith(a)
+
+
+def test_escape_covers_quotes_backslashes_and_control_characters() -> None:
+    assert escape('say "hi"\\\n\t\x00') == b'say \\"hi\\"\\\\\\n\\t\\u0000'
+    assert escape("价格 😀") == "价格 😀".encode()
+
+
+class Collect:
+    """A stream writer that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    async def write(self, chunk: bytes) -> None:
+        self.data += chunk
+
+
+def written(body: SplicedBody, content_length: int | None = None) -> bytes:
+    writer = Collect()
+    asyncio.run(body.write_with_length(writer, content_length))  # type: ignore[arg-type]
+    return writer.data
+
+
+def test_a_spliced_body_writes_its_parts_in_order_with_an_exact_size() -> None:
+    body = SplicedBody(b'{"a":', b'"shared"', b"}")
+    assert body.size == len(bytes(body)) == 14
+    assert bytes(body) == b'{"a":"shared"}' == written(body)
+    assert written(body, 6) == b'{"a":"'  # a shorter Content-Length is honoured
+    assert body.decode() == '{"a":"shared"}'
+
+
+@given(TEXT, TEXT)
+def test_a_completion_body_prompt_is_prefix_then_input(prefix: str, user_input: str) -> None:
+    body = completion_body(escape(prefix), user_input, {"max_tokens": 3}, "m")
+    data = json.loads(bytes(body))
+    assert data == {
+        "prompt": prefix + user_input,
+        "max_tokens": 3,
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_a_completion_body_without_a_model_leaves_it_to_the_pod() -> None:
+    data = json.loads(bytes(completion_body(b"", "q", {}, "")))
+    assert "model" not in data and data["prompt"] == "q"
+
+
+@given(TEXT, st.lists(st.tuples(st.sampled_from(["user", "assistant"]), TEXT), max_size=3))
+def test_a_chat_body_puts_the_prefix_first_as_the_system_message(
+    prefix: str, turns: list[tuple[str, str]]
+) -> None:
+    messages = [{"role": role, "content": content} for role, content in turns]
+    data = json.loads(bytes(chat_body(escape(prefix), messages, {"seed": 1}, "m")))
+    system = [{"role": "system", "content": prefix}] if prefix else []
+    assert data["messages"] == system + messages
+    assert data["seed"] == 1 and data["stream"] is True
