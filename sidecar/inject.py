@@ -34,6 +34,10 @@ CONFIG_FILE = "sidecar.yaml"
 SOCKET_ENV = "PREFIX_SIDECAR_SOCKET"
 OPT_OUT_ANNOTATION = "prefix-sidecar/inject"
 METRICS_PORT = 9464
+METRICS_PORT_NAME = "sidecar-metrics"
+# httpGet probe paths, served on the metrics port (sidecar/server/probes.py).
+LIVE_PATH = "/livez"
+READY_PATH = "/readyz"
 # The image's non-root user and group (deploy/Dockerfile).
 SIDECAR_UID = 65532
 
@@ -97,40 +101,39 @@ class InjectOptions:
 def sidecar_container(options: InjectOptions, native: bool) -> dict[str, Any]:
     """The container the manifests in deploy/k8s/ use too (a test keeps them in step)."""
 
-    def health() -> list[str]:
-        return ["prefix-sidecar", "health", "--socket", options.socket_path]
+    def probe(path: str, period_s: int, timeout_s: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": METRICS_PORT_NAME},
+            "periodSeconds": period_s,
+            "timeoutSeconds": timeout_s,
+            "failureThreshold": failures,
+        }
 
+    # Flags win over the ConfigMap: the socket is always where --socket-dir says, and the
+    # probes always find the metrics port on the pod IP, whatever the config file holds.
+    metrics = ["--set", f"metrics_port={METRICS_PORT}", "--set", "metrics_host=0.0.0.0"]
     container: dict[str, Any] = {
         "name": SIDECAR_NAME,
         "image": options.image,
         "imagePullPolicy": "IfNotPresent",
-        # --listen as a flag: it wins over the ConfigMap, so --socket-dir is always honoured.
-        "args": ["--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--listen", options.socket_target],
-        "ports": [{"name": "sidecar-metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "args": [
+            "--config",
+            f"{CONFIG_DIR}/{CONFIG_FILE}",
+            *metrics,
+            "--listen",
+            options.socket_target,
+        ],
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": SOCKET_VOLUME, "mountPath": options.socket_dir},
             {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
         ],
-        # Prewarm before serve can take a while on a cold fleet; liveness waits for startup.
-        # Each exec probe is a short Python process (~0.15 CPU-s): hence the relaxed periods.
-        "startupProbe": {
-            "exec": {"command": health()},
-            "periodSeconds": 2,
-            "timeoutSeconds": 5,
-            "failureThreshold": 150,
-        },
-        "readinessProbe": {
-            "exec": {"command": health()},
-            "periodSeconds": 10,
-            "timeoutSeconds": 5,
-            "failureThreshold": 2,
-        },
-        "livenessProbe": {
-            "exec": {"command": health()},
-            "periodSeconds": 20,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
+        # /readyz turns 200 once the first pods are warm (warm before serve, up to 5 minutes
+        # on a cold fleet); liveness waits for startup. Later, /readyz is 503 while no pod
+        # serves and while draining. An HTTP GET costs the sidecar well under a millisecond.
+        "startupProbe": probe(READY_PATH, period_s=2, timeout_s=2, failures=150),
+        "readinessProbe": probe(READY_PATH, period_s=5, timeout_s=2, failures=2),
+        "livenessProbe": probe(LIVE_PATH, period_s=10, timeout_s=5, failures=3),
         "resources": {
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"cpu": "1", "memory": "256Mi"},

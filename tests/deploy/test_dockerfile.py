@@ -5,11 +5,13 @@ tests/deploy/test_image.py builds and runs the image itself with podman."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import zipfile
@@ -107,16 +109,54 @@ def test_runtime_runs_serve_as_the_non_root_user_the_manifests_expect() -> None:
     assert only(runtime, "EXPOSE") == str(inject.METRICS_PORT)
 
 
-def test_socket_dir_is_a_volume_and_the_healthcheck_uses_the_health_verb() -> None:
+def healthcheck_command() -> list[str]:
+    command: list[str] = json.loads(only(stages()[-1], "HEALTHCHECK").split(" CMD ", 1)[1])
+    return command
+
+
+def test_socket_dir_is_a_volume_and_metrics_serve_the_probes_on_the_exposed_port() -> None:
     runtime = stages()[-1]
     assert json.loads(only(runtime, "VOLUME")) == [inject.DEFAULT_SOCKET_DIR]
     socket_path = f"{inject.DEFAULT_SOCKET_DIR}/{inject.SOCKET_FILE}"
     assert env_of(runtime)["PREFIX_SIDECAR_LISTEN"] == f"unix://{socket_path}"
-    healthcheck = only(runtime, "HEALTHCHECK")
-    command = json.loads(healthcheck.split(" CMD ", 1)[1])
-    assert command == ["prefix-sidecar", "health", "--socket", socket_path]
-    # Both verbs the image relies on are real sub-commands of the CLI.
-    assert {"serve", "health"} <= set(cli.COMMANDS)
+    # The HEALTHCHECK and the k8s probes ask the metrics port, so the image turns it on.
+    assert env_of(runtime)["PREFIX_SIDECAR_METRICS_PORT"] == str(inject.METRICS_PORT)
+    # The image's Python and the standard library only: no curl, no gRPC client.
+    command = healthcheck_command()
+    assert command[:4] == ["python3", "-I", "-S", "-c"]
+    assert inject.LIVE_PATH in command[-1] and "PREFIX_SIDECAR_METRICS_PORT" in command[-1]
+    assert "serve" in cli.COMMANDS
+
+
+@pytest.mark.timeout(60)
+async def test_the_healthcheck_command_passes_on_livez_and_fails_without_it() -> None:
+    """The HEALTHCHECK's command, run as the container runs it, against the real endpoints."""
+    from sidecar.metrics import Metrics, start_metrics_server
+    from sidecar.server.probes import Readiness, probe_routes
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    async def healthcheck(port: int) -> tuple[int, str]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *healthcheck_command()[1:],
+            env={"PREFIX_SIDECAR_METRICS_PORT": str(port)},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+        return int(process.returncode or 0), out.decode()
+
+    port = free_port()
+    readiness = Readiness()  # not ready (no pods): liveness does not care
+    runner = await start_metrics_server(Metrics(), "127.0.0.1", port, probe_routes(readiness))
+    try:
+        assert await healthcheck(port) == (0, "")
+    finally:
+        await runner.cleanup()
+    code, out = await healthcheck(port)
+    assert code == 1 and "Connection refused" in out
 
 
 def _pattern_regex(pattern: str) -> re.Pattern[str]:

@@ -5,10 +5,10 @@ and deploy/Dockerfile on top), then the image runs the way the pod spec in deplo
 it: the image's own user, read-only root filesystem, no capabilities, the socket directory
 and the config as mounts, the config's prefixes loaded from the mounted directory. Emulated
 vLLM pods serve it from the host (`--network host`: everything stays on 127.0.0.1). The test
-checks health, a streamed Complete, that its Route answers agree with a sidecar on the host
-running the same config, the socket's owner and mode, the image's HEALTHCHECK, and that
-`podman stop` (SIGTERM) in the middle of a stream lets the stream finish and the container
-exit 0.
+checks health and the HTTP probes, a streamed Complete, that its Route answers agree with a
+sidecar on the host running the same config, the socket's owner and mode, the image's
+HEALTHCHECK, that the runtime-only image has no tooling, and that `podman stop` (SIGTERM) in
+the middle of a stream turns /readyz 503 and lets the stream finish and the container exit 0.
 
 Where podman cannot run, the tests say why and skip, except on CI, where .ci/run installs
 podman: there a missing or broken podman fails. Marked `image` and `slow`.
@@ -23,11 +23,14 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +55,6 @@ PODMAN_ENV = {
         "CONTAINERS_CONF", str(ROOT / "deploy" / "podman" / "containers.conf")
     ),
 }
-SOCKET_PATH = f"{inject.DEFAULT_SOCKET_DIR}/{inject.SOCKET_FILE}"
 MODEL = "promo-assistant"
 GRACE_S = 20
 # The stream that SIGTERM interrupts: ~2.9 s at the emulator's 35 tokens/s.
@@ -101,13 +103,15 @@ def test_the_k8s_pod_runs_this_image_with_its_user_volume_and_probes(offline: No
     assert mounts[inject.CONFIG_VOLUME] == str(Path(config).parent) == inject.CONFIG_DIR
     assert any(kw == "RUN" and f"mkdir -p {volume_dir} {inject.CONFIG_DIR}" in rest
                for kw, rest in runtime)  # fmt: skip
-    # Every probe runs the image's HEALTHCHECK command.
-    healthcheck = json.loads(only(runtime, "HEALTHCHECK").split(" CMD ", 1)[1])
+    # The metrics port the image exposes and turns on; the probes ask it over HTTP, and the
+    # HEALTHCHECK asks it for the liveness probe's path.
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert list(ports.values()) == [int(only(runtime, "EXPOSE"))]
+    assert env_of(runtime)["PREFIX_SIDECAR_METRICS_PORT"] == only(runtime, "EXPOSE")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["exec"]["command"] == healthcheck, probe
-    # The metrics port the image exposes.
-    ports = [p["containerPort"] for p in sidecar["ports"]]
-    assert ports == [int(only(runtime, "EXPOSE"))]
+        assert ports[sidecar[probe]["httpGet"]["port"]] == int(only(runtime, "EXPOSE")), probe
+    healthcheck = json.loads(only(runtime, "HEALTHCHECK").split(" CMD ", 1)[1])
+    assert sidecar["livenessProbe"]["httpGet"]["path"] in healthcheck[-1]
     # No build-time setting reaches the runtime stage.
     assert next(rest for kw, rest in instructions() if kw == "ARG").startswith("BASE_IMAGE=")
     assert not [rest for kw, rest in runtime if kw == "ARG"]
@@ -200,6 +204,24 @@ class Running:
     config_dir: Path
     socket: Path
     seconds_to_socket: float
+    metrics_port: int
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET the metrics port (the host's network is the container's): status and body."""
+        url = f"http://127.0.0.1:{self.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError as exc:  # nothing listens (any more)
+            return 0, str(exc)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -227,9 +249,12 @@ def container(
     }
     (config_dir / inject.CONFIG_FILE).write_text(yaml.safe_dump(config))
     name = f"prefix-sidecar-test-{os.getpid()}"
+    # The host's network: a free port, not the image's 9464, so that runs can overlap.
+    metrics_port = free_port()
     started = time.monotonic()
     podman(
         "run", "--detach", "--name", name, "--network", "host",
+        "--env", f"PREFIX_SIDECAR_METRICS_PORT={metrics_port}",
         # The pod's securityContext: read-only root, no capabilities, no privilege escalation.
         "--read-only", "--read-only-tmpfs=false", "--cap-drop=ALL",
         "--security-opt=no-new-privileges",
@@ -249,7 +274,7 @@ def container(
             time.sleep(0.02)
         seconds = time.monotonic() - started
         print(f"\ncontainer {name}: socket after {seconds:.2f} s")
-        yield Running(name, config_dir, socket, seconds)
+        yield Running(name, config_dir, socket, seconds, metrics_port)
     finally:
         logs = podman("logs", name, check=False)
         print(f"\ncontainer log (tail):\n{logs.stderr[-2000:]}")
@@ -298,7 +323,26 @@ def test_health_is_serving_and_the_healthcheck_passes(container: Running, router
     assert status.stdout.strip() == "healthy"
     config = json.loads(podman("inspect", "--format", "{{json .Config.Healthcheck}}",
                                container.name).stdout)  # fmt: skip
-    assert config["Test"] == ["CMD", "prefix-sidecar", "health", "--socket", SOCKET_PATH]
+    assert config["Test"][:4] == ["CMD", "python3", "-I", "-S"]
+    # The probes over HTTP, as the kubelet asks them; the standard process metrics.
+    assert container.get("/livez") == (200, "ok\n")
+    assert container.get("/readyz") == (200, "ready\n")
+    status, metrics = container.get("/metrics")
+    assert status == 200
+    assert "\nprocess_resident_memory_bytes " in metrics and "\nprocess_open_fds " in metrics
+
+
+@image_test
+def test_the_runtime_image_has_no_tooling(container: Running) -> None:
+    """SIDECAR_RUNTIME_ONLY leaves sidecar/tools out: a tooling verb names the extra."""
+    demo = podman("exec", container.name, "prefix-sidecar", "demo", check=False)
+    assert demo.returncode == 2, demo
+    assert "'tools'" in demo.stderr and "prefix-sidecar[tools]" in demo.stderr, demo.stderr
+    where = "import pathlib, sidecar; print(pathlib.Path(sidecar.__file__).parent)"
+    package = podman("exec", container.name, "python3", "-c", where).stdout.strip()
+    assert package.startswith("/opt/venv/"), package
+    listed = podman("exec", container.name, "ls", package).stdout.split()
+    assert "server" in listed and "tools" not in listed, listed
 
 
 @image_test
@@ -406,11 +450,14 @@ def test_sigterm_during_a_stream_drains_it_and_the_container_exits_0(
                 time.sleep(0.05)
             except grpc.RpcError:
                 refused_at = time.monotonic()
+    # Not ready while it drains (the kubelet takes the pod out of its Services), still alive.
+    drain_probes = (container.get("/readyz"), container.get("/livez"))
     reader.join(60)
     _, stop_err = stopper.communicate(timeout=GRACE_S + 20)
     stopped = time.monotonic()
     assert ended, "the stream did not end"
     assert refused_at is not None and refused_at < ended[0], "SIGTERM arrived after the stream"
+    assert drain_probes == ((503, "not ready: draining: shutting down\n"), (200, "ok\n"))
     # The stream finished whole ...
     assert chunks[-1].finish_reason == "length"
     assert chunks[-1].usage.completion_tokens == DRAIN_TOKENS

@@ -207,8 +207,10 @@ def test_cli_options_reach_the_manifest(tmp_path: Path) -> None:
     (sidecar,) = sidecars(api)
     assert sidecar["image"] == "registry.example.com/prefix-sidecar:0.1.0"
     assert sidecar["args"][-2:] == ["--listen", "unix:///run/llm/sidecar.sock"]
-    health = sidecar["readinessProbe"]["exec"]["command"]
-    assert health == ["prefix-sidecar", "health", "--socket", "/run/llm/sidecar.sock"]
+    # The probes ask the metrics port over HTTP, wherever the socket goes.
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "sidecar-metrics"}
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "sidecar-metrics"}
+    assert "exec" not in sidecar["startupProbe"]
     volumes = {v["name"]: v for v in api["volumes"]}
     assert volumes[inject.CONFIG_VOLUME]["configMap"]["name"] == "llm-sidecar"
     assert api["containers"][0]["volumeMounts"][-1]["mountPath"] == "/run/llm"

@@ -130,17 +130,31 @@ def test_caller_is_exactly_what_inject_produces() -> None:
     assert again.injected == []
 
 
-def test_probes_and_socket_agree_with_the_config() -> None:
+def test_probes_and_socket_agree_with_the_config(tmp_path: Path) -> None:
+    from sidecar import cli, config
+    from sidecar.server import probes
+
     caller = _objects()[("Deployment", "merchant-assistant")]
-    config = _sidecar_config()
     sidecar = next(c for c in _pod_spec(caller)["containers"] if c["name"] == inject.SIDECAR_NAME)
-    socket_path = config["listen"].removeprefix("unix://")
-    health = ["prefix-sidecar", "health", "--socket", socket_path]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["exec"]["command"] == health
-    assert sidecar["args"][sidecar["args"].index("--listen") + 1] == config["listen"]
-    ports = {p["containerPort"] for p in sidecar["ports"]}
-    assert config["metrics_port"] in ports
+    assert sidecar["args"][sidecar["args"].index("--listen") + 1] == _sidecar_config()["listen"]
+    # `serve` parses the container's args over a config file that leaves metrics off, on
+    # loopback: the args still put the metrics port, where the probes ask, on the pod IP.
+    plain = {**_sidecar_config(), "metrics_port": 0, "metrics_host": "127.0.0.1"}
+    (tmp_path / inject.CONFIG_FILE).write_text(yaml.safe_dump(plain))
+    mounted = f"{inject.CONFIG_DIR}/{inject.CONFIG_FILE}"
+    args = [str(tmp_path / inject.CONFIG_FILE) if a == mounted else a for a in sidecar["args"]]
+    argv = ["serve", *args]
+    loaded = config.from_args(cli.build_parser(argv).parse_args(argv), env={})
+    assert (loaded.metrics_host, loaded.metrics_port) == ("0.0.0.0", inject.METRICS_PORT)
+    assert loaded.listen == _sidecar_config()["listen"]
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert ports == {inject.METRICS_PORT_NAME: inject.METRICS_PORT}
+    assert _sidecar_config()["metrics_port"] == inject.METRICS_PORT
+    paths = {"startupProbe": probes.READY_PATH, "readinessProbe": probes.READY_PATH,
+             "livenessProbe": probes.LIVE_PATH}  # fmt: skip
+    for probe, path in paths.items():
+        assert sidecar[probe]["httpGet"] == {"path": path, "port": inject.METRICS_PORT_NAME}
+    assert (inject.READY_PATH, inject.LIVE_PATH) == (probes.READY_PATH, probes.LIVE_PATH)
 
 
 def test_prefix_files_are_in_the_config_map() -> None:

@@ -2,12 +2,12 @@
 
 What the kubelet would do is done by hand: the ConfigMap's keys become files (the config
 mount), a directory stands in for the socket emptyDir, the sidecar container's `args` run
-after the image's ENTRYPOINT (`prefix-sidecar serve`), and its startup probe's exec command is
-polled. The headless Service is a real DNS server on 127.0.0.1 that answers
-vllm-headless.llm.svc.cluster.local with an A record (127.0.0.1) and an AAAA record (::1), one
-emulated vLLM pod behind each, on the same port as in a cluster. So the committed config,
-args and probes are the ones that start, discover, prewarm, serve and drain here.
-"""
+after the image's ENTRYPOINT (`prefix-sidecar serve`), and its startup probe's httpGet is
+polled on the container's metrics port. The headless Service is a real DNS server on
+127.0.0.1 that answers vllm-headless.llm.svc.cluster.local with an A record (127.0.0.1) and an
+AAAA record (::1), one emulated vLLM pod behind each, on the same port as in a cluster. So the
+committed config, args and probes are the ones that start, discover, prewarm, serve and drain
+here."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import signal
 import socket
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,13 +105,15 @@ def prefix_sidecar(*args: str) -> list[str]:
     return [sys.executable, "-m", "sidecar.cli", *args]
 
 
-async def run(argv: list[str], timeout: float = 30) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(process.communicate(), timeout)
-    return int(process.returncode or 0), out.decode()
+def http_get(url: str) -> tuple[int, str]:
+    """What the kubelet's httpGet probe sees: the status (0: no answer) and the body."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
 
 
 async def test_the_caller_pod_starts_discovers_prewarms_serves_and_drains(
@@ -130,19 +134,20 @@ async def test_the_caller_pod_starts_discovers_prewarms_serves_and_drains(
     name, _, cluster_port = config["backends_dns"].rpartition(":")
     assert name == SERVICE_NAME and cluster_port == "8000"
     # Only what a laptop differs in: the pods' port, where DNS is, metrics on loopback.
-    config.update(
-        backends_dns=f"{name}:{port}",
-        dns_nameserver=f"127.0.0.1:{dns_port}",
-        metrics_host="127.0.0.1",
-        metrics_port=free_port_on_both_families(),
-    )
+    config.update(backends_dns=f"{name}:{port}", dns_nameserver=f"127.0.0.1:{dns_port}")
     (config_dir / inject.CONFIG_FILE).write_text(yaml.safe_dump(config))
-
-    args = [in_sandbox(a, config_dir, socket_dir) for a in sidecar["args"]]
-    probe = [
-        in_sandbox(a, config_dir, socket_dir) for a in sidecar["startupProbe"]["exec"]["command"]
-    ]
-    assert probe[0] == "prefix-sidecar"
+    metrics_port = free_port_on_both_families()
+    laptop = {
+        f"metrics_port={inject.METRICS_PORT}": f"metrics_port={metrics_port}",
+        "metrics_host=0.0.0.0": "metrics_host=127.0.0.1",
+    }
+    args = [laptop.get(a, in_sandbox(a, config_dir, socket_dir)) for a in sidecar["args"]]
+    assert len(set(args) & set(laptop.values())) == 2, f"the args moved the metrics: {args}"
+    # The probe's named port is the container's metrics port, here on loopback.
+    probe = sidecar["startupProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert ports[probe["port"]] == inject.METRICS_PORT
+    probe_url = f"http://127.0.0.1:{metrics_port}{probe['path']}"
     target = f"unix://{socket_dir}/{inject.SOCKET_FILE}"
     pods = [f"http://{ip}:{port}" if ":" not in ip else f"http://[{ip}]:{port}" for ip in POD_IPS]
 
@@ -157,16 +162,16 @@ async def test_the_caller_pod_starts_discovers_prewarms_serves_and_drains(
             env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
         )  # fmt: skip
         try:
-            # The startup probe, as the kubelet runs it: until it exits 0.
-            for _ in range(60):
-                code, out = await run(prefix_sidecar(*probe[1:]))
-                if code == 0:
+            # The startup probe, as the kubelet runs it: until it answers 2xx.
+            for _ in range(120):
+                code, out = await asyncio.to_thread(http_get, probe_url)
+                if 200 <= code < 300:
                     break
                 assert serve.returncode is None, "the sidecar exited during startup"
                 await asyncio.sleep(0.25)
             else:
-                pytest.fail(f"startup probe never passed: {out}")
-            assert "SERVING" in out
+                pytest.fail(f"startup probe never passed: {code} {out}")
+            assert out == "ready\n"
 
             async with grpc.aio.insecure_channel(target) as channel:
                 router = router_pb2_grpc.RouterStub(channel)
