@@ -263,7 +263,7 @@ class Config:
     )
     metrics_host: str = setting("127.0.0.1", "the address the metrics port binds")
 
-    model: str = setting("", "model name sent to the pods; empty = the caller's or the pod's")
+    model: str = setting("", "model sent to the pods when a request names none")
     route_window_bytes: int = setting(
         4096, "bytes of an unregistered prompt that make its route key", check=AT_LEAST_ONE
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 
 from sidecar import config as config_module
+from sidecar import logs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,10 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(config_module.describe(config), indent=2, default=str))
         return 0
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logs.configure(config.log_level, config.log_format)
     from sidecar.server.app import serve
     from sidecar.server.unix_socket import SocketPathError
 

@@ -1,0 +1,252 @@
+"""The one config table (sidecar/fields.py): Config and the emulator's pod model are declared
+with it, and the flags, env vars, checks, component defaults and docs all follow it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar import _core_py, fields
+from sidecar.config import (
+    DEFAULTS,
+    FIELDS,
+    Config,
+    ConfigError,
+    PrefixSpec,
+    add_arguments,
+    build_config,
+    from_args,
+)
+from sidecar.membership.health import HealthMonitor
+from sidecar.membership.sources import MAX_WEIGHT, Member
+from sidecar.prewarm import Prewarmer
+from sidecar.tools.emulator.config import (
+    EmulatorConfig,
+    Faults,
+    add_config_arguments,
+    config_from_args,
+    config_to_argv,
+)
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_config_field_is_in_the_table_with_help() -> None:
+    assert list(FIELDS) == [f.name for f in dataclasses.fields(Config)]
+    assert all(entry.spec.help for entry in FIELDS.values())
+
+
+def test_the_defaults_pass_their_own_checks() -> None:
+    assert build_config() == Config() == DEFAULTS
+
+
+def test_dedicated_flags_come_from_the_table() -> None:
+    args = serve_args(
+        "--listen", "unix:///tmp/x.sock",
+        "--backend", "http://10.0.0.1:8000", "--backend", "http://10.0.0.2:8000",
+        "--metrics-port", "9090",
+        "--allow-special-backend-addresses",
+        "--dns-nameserver", "[fd00::a]:5353",
+        "--prefix", "rules=/r.txt:2",
+    )  # fmt: skip
+    config = from_args(args, env={})
+    assert config.listen == "unix:///tmp/x.sock"
+    assert config.backends == (("http://10.0.0.1:8000", 1), ("http://10.0.0.2:8000", 1))
+    assert config.metrics_port == 9090
+    assert config.allow_special_backend_addresses is True
+    assert config.dns_nameserver == "[fd00::a]:5353"
+    assert config.prefixes == (PrefixSpec("rules", "/r.txt", 2),)
+    flagged = {e.spec.flag for e in FIELDS.values() if e.spec.flag}
+    assert flagged == {
+        "--listen", "--backend", "--backends-file", "--backends-dns", "--dns-nameserver",
+        "--allow-special-backend-addresses", "--health-path", "--metrics-port", "--prefix",
+    }  # fmt: skip
+
+
+def test_a_flag_value_is_checked_by_the_table_and_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="'metrics_port' must be an integer"):
+        from_args(serve_args("--metrics-port", "http"), env={})
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "value"),
+    [
+        ("warm_before_serve", "off", False),
+        ("socket_mode", "0640", 0o640),
+        ("load_factor", "1.5", 1.5),
+        ("max_prefixes", "2_048", 2048),
+        ("log_format", "json", "json"),
+        ("backends", "http://a:1,http://b:2", (("http://a:1", 1), ("http://b:2", 1))),
+    ],
+)
+def test_env_text_is_coerced_by_the_fields_kind(name: str, text: str, value: Any) -> None:
+    config = build_config(env={f"PREFIX_SIDECAR_{name.upper()}": text})
+    assert getattr(config, name) == value
+
+
+def test_env_vars_that_are_not_fields_are_ignored() -> None:
+    assert build_config(env={"PREFIX_SIDECAR_API_KEY": "sk-x", "PREFIX_SIDECAR_NOPE": "1"})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("log_format", "yaml", "must be one of text, json"),
+        ("dns_nameserver", "dns.local", "must be IP[:PORT]"),
+        ("dns_nameserver", "10.0.0.1:99999", "must be IP[:PORT]"),
+        ("tcp_listen", "[::1]", "has no port"),
+        ("tcp_listen", "::1:8443", "[address]:port"),
+        ("home_balance_factor", 0.5, "must be 0 (off) or >= 1.0"),
+        ("vnodes", -1, "(or 0 for the default)"),
+    ],
+)
+def test_checks_name_the_field_and_the_reason(name: str, value: Any, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_config(overrides={name: value})
+    assert f"config field {name!r}" in str(info.value) and words in str(info.value)
+
+
+@pytest.mark.parametrize("nameserver", ["10.96.0.10", "10.96.0.10:5353", "fd00::a", "[fd00::a]:53"])
+def test_good_nameservers(nameserver: str) -> None:
+    assert build_config(overrides={"dns_nameserver": nameserver}).dns_nameserver == nameserver
+
+
+def test_components_take_their_defaults_from_the_config() -> None:
+    health = inspect.signature(HealthMonitor).parameters
+    assert health["interval_s"].default == DEFAULTS.health_interval_s
+    assert health["timeout_s"].default == DEFAULTS.health_timeout_s
+    assert health["failure_threshold"].default == DEFAULTS.eject_after_failures
+    assert health["path"].default == DEFAULTS.health_path
+    prewarm = inspect.signature(Prewarmer).parameters
+    assert prewarm["concurrency"].default == DEFAULTS.prewarm_concurrency
+    assert prewarm["attempts"].default == DEFAULTS.prewarm_attempts
+    assert prewarm["backoff_s"].default == DEFAULTS.prewarm_backoff_s
+    assert prewarm["timeout_s"].default == DEFAULTS.prewarm_timeout_s
+
+
+def test_membership_weights_are_the_cores_bound() -> None:
+    assert MAX_WEIGHT == _core_py.MAX_WEIGHT == 65536
+    assert Member("http://10.0.0.1:8000", MAX_WEIGHT).weight == MAX_WEIGHT
+    with pytest.raises(ValueError, match="1-65536"):
+        Member("http://10.0.0.1:8000", MAX_WEIGHT + 1)
+
+
+def _docs_default(name: str, value: Any) -> str:
+    if name == "socket_mode":
+        return f"`{value:04o}`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if value == ():
+        return "`[]`"
+    return "empty" if value == "" else f"`{value}`"
+
+
+def test_the_docs_table_is_the_config_table() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    section = text[text.index("## Configuration") : text.index("## Metrics")]
+    rows = re.findall(r"^\| `(\w+)` \| (.*?) \| (.*?) \|$", section, flags=re.MULTILINE)
+    expected = [
+        (name, _docs_default(name, entry.default), entry.spec.help)
+        for name, entry in FIELDS.items()
+    ]
+    assert rows == expected
+
+
+# --- the emulator declares its pod model with the same table ---------------------------------
+
+
+def emulator_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_emulator_flags_round_trip_through_argv() -> None:
+    config = EmulatorConfig(time_scale=50.0, kv_tokens=200_000)
+    config.faults.drop_after_chunks = 3
+    config.faults.unhealthy = True
+    assert config_from_args(emulator_args(*config_to_argv(config))) == config
+    assert config_from_args(emulator_args()) == EmulatorConfig()
+
+
+def test_emulator_flags_and_checks_follow_its_table() -> None:
+    flagged = {e.name for e in fields.table(EmulatorConfig).values() if e.spec.flag}
+    assert flagged == {f.name for f in dataclasses.fields(EmulatorConfig)} - {"faults"}
+    assert all(e.spec.flag for e in fields.table(Faults).values())
+    with pytest.raises(ValueError, match="decode_tps must be > 0"):
+        config_from_args(emulator_args("--decode-tps", "0"))
+    with pytest.raises(ValueError, match="kv_tokens must hold at least one block"):
+        config_from_args(emulator_args("--kv-tokens", "8"))
+    with pytest.raises(ValueError, match="fail_status must be one of"):
+        config_from_args(emulator_args("--fail-status", "404"))
+
+
+# --- the machinery itself ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Small:
+    count: int = fields.setting(2, "how many", flag="--count", check=fields.at_least(1))
+    names: tuple[str, ...] = fields.setting(
+        (), "names", flag="--name", repeat=True, parse=lambda _n, v: tuple(v)
+    )
+    loud: bool = fields.setting(False, "shout", flag="--loud")
+    note: str = fields.setting("", "no flag")
+
+
+def test_setting_refuses_a_mutable_default() -> None:
+    with pytest.raises(TypeError, match="immutable"):
+        fields.setting([], "a list")
+
+
+def test_add_flags_given_and_to_argv_are_inverse() -> None:
+    parser = argparse.ArgumentParser()
+    fields.add_flags(parser, _Small, typed=True)
+    args = parser.parse_args(["--count", "5", "--name", "a", "--name", "b", "--loud"])
+    values = fields.given(args, _Small)
+    assert values == {"count": 5, "names": ["a", "b"], "loud": True}
+    small = _Small(count=5, names=("a", "b"), loud=True)
+    assert fields.to_argv(small) == ["--count", "5", "--name", "a", "--name", "b", "--loud"]
+    assert fields.given(parser.parse_args([]), _Small) == {}
+
+
+def test_validate_reports_the_first_bad_field() -> None:
+    with pytest.raises(fields.FieldError, match=r"^count must be >= 1, got 0$"):
+        fields.validate(_Small(count=0), lambda name, reason: f"{name} {reason}")
+    fields.validate(_Small(), lambda name, reason: f"{name} {reason}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "raw", "value"),
+    [(bool, "yes", True), (int, "1_000", 1000), (float, 2, 2.0), (str, None, ""), (str, 7, "7")],
+)
+def test_coerce_scalar(kind: type, raw: Any, value: Any) -> None:
+    assert fields.coerce_scalar("f", raw, kind) == value
+
+
+@pytest.mark.parametrize(
+    ("kind", "raw", "words"),
+    [
+        (bool, "maybe", "true or false"),
+        (int, True, "an integer"),
+        (int, "1.5", "an integer"),
+        (float, "nan", "finite"),
+        (float, "x", "a number"),
+        (str, [1], "a string"),
+    ],
+)
+def test_coerce_scalar_refuses(kind: type, raw: Any, words: str) -> None:
+    with pytest.raises(fields.FieldError, match=f"config field 'f' must be .*{words}"):
+        fields.coerce_scalar("f", raw, kind)
