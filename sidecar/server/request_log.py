@@ -1,8 +1,9 @@
 """One log line and one set of metric updates per streaming call, however it ended.
 
-The line is key=value pairs (status is the gRPC status name, or PARTIAL for a stream that
-broke after its first token). Prefix texts and pod words never appear here: only names,
-urls, counts, and the caller's validated trace headers.
+The line is key=value pairs, or JSON keys with `log_format: json` (status is the gRPC
+status name, or PARTIAL for a stream that broke after its first token). Prefix texts and
+pod words never appear here: only names, urls, counts, and the caller's validated trace
+headers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+from sidecar.logs import log_fields
 from sidecar.metrics import Metrics
 from sidecar.server.relay import RelayOutcome
 from sidecar.server.trace_context import TraceContext
@@ -32,21 +34,22 @@ def record_outcome(
     prompt, completion, cached = outcome.usage
     if prompt or completion:
         metrics.record_usage(prefix or "-", prompt, cached, completion)
-    ttft = f"{outcome.ttft_s * 1e3:.1f}" if outcome.ttft_s is not None else "-"
-    logger.info(
-        "%s prefix=%s backend=%s branch=%s attempts=%d status=%s ttft_ms=%s total_ms=%.1f "
-        "prompt_tokens=%d cached_tokens=%d completion_tokens=%d traceparent=%s request_id=%s",
+    log_fields(
+        logger,
+        logging.INFO,
         rpc,
-        prefix or "-",
-        outcome.backend or "-",
-        branch or "-",
-        outcome.attempts,
-        status,
-        ttft,
-        (time.perf_counter() - started) * 1e3,
-        prompt,
-        cached,
-        completion,
-        trace.traceparent or "-",
-        trace.request_id or "-",
+        {
+            "prefix": prefix or None,
+            "backend": outcome.backend or None,
+            "branch": branch or None,
+            "attempts": outcome.attempts,
+            "status": status,
+            "ttft_ms": None if outcome.ttft_s is None else outcome.ttft_s * 1e3,
+            "total_ms": (time.perf_counter() - started) * 1e3,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "completion_tokens": completion,
+            "traceparent": trace.traceparent or None,
+            "request_id": trace.request_id or None,
+        },
     )

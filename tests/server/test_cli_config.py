@@ -161,3 +161,28 @@ def test_socket_mode_440_in_the_yaml_file_is_octal(tmp_path: Path) -> None:
     result = serve("--config", str(config), "--print-config")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["socket_mode"] == "0o440"
+
+
+async def test_json_log_lines_from_a_real_serve_process(tmp_path: Path, pods: list[str]) -> None:
+    args = ["--backend", pods[0], "--set", "log_format=json", "--set", "health_interval_s=0.5"]
+    async with (
+        cli_sidecar(tmp_path, args, name="json") as sidecar,
+        grpc.aio.insecure_channel(sidecar.target) as channel,
+    ):
+        stub = router_pb2_grpc.RouterStub(channel)
+        await wait_serving(stub, pods[:1], timeout=10.0)
+        request = router_pb2.CompleteRequest(input="is 'lowest price ever' allowed?", max_tokens=3)
+        chunks = [
+            chunk async for chunk in stub.Complete(request, metadata=[("x-request-id", "r-1")])
+        ]
+        assert chunks
+    lines = [line for line in sidecar.log_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert all({"time", "level", "logger", "message"} <= set(e) for e in entries), entries
+    (request_entry,) = [e for e in entries if e["logger"] == "sidecar.requests"]
+    assert request_entry["level"] == "info"
+    assert request_entry["message"].startswith("Complete prefix=- backend=")
+    assert request_entry["status"] == "OK" and request_entry["backend"] == pods[0]
+    assert request_entry["completion_tokens"] == 3 and request_entry["attempts"] == 1
+    assert request_entry["request_id"] == "r-1" and request_entry["prefix"] in (None, "-")
+    assert isinstance(request_entry["ttft_ms"], float) and request_entry["total_ms"] > 0
