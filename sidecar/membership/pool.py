@@ -10,7 +10,8 @@ are not ejected: a cold answer beats no answer.
 
 The ring is built once per change and swapped by one reference (Envoy's pattern), so the
 request path never locks; in-flight counts are kept per pod and mirrored into the
-snapshot's `loads` array, which `Ring.pick` reads without copying.
+snapshot's `loads` array, which `Ring.pick` reads without copying. Whatever is derived from
+the ring (the budgeted home placement) is rebuilt by a watcher, right after the swap.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ class RoutingTable:
     index: dict[str, int]
     loads: array.array[int]
     generation: int
-    cold: bool  # True when routing over warming pods because none is serving
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -75,15 +75,21 @@ class BackendPool:
         on_warm_needed: Callable[[str], None] | None = None,
         on_change: Callable[[RoutingTable], None] | None = None,
     ) -> None:
+        """`on_change` is the first watcher (see `watch`)."""
         self._vnodes = vnodes or _core.DEFAULT_VNODES
         self._warm_before_serve = warm_before_serve
         self._needs_warming = needs_warming
         self._on_warm_needed = on_warm_needed
-        self._on_change = on_change
+        self._watchers = [on_change] if on_change is not None else []
         self.backends: dict[str, Backend] = {}
         self._generation = 0
-        self.table = RoutingTable(None, {}, array.array("q"), 0, False)
+        self.table = RoutingTable(None, {}, array.array("q"), 0)
         self._target_ring: _core.Ring | None = None
+
+    def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
+        """Call `watcher` with every new routing table, right after it is swapped in (and the
+        target ring with it), in the order the watchers were added."""
+        self._watchers.append(watcher)
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -179,16 +185,16 @@ class BackendPool:
     def _rebuild(self) -> None:
         serving = [b for b in self.backends.values() if b.state == SERVING]
         alive = [b for b in self.backends.values() if b.state != EJECTED]
-        cold = not serving
-        chosen = alive if cold else serving
-        ring = self._ring(chosen)
-        self._target_ring = self._ring(alive)
+        ring = self._ring(serving or alive)  # no pod serving (a cold start): the warming ones
+        # Serving pods are a subset of the alive ones: the same count is the same ring.
+        same = not serving or len(serving) == len(alive)
+        self._target_ring = ring if same else self._ring(alive)
         index = {url: i for i, url in enumerate(ring.members)} if ring is not None else {}
         loads = array.array("q", (self.backends[url].in_flight for url in index))
         self._generation += 1
-        self.table = RoutingTable(ring, index, loads, self._generation, cold and bool(alive))
-        if self._on_change is not None:
-            self._on_change(self.table)
+        self.table = RoutingTable(ring, index, loads, self._generation)
+        for watcher in self._watchers:
+            watcher(self.table)
 
     def _ring(self, backends: Sequence[Backend]) -> _core.Ring | None:
         if not backends:

@@ -6,22 +6,11 @@ Complexity: O(log P) (one bucket search in the Cython core).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from sidecar.membership.pool import RoutingTable
+from sidecar.routing.pick import Branch, Pick
 
 
 class ConsistentHash:
-    name = "consistent_hash"
-
-    def select(
-        self,
-        table: RoutingTable,
-        key: int,
-        replicas: int,
-        factor: float,
-        min_cap: int = 0,
-        homes: Sequence[int] | None = None,
-    ) -> tuple[str, str]:
+    def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
         assert table.ring is not None
-        return table.ring.owner(key), "ring_hit"
+        return table.ring.owner(pick.key), Branch.RING_HIT

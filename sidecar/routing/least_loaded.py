@@ -6,23 +6,12 @@ Complexity: O(N).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from sidecar.membership.pool import RoutingTable
+from sidecar.routing.pick import Branch, Pick
 
 
 class LeastLoaded:
-    name = "least_loaded"
-
-    def select(
-        self,
-        table: RoutingTable,
-        key: int,
-        replicas: int,
-        factor: float,
-        min_cap: int = 0,
-        homes: Sequence[int] | None = None,
-    ) -> tuple[str, str]:
+    def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
         loads = table.loads
         best = min(range(len(loads)), key=loads.__getitem__)
-        return table.members[best], "least_loaded"
+        return table.members[best], Branch.LEAST_LOADED

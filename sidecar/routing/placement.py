@@ -17,7 +17,8 @@ depends only on the ring and the registered set, so sidecars with the same prefi
 agree without talking. Routing contract section 6.
 
 Complexity: O(P log P + P x N) per placement, run once per membership or registration
-change (10,000 prefixes on 100 pods: well under a second), then one dict lookup per request.
+change, off the request path (10,000 prefixes on 100 pods: well under a second), then one
+dict lookup per request.
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ def _place(
 
 
 class HomePlacer:
-    """The sidecar's placement: recomputed when the ring or the registered set changes.
+    """The sidecar's placement, built when the ring or the registered set changes.
 
+    `rebuild` places the registered set on the rings it is given; the router calls it from
+    the pool's and the store's watchers, so a request only looks its prefix up. A ring or a
+    registered set it was not told of is placed on first use, as a safety net.
     `budget_tokens` 0 turns it off (homes are the ring's first R owners, contract v1).
     `replicas_of` is the router's: the replica count a registered prefix asks for.
     """
@@ -110,17 +114,20 @@ class HomePlacer:
         self,
         store: PrefixStore,
         replicas_of: Callable[[PrefixEntry], int],
-        budget_tokens: int = 0,
-        bytes_per_token: float = 4.0,
-        balance: float = 0.0,
+        *,
+        budget_tokens: int,
+        bytes_per_token: float,
+        balance: float,
     ) -> None:
         self.store = store
         self.replicas_of = replicas_of
         self.budget_tokens = budget_tokens
         self.bytes_per_token = bytes_per_token
         self.balance = balance
-        # (ring, store generation) -> homes; a few rings live at once (routing, target).
-        self._cache: dict[int, tuple[_core.Ring, int, dict[str, Homes]]] = {}
+        # id(ring) -> (ring, store generation, homes): the routing and the target ring (one
+        # when every pod serves). Replaced whole, so a reader sees one consistent map.
+        self._placements: dict[int, tuple[_core.Ring, int, dict[str, Homes]]] = {}
+        self.builds = 0  # placements computed: tests check the request path computes none
 
     @property
     def enabled(self) -> bool:
@@ -129,6 +136,17 @@ class HomePlacer:
     def tokens_of(self, entry: PrefixEntry) -> int:
         """The prefix's KV size, estimated from its UTF-8 bytes (no tokenizer here)."""
         return max(1, math.ceil(entry.size / self.bytes_per_token))
+
+    def rebuild(self, *rings: _core.Ring | None) -> None:
+        """Place the registered set on each ring now, replacing every earlier placement."""
+        if not self.enabled:
+            return
+        generation = self.store.generation
+        placements: dict[int, tuple[_core.Ring, int, dict[str, Homes]]] = {}
+        for ring in rings:
+            if ring is not None and id(ring) not in placements:
+                placements[id(ring)] = (ring, generation, self._build(ring))
+        self._placements = placements
 
     def homes(self, ring: _core.Ring, entry: PrefixEntry) -> Homes | None:
         """The entry's home set on `ring` (member indexes), or None when placement is off or
@@ -139,13 +157,22 @@ class HomePlacer:
 
     def _placement(self, ring: _core.Ring) -> dict[str, Homes]:
         generation = self.store.generation
-        cached = self._cache.get(id(ring))
-        if cached is not None and cached[0] is ring and cached[1] == generation:
-            return cached[2]
-        entries = list(self.store)
+        placed = self._placements.get(id(ring))
+        if placed is not None and placed[0] is ring and placed[1] == generation:
+            return placed[2]
+        homes = self._build(ring)
+        placements = dict(self._placements)
+        if len(placements) >= 4:  # a few rings live at once (routing, target)
+            placements.pop(next(iter(placements)))
+        placements[id(ring)] = (ring, generation, homes)
+        self._placements = placements
+        return homes
+
+    def _build(self, ring: _core.Ring) -> dict[str, Homes]:
+        self.builds += 1
         placed = _place(
             ring,
-            (Placed(e.route_key, self.tokens_of(e), self.replicas_of(e), e.id) for e in entries),
+            (Placed(e.route_key, self.tokens_of(e), self.replicas_of(e), e.id) for e in self.store),
             self.budget_tokens,
             self.balance,
         )
@@ -155,7 +182,4 @@ class HomePlacer:
             rest = [m for m in order if m not in chosen]
             names = tuple(members[m] for m in (*chosen, *rest))
             homes[prefix_id] = Homes(tuple(chosen), names)
-        if len(self._cache) >= 4:
-            self._cache.pop(next(iter(self._cache)))
-        self._cache[id(ring)] = (ring, generation, homes)
         return homes

@@ -1,6 +1,7 @@
-"""The policy interface, SGLang-router style: one policy per module, one shape, one factory.
+"""The policy interface and its one registry, SGLang-router style: one policy per module, one
+shape, one factory.
 
-A policy picks a pod from the current routing table for a route key and says which branch
+A policy picks a pod from the current routing table for a `Pick` and says which `Branch`
 decided, so tests can assert the branch and metrics can label by it. Policies other than
 `prefix_affinity` exist as baselines for the benchmarks (same sidecar, same trace, only the
 pick differs), not as recommendations.
@@ -8,56 +9,48 @@ pick differs), not as recommendations.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from sidecar.membership.pool import RoutingTable
+from sidecar.routing.consistent_hash import ConsistentHash
+from sidecar.routing.least_loaded import LeastLoaded
+from sidecar.routing.pick import Branch, Pick
+from sidecar.routing.prefix_affinity import PrefixAffinity
+from sidecar.routing.random_pick import RandomPick
+from sidecar.routing.round_robin import RoundRobin
 
 
 class Policy(Protocol):
-    name: str
-
-    def select(
-        self,
-        table: RoutingTable,
-        key: int,
-        replicas: int,
-        factor: float,
-        min_cap: int = 0,
-        homes: Sequence[int] | None = None,
-    ) -> tuple[str, str]:
-        """Return (pod url, branch). The table has at least one member.
-
-        `factor` and `min_cap` are the bounded-load parameters of routing contract v1's pick
-        (the cap and its floor); baselines that ignore load ignore them. `homes`, when
-        given, is the prefix's budgeted home set (member indexes into `table.members`,
-        routing contract section 6) to use instead of the ring's first `replicas` owners.
-        """
+    def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
+        """Return (pod url, branch). The table has at least one member."""
         ...
 
 
-POLICIES = ("prefix_affinity", "consistent_hash", "round_robin", "random", "least_loaded")
+class PolicySettings(Protocol):
+    """What a policy may be built from: sidecar.config.Config's fields of these names."""
+
+    @property
+    def load_factor(self) -> float: ...
+
+    @property
+    def load_cap_floor(self) -> int: ...
 
 
-def make_policy(name: str, seed: int = 0) -> Policy:
-    if name == "prefix_affinity":
-        from sidecar.routing.prefix_affinity import PrefixAffinity
+# The one place a policy's name is spelled: config validation and make_policy read it.
+_REGISTRY: dict[str, Callable[[PolicySettings, int], Policy]] = {
+    "prefix_affinity": lambda s, _seed: PrefixAffinity(s.load_factor, s.load_cap_floor),
+    "consistent_hash": lambda _s, _seed: ConsistentHash(),
+    "round_robin": lambda _s, _seed: RoundRobin(),
+    "random": lambda _s, seed: RandomPick(seed),
+    "least_loaded": lambda _s, _seed: LeastLoaded(),
+}
+POLICIES = tuple(_REGISTRY)
 
-        return PrefixAffinity()
-    if name == "consistent_hash":
-        from sidecar.routing.consistent_hash import ConsistentHash
 
-        return ConsistentHash()
-    if name == "round_robin":
-        from sidecar.routing.round_robin import RoundRobin
-
-        return RoundRobin()
-    if name == "random":
-        from sidecar.routing.random_pick import RandomPick
-
-        return RandomPick(seed)
-    if name == "least_loaded":
-        from sidecar.routing.least_loaded import LeastLoaded
-
-        return LeastLoaded()
-    raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(POLICIES)}")
+def make_policy(name: str, settings: PolicySettings, seed: int = 0) -> Policy:
+    """The named policy, given only the settings it uses (`seed`: the random baseline's)."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return factory(settings, seed)

@@ -1,34 +1,45 @@
-"""prefix_affinity: the sidecar's policy - bounded-load pick over a prefix's replica set.
+"""prefix_affinity: the sidecar's policy - bounded-load pick over a prefix's home set.
 
 Algorithm: routing contract v1, step 5 (`Ring.pick`): the least-loaded of the first R
 distinct owners of the key, spilling clockwise when it is above
 max(min_cap, ceil(c * (L+1) * w / W)); the floor `min_cap` (config `load_cap_floor`) keeps a
 prefix on its warm home pod while few requests are in flight. With a KV budget
-(config `home_kv_budget_tokens`) the home set is the budgeted placement's (`homes`, contract
-section 6) instead of the first R owners, and `Ring.pick_among` does the same pick over it.
-Complexity: O(N) for the load sum plus the walk; ~100 ns in the Cython core at 100 pods.
+(config `home_kv_budget_tokens`) the home set is the budgeted placement's (`Pick.homes`,
+contract section 6) instead of the first R owners, and `Ring.pick_among` does the same pick
+over it.
+
+Bounded load belongs to this policy alone, so it holds the two parameters; the baselines
+never see them. (Envoy wraps any hashing picker in bounded load; here the contract defines
+one hashing picker, the ring's replica set, and the core does the set and the spill walk in
+one call, so the wrapper and the picker are one class.)
+
+Complexity: O(N) for the load sum plus the walk, in the Cython core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from sidecar.membership.pool import RoutingTable
+from sidecar.routing.pick import Branch, Pick
+
+# The core answers with the contract's plain strings; the same words as Branch members.
+_BRANCHES = {str(b): b for b in (Branch.HOME, Branch.SPILL, Branch.FALLBACK)}
 
 
 class PrefixAffinity:
-    name = "prefix_affinity"
+    def __init__(self, load_factor: float, load_cap_floor: int) -> None:
+        self.load_factor = load_factor  # c in the cap
+        self.load_cap_floor = load_cap_floor  # min_cap: the cap's floor
 
-    def select(
-        self,
-        table: RoutingTable,
-        key: int,
-        replicas: int,
-        factor: float,
-        min_cap: int = 0,
-        homes: Sequence[int] | None = None,
-    ) -> tuple[str, str]:
-        assert table.ring is not None
+    def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
+        ring = table.ring
+        assert ring is not None
+        key, replicas, homes = pick
         if homes:
-            return table.ring.pick_among(key, table.loads, homes, factor, min_cap)
-        return table.ring.pick(key, table.loads, replicas, factor, min_cap)
+            member, branch = ring.pick_among(
+                key, table.loads, homes, self.load_factor, self.load_cap_floor
+            )
+        else:
+            member, branch = ring.pick(
+                key, table.loads, replicas, self.load_factor, self.load_cap_floor
+            )
+        return member, _BRANCHES[branch]

@@ -7,25 +7,15 @@ Complexity: O(1).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 
 from sidecar.membership.pool import RoutingTable
+from sidecar.routing.pick import Branch, Pick
 
 
 class RoundRobin:
-    name = "round_robin"
-
     def __init__(self) -> None:
         self._counter = itertools.count()
 
-    def select(
-        self,
-        table: RoutingTable,
-        key: int,
-        replicas: int,
-        factor: float,
-        min_cap: int = 0,
-        homes: Sequence[int] | None = None,
-    ) -> tuple[str, str]:
+    def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
         members = table.members
-        return members[next(self._counter) % len(members)], "round_robin"
+        return members[next(self._counter) % len(members)], Branch.ROUND_ROBIN

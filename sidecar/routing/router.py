@@ -5,18 +5,21 @@ prompt that starts with a registered prefix routes as that prefix, otherwise on 
 `route_window_bytes` bytes), so prompts sharing a long head still meet on one pod.
 The failover order is the chosen pod, then the rest of its home set, then the rest of the
 key's preference order. A registered prefix's home set is the ring's first R owners, or,
-with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6).
+with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6), which
+is rebuilt when the pool swaps its ring or the store's registered set changes.
+
+Every setting is required: the sidecar passes its config's, so there is one default each.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar import _core
 from sidecar.membership.pool import BackendPool
 from sidecar.prefixes import PrefixEntry, PrefixStore
+from sidecar.routing.pick import Branch, Pick
 from sidecar.routing.placement import HomePlacer
 from sidecar.routing.policy import Policy
 
@@ -31,7 +34,7 @@ class Decision:
     preference: list[str]
     prefix: PrefixEntry | None
     route_key: int
-    branch: str
+    branch: Branch
     decision_ns: int
     generation: int
 
@@ -43,26 +46,35 @@ class Router:
         store: PrefixStore,
         policy: Policy,
         *,
-        route_window_bytes: int = 4096,
-        default_replicas: int = 1,
-        load_factor: float = 1.25,
-        load_cap_floor: int = 0,  # pick's min_cap; the sidecar passes config.load_cap_floor
-        max_attempts: int = 3,
-        home_kv_budget_tokens: int = 0,  # routing contract section 6; 0 = the ring's homes
-        home_balance_factor: float = 0.0,
-        bytes_per_token: float = 4.0,
+        route_window_bytes: int,
+        default_replicas: int,
+        max_attempts: int,
+        home_kv_budget_tokens: int,  # routing contract section 6; 0 = the ring's homes
+        home_balance_factor: float,
+        bytes_per_token: float,
     ) -> None:
         self.pool = pool
         self.store = store
         self.policy = policy
         self.route_window_bytes = route_window_bytes
         self.default_replicas = default_replicas
-        self.load_factor = load_factor
-        self.load_cap_floor = load_cap_floor
         self.max_attempts = max_attempts
         self.placer = HomePlacer(
-            store, self.replicas_of, home_kv_budget_tokens, bytes_per_token, home_balance_factor
+            store,
+            self.replicas_of,
+            budget_tokens=home_kv_budget_tokens,
+            bytes_per_token=bytes_per_token,
+            balance=home_balance_factor,
         )
+        self._placing = self.placer.enabled
+        if self._placing:
+            pool.watch(lambda _table: self._place_homes())
+            store.watch(self._place_homes)
+            self._place_homes()
+
+    def _place_homes(self) -> None:
+        """Both rings' placements, built when they change: a request only looks them up."""
+        self.placer.rebuild(self.pool.table.ring, self.pool.target_ring())
 
     def replicas_of(self, entry: PrefixEntry | None) -> int:
         """The replica count the prefix asked for, else the configured default."""
@@ -95,22 +107,27 @@ class Router:
                 "no healthy vLLM pod: every backend is ejected or none is configured "
                 "(check --backend / backends_file / backends_dns and the pods' health)"
             )
-        replicas = self.replicas_of(entry)
-        homes = self.placer.homes(ring, entry) if entry is not None else None
-        backend, branch = self.policy.select(
-            table,
-            key,
-            replicas,
-            self.load_factor,
-            self.load_cap_floor,
-            homes.indexes if homes is not None else None,
-        )
-        order: Sequence[str]
-        if homes is not None:
-            order = homes.order[: max(len(homes.indexes), self.max_attempts)]
+        homes = None
+        if entry is None:
+            replicas = self.default_replicas
         else:
-            order = ring.preference(key, max(replicas, self.max_attempts))
-        preference = [backend, *(url for url in order if url != backend)]
+            replicas = entry.replicas or self.default_replicas  # replicas_of, inlined
+            if self._placing:
+                homes = self.placer.homes(ring, entry)
+        backend, branch = self.policy.select(
+            table, Pick(key, replicas, homes.indexes if homes is not None else None)
+        )
+        attempts = self.max_attempts
+        if homes is not None:
+            home_count = len(homes.indexes)
+            preference = list(homes.order[: home_count if home_count > attempts else attempts])
+        else:
+            preference = ring.preference(key, replicas if replicas > attempts else attempts)
+        # The chosen pod first, then the rest in order (cheaper than rebuilding the list).
+        if preference[0] != backend:
+            if backend in preference:
+                preference.remove(backend)
+            preference.insert(0, backend)
         elapsed = time.perf_counter_ns() - started
         return Decision(
             backend=backend,
@@ -122,9 +139,10 @@ class Router:
             generation=table.generation,
         )
 
-    def home_set(self, entry: PrefixEntry, *, target: bool = True) -> list[str]:
-        """The prefix's home set, first choice first: where it should be resident."""
-        ring = self.pool.target_ring() if target else self.pool.table.ring
+    def home_set(self, entry: PrefixEntry) -> list[str]:
+        """The prefix's home set on the target ring (every pod not ejected), first choice
+        first: where it should be resident once warming pods serve."""
+        ring = self.pool.target_ring()
         if ring is None:
             return []
         homes = self.placer.homes(ring, entry)

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from sidecar.config import ConfigError, build_config
+from sidecar.routing.prefix_affinity import PrefixAffinity
 from sidecar.tools.emulator import EmulatorConfig, run_emulator
 from sidecar.v1 import router_pb2
 
@@ -55,7 +56,9 @@ async def test_concurrent_streams_of_one_prefix_stay_home_below_the_floor(
             while await call.read() is not grpc.aio.EOF:
                 pass
 
-    assert sidecar.router.load_cap_floor == (8 if floor is None else floor)
+    policy = sidecar.router.policy
+    assert isinstance(policy, PrefixAffinity)
+    assert policy.load_cap_floor == (8 if floor is None else floor)
     ring = owner_ring(pods)
     home = ring.owner(prefix.route_key)
     loads = dict.fromkeys(ring.members, 0)

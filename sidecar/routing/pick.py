@@ -1,0 +1,35 @@
+"""What every policy is given and what it answers: a `Pick` in, a pod and a `Branch` out.
+
+The branch names are wire values (`RouteReply.branch`), metric labels (`branch=`) and log
+words, so they are spelled once, here; a `StrEnum` compares and prints as those strings.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+
+class Branch(StrEnum):
+    """Which rule decided a pick."""
+
+    # Bounded load (routing contract v1, step 5; the core's own words).
+    HOME = "home"  # the least-loaded pod of the home set, under its cap
+    SPILL = "spill"  # every home over its cap: the next pod clockwise that is under it
+    FALLBACK = "fallback"  # every pod over its cap: the least-loaded of all
+    # The baselines, one branch each.
+    RING_HIT = "ring_hit"  # consistent_hash: the key's ring owner, whatever its load
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+    LEAST_LOADED = "least_loaded"
+
+
+class Pick(NamedTuple):
+    """One request to place. A NamedTuple: immutable, and built on every request at about
+    half the cost of a frozen dataclass."""
+
+    key: int  # the route key (routing contract v1)
+    replicas: int  # R: how many of the key's ring owners form its home set
+    # The budgeted home set (member indexes into the table, preference order, routing
+    # contract section 6), used instead of the ring's first R owners; None without a budget.
+    homes: tuple[int, ...] | None
