@@ -1,0 +1,98 @@
+"""The router on an in-memory pool and store: route keys (routing contract v1), the pick, the
+failover order and the home sets, without a server."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sidecar import _core
+from sidecar.config import build_config
+from sidecar.membership.pool import BackendPool
+from sidecar.prefixes import PrefixStore
+from sidecar.routing.pick import Branch
+from sidecar.routing.policy import make_policy
+from sidecar.routing.router import NoBackendError, Router
+
+from .conftest import MakeRouter, pods, serving_pool
+
+RULES = "Store coupons apply before platform coupons. " * 40
+
+
+def test_a_prefix_goes_where_the_cores_pick_says_then_fails_over_in_ring_order(
+    make_router: MakeRouter,
+) -> None:
+    """Against the contract's formula, with loads: the chosen pod, then the rest of the
+    key's first max(R, max_attempts) owners in ring order."""
+    urls = pods(6)
+    pool, store = serving_pool(urls), PrefixStore()
+    router = make_router(pool, store, load_cap_floor=0, max_attempts=3)
+    chance = random.Random(5)
+    for n in range(40):
+        entry = store.register(f"p{n}", f"{RULES} {n}", replicas=chance.randint(1, 5))[0]
+        for url in urls:
+            for _ in range(chance.randint(0, 3)):
+                pool.acquire(url)
+        ring, loads = pool.table.ring, pool.table.loads
+        assert ring is not None
+        decision = router.for_prefix(entry)
+        member, branch = ring.pick(entry.route_key, loads, entry.replicas, 1.25, 0)
+        assert (decision.backend, decision.branch) == (member, branch)
+        assert type(decision.branch) is Branch
+        order = ring.preference(entry.route_key, max(entry.replicas, 3))
+        assert decision.preference == [member, *(u for u in order if u != member)]
+        assert (decision.prefix, decision.route_key) == (entry, entry.route_key)
+        assert decision.generation == pool.table.generation
+        for url in urls:
+            while pool.table.loads[pool.table.index[url]]:
+                pool.release(url)
+
+
+def test_prompts_and_inline_prefixes_route_as_the_contract_says(
+    make_router: MakeRouter,
+) -> None:
+    pool, store = serving_pool(pods(4)), PrefixStore()
+    router = make_router(pool, store, route_window_bytes=64)
+    entry = store.register("rules", RULES)[0]
+    by_prompt = router.for_prompt(RULES + " is this allowed?")
+    assert (by_prompt.prefix, by_prompt.route_key) == (entry, entry.route_key)
+    inline = router.for_prefix_text(RULES)
+    assert (inline.prefix, inline.route_key) == (entry, entry.route_key)
+    unknown = "an unregistered head that is long enough to be cut at the window. " * 3
+    raw = router.for_prompt(unknown)
+    assert raw.prefix is None
+    assert raw.route_key == _core.route_key(unknown.encode()[:64])
+    text = router.for_prefix_text(unknown)
+    assert (text.prefix, text.route_key) == (None, _core.route_key(unknown.encode()))
+    assert raw.branch in (Branch.HOME, Branch.SPILL)
+
+
+def test_no_ring_is_no_backend(make_router: MakeRouter) -> None:
+    router = make_router(BackendPool(), PrefixStore())
+    with pytest.raises(NoBackendError, match="no healthy vLLM pod"):
+        router.for_prompt("hello")
+
+
+def test_every_setting_is_required() -> None:
+    """No constructor default to disagree with the config's (it was load_cap_floor 0 vs 8)."""
+    pool, store = serving_pool(pods(1)), PrefixStore()
+    policy = make_policy("prefix_affinity", build_config({}))
+    with pytest.raises(TypeError, match="required keyword-only"):
+        Router(pool, store, policy)  # type: ignore[call-arg]
+
+
+def test_home_sets_and_homed_tokens_follow_the_target_ring(make_router: MakeRouter) -> None:
+    urls = pods(4)
+    pool, store = serving_pool(urls), PrefixStore()
+    router = make_router(pool, store, replicas=2)
+    entries = [store.register(f"p{i}", f"{RULES} {i}".ljust(4_000))[0] for i in range(5)]
+    ring = pool.target_ring()
+    assert ring is not None and ring is pool.table.ring
+    totals = dict.fromkeys(urls, 0)
+    for entry in entries:
+        homes = router.home_set(entry)
+        assert homes == ring.preference(entry.route_key, 2)
+        for url in homes:
+            totals[url] += 1_000  # 4,000 bytes at 4 bytes per token
+    assert router.homed_tokens() == totals
