@@ -319,8 +319,8 @@ def test_health_is_serving_and_the_healthcheck_passes(container: Running, router
     # The image's HEALTHCHECK, run by podman inside the container (no systemd, so no timer).
     checked = podman("healthcheck", "run", container.name, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    status = podman("inspect", "--format", "{{.State.Health.Status}}", container.name)
-    assert status.stdout.strip() == "healthy"
+    health_status = podman("inspect", "--format", "{{.State.Health.Status}}", container.name)
+    assert health_status.stdout.strip() == "healthy"
     config = json.loads(podman("inspect", "--format", "{{json .Config.Healthcheck}}",
                                container.name).stdout)  # fmt: skip
     assert config["Test"][:4] == ["CMD", "python3", "-I", "-S"]

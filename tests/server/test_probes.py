@@ -195,11 +195,12 @@ async def test_a_serve_process_is_ready_only_when_warm_serving_and_not_draining(
                 request = router_pb2.CompleteRequest(prefix_name="rules", input="q", max_tokens=2)
                 stream = stub.Complete(request, timeout=20)
                 await asyncio.sleep(0.3)  # the call is in flight, stalled at the pod
-                sidecar.process.send_signal(signal.SIGTERM)
+                sidecar.send_signal(signal.SIGTERM)
                 await wait_for(unready, 5, "/readyz 503 after SIGTERM")
                 status, text = await get(session, base + READY_PATH)
                 assert text == "not ready: draining: shutting down\n"
                 assert await get(session, base + LIVE_PATH) == (200, "ok\n")
                 chunks = [chunk async for chunk in stream]
                 assert chunks[-1].finish_reason == "length", "the draining stream was cut"
+            assert sidecar.process is not None
             assert await asyncio.wait_for(sidecar.process.wait(), 15) == 0
