@@ -14,7 +14,9 @@ class AsyncService:
     async def start(self) -> None:
         raise NotImplementedError
 
-    async def stop(self) -> None:
+    async def stop(self) -> object:
+        """Release everything; safe after a partial start and when called twice. May return
+        what the service ended with (a child process's exit code)."""
         raise NotImplementedError
 
     async def __aenter__(self) -> Self:

@@ -15,8 +15,6 @@ see as many requests in flight as the note's workload has, with few chunks to re
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import math
 import random
 import sys
@@ -25,8 +23,10 @@ from typing import Any
 
 from sidecar.tools.cost import CostParams, daily_cost
 from sidecar.tools.emulator import EmulatorFleet
+from sidecar.tools.percentile import percentile
+from sidecar.tools.report import add_json_option, run_and_report
 from sidecar.tools.workload.scenario import PolicyRun, route_timings, run_policy
-from sidecar.tools.workload.stats import percentile, summarize
+from sidecar.tools.workload.stats import summarize
 from sidecar.tools.workload.trace import (
     INPUT_TOKENS,
     home_kv_budget,
@@ -248,7 +248,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="a few seconds: 2 pods, 4 prefixes, 60 queries, time x20",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    add_json_option(parser)
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     parser.set_defaults(func=run)
 
@@ -278,14 +278,5 @@ def run(args: argparse.Namespace) -> int:
         return 2
     random.seed(args.seed)
     out = Printer(args.quiet)
-    try:
-        report = asyncio.run(_demo(args, out))
-    except KeyboardInterrupt:
-        print("\ninterrupted; the fleet and the sidecars are stopped.", file=sys.stderr)
-        return 130
-    print(render(report), flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1, default=str)
-            handle.write("\n")
-    return 0
+    report = run_and_report("prefix-sidecar demo", _demo(args, out), render, args.json)
+    return 130 if report is None else 0

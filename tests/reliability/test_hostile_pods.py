@@ -25,8 +25,8 @@ from aiohttp import web
 
 from sidecar.membership.health import HealthMonitor, MemberStatus
 from sidecar.tools.bench import fastpod
-from sidecar.tools.bench.soak import SidecarProcess
-from sidecar.tools.workload.stats import percentile
+from sidecar.tools.harness import SidecarProcess
+from sidecar.tools.percentile import percentile
 from sidecar.upstream.client import UpstreamClient, UpstreamError
 from sidecar.v1 import router_pb2
 from tests.reliability.helpers_b import short_tmpdir
@@ -194,7 +194,12 @@ async def test_a_health_check_answered_with_a_redirect_is_a_failure(status: int)
             watch_connections=False,
         )
         monitor.set_members([pod_url])
-        await monitor.check_all()
+        running = asyncio.create_task(monitor.run())  # the first check starts at once
+        async with asyncio.timeout(5):
+            while not changes:
+                await asyncio.sleep(0.01)
+        monitor.close()
+        await running
         assert monitor.status(pod_url) is MemberStatus.EJECTED
         assert f"HTTP {status}" in (monitor.last_error(pod_url) or "")
     assert changes == [(pod_url, False)] and hits == []

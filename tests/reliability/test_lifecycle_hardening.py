@@ -31,8 +31,8 @@ import grpc
 import pytest
 from aiohttp import web
 
-from sidecar.tools.bench.soak import SidecarProcess
 from sidecar.tools.emulator import EmulatorFleet
+from sidecar.tools.harness import SidecarProcess, child_env, python_command, spawn_blocking
 from sidecar.v1 import router_pb2_grpc
 from tests.reliability.helpers_b import (
     FAULT_PODS,
@@ -50,20 +50,9 @@ from tests.reliability.helpers_b import (
 REPO = Path(__file__).resolve().parents[2]
 
 
-class Serve(SidecarProcess):
-    """SidecarProcess spawned without a preexec_fn: Python code run between fork and exec
-    can crash (SIGSEGV in the child) while this process's grpc threads are busy, as when a
-    new sidecar starts during a stream."""
-
-    async def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIX_SIDECAR_")}
-        env["PYTHONPATH"] = str(REPO)
-        argv = [sys.executable, "-m", "sidecar.cli", "serve", "--listen", self.target]
-        with open(self.log_path, "ab") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                *argv, *self.serve_args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
-            )
-        await self._wait_serving()
+def serve(socket_path: str, args: list[str], log_path: str) -> SidecarProcess:
+    """A `prefix-sidecar serve` process with no PREFIX_SIDECAR_* from the test runner."""
+    return SidecarProcess(socket_path, args, log_path=log_path, env=child_env(clean=True))
 
 
 async def health_serving(target: str) -> bool:
@@ -106,8 +95,8 @@ async def test_overlapping_restart_keeps_the_new_sidecars_socket() -> None:
         with short_tmpdir() as directory:
             path = str(directory / "s.sock")
             args = ["--backend", fleet.urls[0], "--set", "grace_s=5"]
-            old = Serve(path, args, log_path=str(directory / "old.log"))
-            new = Serve(path, args, log_path=str(directory / "new.log"))
+            old = serve(path, args, log_path=str(directory / "old.log"))
+            new = serve(path, args, log_path=str(directory / "new.log"))
             await old.start()
             try:
                 async with grpc.aio.insecure_channel(old.target) as channel:
@@ -137,13 +126,12 @@ async def test_overlapping_restart_keeps_the_new_sidecars_socket() -> None:
 
 
 def run_serve(args: list[str], umask: int | None = None) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIX_SIDECAR_")}
-    env["PYTHONPATH"] = str(REPO)
-    argv = [sys.executable, "-m", "sidecar.cli", "serve", *args]
-    if umask is not None:  # set by a shell, not a preexec_fn (see Serve)
+    """A `serve` expected to fail or be inspected by hand: its output comes back as text."""
+    argv = python_command("-m", "sidecar.cli", "serve", *args)
+    if umask is not None:  # set by a shell, not a preexec_fn (see sidecar/tools/harness.py)
         argv = ["/bin/sh", "-c", f'umask {umask:03o} && exec "$@"', "sh", *argv]
-    return subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    return spawn_blocking(
+        argv, env=child_env(clean=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 
@@ -260,7 +248,7 @@ async def test_cancelled_calls_are_labelled_cancelled_without_a_traceback() -> N
     port = free_port()
     async with FakePod("fast") as pod:
         with short_tmpdir() as directory:
-            sidecar = Serve(
+            sidecar = serve(
                 str(directory / "s.sock"),
                 ["--backend", pod.url, "--metrics-port", str(port)],
                 log_path=str(directory / "log"),
@@ -307,7 +295,7 @@ async def test_queued_callers_that_cancel_are_not_sent_to_the_pod() -> None:
     callers, connections = 800, 100
     async with FakePod("hold") as pod:
         with short_tmpdir() as directory:
-            sidecar = Serve(
+            sidecar = serve(
                 str(directory / "s.sock"),
                 ["--backend", pod.url, "--set", f"per_backend_connections={connections}"],
                 log_path=str(directory / "log"),
@@ -386,7 +374,7 @@ async def test_backends_file_that_is_not_a_file_keeps_last_good_and_sigterm_ends
                 "--set",
                 f"grace_s={grace_s}",
             ]
-            sidecar = Serve(str(directory / "s.sock"), args, log_path=str(directory / "log"))
+            sidecar = serve(str(directory / "s.sock"), args, log_path=str(directory / "log"))
             async with sidecar, grpc.aio.insecure_channel(sidecar.target) as channel:
                 stub = router_pb2_grpc.RouterStub(channel)
                 await wait_state(stub, fleet.urls[0], "serving")

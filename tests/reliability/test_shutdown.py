@@ -19,8 +19,8 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.tools.bench.soak import SidecarProcess
 from sidecar.tools.emulator import EmulatorFleet, Faults
+from sidecar.tools.harness import SidecarProcess
 from sidecar.v1 import router_pb2, router_pb2_grpc
 from tests.reliability.helpers_b import (
     FAULT_PODS,

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ from sidecar import _core
 from sidecar.config import Config, build_config
 from sidecar.server.app import Sidecar
 from sidecar.tools.emulator import EmulatorConfig, get_stats, run_emulator
+from sidecar.tools.harness import SidecarProcess, child_env
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 # Functional tests: 1000x faster than real time, every stage still modelled.
@@ -143,10 +141,7 @@ def free_port() -> int:
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment for a `prefix-sidecar` subprocess: this checkout first on the path,
     no PREFIX_SIDECAR_* leaking in from the test runner."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIX_SIDECAR_")}
-    env["PYTHONPATH"] = str(REPO)
-    env.update(extra)
-    return env
+    return child_env(clean=True, **extra)
 
 
 CLI = [sys.executable, "-m", "sidecar.cli"]
@@ -156,22 +151,6 @@ CLI = [sys.executable, "-m", "sidecar.cli"]
 def closed_port() -> Iterator[int]:
     """A port nothing listens on: connecting to it is refused."""
     yield free_port()
-
-
-@dataclass
-class CliSidecar:
-    """A real `prefix-sidecar serve` process; its stderr (the logs) goes to a file."""
-
-    process: asyncio.subprocess.Process
-    socket: str
-    log: Path
-
-    @property
-    def target(self) -> str:
-        return f"unix://{self.socket}"
-
-    def logs(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
 
 
 async def health_status(target: str, service: str = "", timeout: float = 1.0) -> int:
@@ -184,45 +163,15 @@ async def health_status(target: str, service: str = "", timeout: float = 1.0) ->
 @contextlib.asynccontextmanager
 async def cli_sidecar(
     tmp_path: Path, args: list[str], name: str = "cli", **env: str
-) -> AsyncIterator[CliSidecar]:
-    """Start `prefix-sidecar serve --listen unix://... ARGS`, wait until its health service
-    answers SERVING, and SIGTERM it afterwards (SIGKILL if it overstays)."""
-    path = socket_path(tmp_path, f"{name}.sock")
-    log = tmp_path / f"{name}.log"
-    with log.open("wb") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            *CLI,
-            "serve",
-            "--listen",
-            f"unix://{path}",
-            *args,
-            env=cli_env(**env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-        )
-    sidecar = CliSidecar(process, path, log)
-    try:
-        deadline = asyncio.get_running_loop().time() + 15.0
-        while True:
-            if process.returncode is not None:
-                pytest.fail(f"sidecar exited with {process.returncode}:\n{sidecar.logs()}")
-            if os.path.exists(path):
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    if (
-                        await health_status(sidecar.target)
-                        == health_pb2.HealthCheckResponse.SERVING
-                    ):
-                        break
-            if asyncio.get_running_loop().time() > deadline:
-                pytest.fail(f"sidecar did not start serving:\n{sidecar.logs()}")
-            await asyncio.sleep(0.05)
+) -> AsyncIterator[SidecarProcess]:
+    """Start `prefix-sidecar serve --listen unix://... ARGS` (the tools' harness), wait until
+    its health service answers SERVING, and SIGTERM it afterwards (SIGKILL if it overstays)."""
+    sidecar = SidecarProcess(
+        socket_path(tmp_path, f"{name}.sock"),
+        args,
+        log_path=str(tmp_path / f"{name}.log"),
+        env=cli_env(**env),
+        start_timeout=15.0,
+    )
+    async with sidecar:
         yield sidecar
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), 10.0)
-            except TimeoutError:
-                process.kill()
-                await process.wait()

@@ -36,6 +36,7 @@ async def test_sigterm_drains_the_stream_refuses_new_calls_and_exits_0(tmp_path:
                 PREFIX_SIDECAR_API_KEY=SECRET,
             )
         )
+        assert sidecar.process is not None
         channel = await stack.enter_async_context(grpc.aio.insecure_channel(sidecar.target))
         stub = router_pb2_grpc.RouterStub(channel)
         await wait_serving(stub, [pod])
@@ -68,8 +69,8 @@ async def test_sigterm_drains_the_stream_refuses_new_calls_and_exits_0(tmp_path:
     assert sum(len(c.text.split()) for c in chunks) == 600
     assert code == 0
     assert elapsed < 5.0
-    assert not os.path.exists(sidecar.socket), "the socket file was left behind"
-    logs = sidecar.logs()
+    assert not os.path.exists(sidecar.socket_path), "the socket file was left behind"
+    logs = sidecar.log_text()
     assert "status=OK" in logs and "prefix-sidecar stopped" in logs
     assert SECRET not in logs
 

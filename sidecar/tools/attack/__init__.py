@@ -10,9 +10,9 @@ exits 1 if a verdict fails. Needs `h2` (hpack, hyperframe): `pip install 'prefix
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
+
+from sidecar.tools.report import add_json_option, run_and_report
 
 __all__ = ["register", "run"]
 
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--short", action="store_true", help="small counts, seconds (for CI)")
     parser.add_argument("--only", action="append", metavar="SCENARIO", help="only these")
-    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    add_json_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -53,9 +53,10 @@ def run(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    report = asyncio.run(runner.run(args.short, args.only, progress))
-    print(runner.render(report))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=2)
+    report = run_and_report(
+        "prefix-sidecar attack", runner.run(args.short, args.only, progress), runner.render,
+        args.json,
+    )  # fmt: skip
+    if report is None:
+        return 130
     return 0 if report["passed"] else 1

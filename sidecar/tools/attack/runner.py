@@ -1,6 +1,6 @@
 """Run every attack scenario against one real `prefix-sidecar serve` process and judge it.
 
-The sidecar is a `SidecarProcess` child (sidecar/tools/bench/soak.py) whose backends come from a
+The sidecar is a `SidecarProcess` child (sidecar/tools/harness.py) whose backends come from a
 file, so a scenario can add a hostile pod and take it away again. A healthy emulator pod is
 always a member. Each attack runs in its own process (`python -m sidecar.tools.attack.abuse`), so
 its CPU never delays the probe, which is another caller in this process: a Route and a small
@@ -15,15 +15,22 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.tools import PACKAGE_ROOT
-from sidecar.tools.bench.soak import MB, SidecarProcess, fd_count, rss_bytes
+from sidecar.tools.bench.soak import MB, fd_count, rss_bytes
+from sidecar.tools.harness import (
+    SidecarProcess,
+    python_command,
+    spawn,
+    spawn_blocking,
+    terminate,
+    terminate_blocking,
+)
+from sidecar.tools.percentile import percentile
 
 RSS_BUDGET_MB = 200.0
 PROBE_P50_MS = 100.0
@@ -155,33 +162,25 @@ async def _sample_peak(pid: int, peak: list[int]) -> None:
 def _stats(latencies: list[float]) -> dict[str, float]:
     if not latencies:
         return {"p50_ms": float("nan"), "max_ms": float("nan"), "n": 0}
-    ordered = sorted(latencies)
     return {
-        "p50_ms": round(ordered[len(ordered) // 2] * 1000, 1),
-        "max_ms": round(ordered[-1] * 1000, 1),
-        "n": len(ordered),
+        "p50_ms": round(percentile(latencies, 50) * 1000, 1),
+        "max_ms": round(max(latencies) * 1000, 1),
+        "n": len(latencies),
     }
 
 
 # --- the run ----------------------------------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    return env
-
-
 async def _run_attack(name: str, socket_path: str, options: dict[str, Any]) -> dict[str, Any]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.tools.attack.abuse", name, socket_path, json.dumps(options),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+    process = await spawn(
+        python_command("-m", "sidecar.tools.attack.abuse", name, socket_path, json.dumps(options)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         out, err = await asyncio.wait_for(process.communicate(), 300)
     except TimeoutError:
-        process.kill()
-        await process.wait()
+        await terminate(process, 0)
         return {"errors": ["the attack process did not stop within 300 s"]}
     if process.returncode != 0:
         return {"errors": [f"attack process exit {process.returncode}: {err.decode()[-500:]}"]}
@@ -195,16 +194,16 @@ class Harness:
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
         self.backends_file = os.path.join(workdir, "backends.json")
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.processes: list[subprocess.Popen[Any]] = []
         self.pods: dict[str, str] = {}
         self.healthy = ""
         self.sidecar: SidecarProcess | None = None
 
     def start_pods(self) -> None:
-        emulator = subprocess.Popen(
-            [sys.executable, "-m", "sidecar.tools.emulator", "--port", "0", "--exit-on-stdin-eof",
-             "--time-scale", "1000"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(),
+        emulator = spawn_blocking(
+            python_command("-m", "sidecar.tools.emulator", "--port", "0", "--exit-on-stdin-eof",
+                           "--time-scale", "1000"),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
         self.processes.append(emulator)
         assert emulator.stdout is not None
@@ -212,10 +211,10 @@ class Harness:
         if len(line) != 2 or line[0] != "READY":
             raise RuntimeError(f"the emulator did not start (said {line!r})")
         self.healthy = line[1]
-        hostile = subprocess.Popen(
-            [sys.executable, "-m", "sidecar.tools.attack.pods",
-             "--huge-bytes", str(2 * MESSAGE_LIMIT)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(),
+        hostile = spawn_blocking(
+            python_command("-m", "sidecar.tools.attack.pods",
+                           "--huge-bytes", str(2 * MESSAGE_LIMIT)),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
         self.processes.append(hostile)
         assert hostile.stdout is not None
@@ -253,16 +252,7 @@ class Harness:
 
     def close(self) -> None:
         for process in reversed(self.processes):
-            if process.stdin is not None:
-                with contextlib.suppress(OSError):
-                    process.stdin.close()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
+            terminate_blocking(process, 10)
 
 
 async def _wait_members(stub: Any, urls: set[str], timeout: float = 15.0) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import json
 import os
 import platform
 import random
@@ -31,6 +30,7 @@ from sidecar.tools.bench.baselines import (
     UhashringRouter,
     exact_shares,
 )
+from sidecar.tools.report import add_json_option, progress_printer, run_and_report, target_lines
 
 IMPLEMENTATIONS = ("cython", "python", "uhashring", "note")
 BASELINES = ("uhashring", "note")
@@ -296,6 +296,7 @@ def run_bench(
         {
             "name": f"{op}() at {TARGET_PODS} pods: cython >= {target:g}x faster than {base}",
             "ratio": report["ratios"][str(TARGET_PODS)][op][base],
+            "measured": f"{report['ratios'][str(TARGET_PODS)][op][base]:.1f}x",
             "target": target,
             "met": report["ratios"][str(TARGET_PODS)][op][base] >= target,
         }
@@ -353,9 +354,7 @@ def render(report: dict[str, Any]) -> str:
     for name, mb_s in report["throughput_mb_s"].items():
         lines.append(f"  {name:<28}{mb_s:>10,.0f}")
     lines += ["", "targets (ratios from this run)"]
-    for target in report["targets"]:
-        verdict = "MET" if target["met"] else "NOT MET"
-        lines.append(f"  {target['name']}: {target['ratio']:.1f}x - {verdict}")
+    lines += target_lines(report["targets"])
     if not report["targets"]:
         lines.append(f"  (not evaluated: {TARGET_PODS} pods were not measured)")
     lines += ["", "what each line measures"]
@@ -383,33 +382,18 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="small reps, 8 and 100 pods only")
     parser.add_argument("--pods", type=_pod_counts, help="pod counts, e.g. 8,100,1000")
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        metavar="FILE",
-        help="write the report as JSON to FILE (or to stdout, instead of the table)",
-    )
+    add_json_option(parser)
     parser.add_argument("--seed", type=int, default=7, help="seed for keys and loads")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     pod_counts = args.pods or ([8, 100] if args.quick else [8, 100, 1000])
-    to_stdout = args.json == "-"
-
-    def progress(message: str) -> None:
-        print(f"bench core: {message}", file=sys.stderr, flush=True)
-
-    report = run_bench(args.quick, pod_counts, args.seed, progress)
-    if to_stdout:
-        json.dump(report, sys.stdout, indent=1)
-        print()
-    else:
-        print(render(report))
-    if args.json and not to_stdout:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(report, out, indent=1)
-            out.write("\n")
-        print(f"\nJSON report written to {args.json}")
-    return 0
+    progress = progress_printer("bench core")
+    report = run_and_report(
+        "bench core",
+        lambda: run_bench(args.quick, pod_counts, args.seed, progress),
+        render,
+        args.json,
+    )
+    return 130 if report is None else 0

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 import time
@@ -27,9 +26,9 @@ from typing import Any
 
 import grpc
 
-from sidecar.tools import PACKAGE_ROOT as _PACKAGE_ROOT
-from sidecar.tools.workload.sidecars import SidecarProcesses
-from sidecar.tools.workload.stats import percentile
+from sidecar.tools.harness import SidecarProcesses, python_command, spawn, terminate
+from sidecar.tools.percentile import percentile
+from sidecar.tools.report import target_lines
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 EVENT = b'data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n'
@@ -108,12 +107,9 @@ async def _serve_pod(events: int, per_write: int) -> None:
 @contextlib.asynccontextmanager
 async def child(*args: str, ready: bool = True) -> AsyncIterator[tuple[Any, str]]:
     """Run `python -m sidecar.tools.bench.fastpod ARGS`; yield (process, its READY word or "")."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.tools.bench.fastpod", *args,
-        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=env,
-    )  # fmt: skip
+    process = await spawn(
+        python_command("-m", "sidecar.tools.bench.fastpod", *args), stdout=asyncio.subprocess.PIPE
+    )
     try:
         word = ""
         if ready:
@@ -124,13 +120,7 @@ async def child(*args: str, ready: bool = True) -> AsyncIterator[tuple[Any, str]
             word = line.split()[1].decode()
         yield process, word
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), 5)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await terminate(process, 5)
 
 
 def fast_pod(
@@ -255,10 +245,7 @@ def render_stream_load(report: dict[str, Any]) -> list[str]:
         f"  another caller's Route: p50 {report['route_busy_p50_ms']:.1f} ms, max "
         f"{report['route_busy_max_ms']:.1f} ms (idle p50 {report['route_idle_p50_ms']:.1f} ms)",
     ]
-    for target in report["targets"]:
-        verdict = "MET" if target["met"] else "NOT MET"
-        lines.append(f"  {target['name']}: {target['measured']} - {verdict}")
-    return lines
+    return lines + target_lines(report["targets"])
 
 
 def main(argv: list[str]) -> int:

@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Any
 
-from sidecar.tools.bench.report import progress_printer, run_and_report
 from sidecar.tools.emulator import EmulatorFleet
+from sidecar.tools.report import add_json_option, progress_printer, run_and_report, target_lines
 from sidecar.tools.workload.driver import TIMEOUT
 from sidecar.tools.workload.scenario import run_policy
 from sidecar.tools.workload.stats import summarize, ttft_samples_ms
@@ -239,9 +239,7 @@ def render(report: dict[str, Any]) -> str:
         )
     lines += ["", "TTFT in modelled ms; yuan/day by the note's model at the measured hit rate", ""]
     lines.append("targets (as measured in this run)")
-    for target in report["targets"]:
-        verdict = "MET" if target["met"] else "NOT MET"
-        lines.append(f"  {target['name']}: {target['measured']} - {verdict}")
+    lines += target_lines(report["targets"])
     lines.append(f"\nwall time {report['wall_s']:.0f} s")
     return "\n".join(lines)
 
@@ -345,7 +343,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     add("--seed", type=int, default=0)
     add("--quick", action="store_true", help="seconds, for tests: 2 pods, short trace")
-    add("--json", metavar="FILE", help="write the report as JSON")
+    add_json_option(parser)
     add("--plot", metavar="FILE", help="write a PNG of the TTFT distributions")
     parser.set_defaults(func=run)
 

@@ -32,13 +32,12 @@ from typing import Any, cast
 import aiohttp
 import grpc
 
-from sidecar.tools import PACKAGE_ROOT as _PACKAGE_ROOT
 from sidecar.tools.bench.fastpod import measure_stream_load, render_stream_load
-from sidecar.tools.bench.report import progress_printer, run_and_report
 from sidecar.tools.emulator import EmulatorConfig, EmulatorFleet
+from sidecar.tools.harness import SidecarProcesses, python_command, spawn, terminate
+from sidecar.tools.percentile import percentile
+from sidecar.tools.report import add_json_option, progress_printer, run_and_report, target_lines
 from sidecar.tools.workload.driver import CHANNEL_OPTIONS
-from sidecar.tools.workload.sidecars import SidecarProcesses
-from sidecar.tools.workload.stats import percentile
 from sidecar.tools.workload.texts import merchant_query, rules_text
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
@@ -75,17 +74,9 @@ async def _serve_echo(target: str) -> None:
 
 @contextlib.asynccontextmanager
 async def echo_server(target: str) -> Any:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "sidecar.tools.bench.hop",
-        "echo-server",
-        target,
+    process = await spawn(
+        python_command("-m", "sidecar.tools.bench.hop", "echo-server", target),
         stdout=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL,
-        env=env,
     )
     try:
         assert process.stdout is not None
@@ -94,13 +85,7 @@ async def echo_server(target: str) -> Any:
             raise RuntimeError("the echo server did not start; its stderr says why")
         yield process
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), 5)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await terminate(process, 5)
 
 
 # --- where Route's server-side time goes (in-process, the sidecar's own objects) --------
@@ -448,9 +433,7 @@ def render(report: dict[str, Any]) -> str:
     for name, value in report["route_breakdown_us"].items():
         lines.append(f"  {name:<52}{value:>8.2f}")
     lines += ["", "targets (as measured in this run)"]
-    for target in report["targets"]:
-        verdict = "MET" if target["met"] else "NOT MET"
-        lines.append(f"  {target['name']}: {target['measured']} - {verdict}")
+    lines += target_lines(report["targets"])
     if "fast_stream" in report:
         lines += ["", *render_stream_load(report["fast_stream"])]
     return "\n".join(lines)
@@ -479,7 +462,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "--fast-seconds", type=float, default=5.0, help="length of the fast-stream phase (5)"
     )
     parser.add_argument("--quick", action="store_true", help="a few seconds, for tests")
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    add_json_option(parser)
     parser.set_defaults(func=run)
 
 

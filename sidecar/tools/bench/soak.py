@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import signal
@@ -36,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.tools import PACKAGE_ROOT as _PACKAGE_ROOT
+from sidecar.tools.harness import SERVE, SidecarProcess
+from sidecar.tools.percentile import percentile
+from sidecar.tools.report import add_json_option, progress_printer, run_and_report
 
 MB = 1024 * 1024
 IDLE_RSS_LIMIT_MB = 80.0
@@ -77,138 +78,11 @@ def memory_breakdown(pid: int) -> dict[str, float]:
     return result
 
 
-# --- a real `prefix-sidecar serve` child --------------------------------------------------
+# --- `serve` under tracemalloc (the sidecar runs as a harness.SidecarProcess) -------------
 
 
-class SidecarProcess:
-    """`async with SidecarProcess(socket, ["--backend", url, ...]) as sidecar:` runs
-    `python -m sidecar.cli serve --listen unix://SOCKET ARGS` and waits until it is SERVING.
-
-    Its log (stderr) goes to `log_path`, so tests can read what it logged and a chatty
-    child can never block on a full pipe.
-    """
-
-    def __init__(
-        self,
-        socket_path: str,
-        serve_args: list[str],
-        *,
-        log_path: str | None = None,
-        traced_output: str | None = None,
-        start_timeout: float = 20.0,
-    ) -> None:
-        self.socket_path = socket_path
-        self.serve_args = list(serve_args)
-        if log_path is None:
-            handle, log_path = tempfile.mkstemp(prefix="sidecar-", suffix=".log")
-            os.close(handle)
-        self.log_path = log_path
-        self.traced_output = traced_output
-        self.start_timeout = start_timeout
-        self.process: asyncio.subprocess.Process | None = None
-
-    @property
-    def target(self) -> str:
-        return f"unix://{self.socket_path}"
-
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise RuntimeError("the sidecar process was not started")
-        return self.process.pid
-
-    def log_text(self) -> str:
-        try:
-            return Path(self.log_path).read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    async def start(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        serve = ["serve", "--listen", self.target, *self.serve_args]
-        if self.traced_output:
-            argv = [
-                sys.executable,
-                "-m",
-                "sidecar.tools.bench.soak",
-                "--traced-serve",
-                self.traced_output,
-            ]
-        else:
-            argv = [sys.executable, "-m", "sidecar.cli"]
-        with open(self.log_path, "ab") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                *argv,
-                *serve,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=env,
-                preexec_fn=_terminate_with_parent,
-            )
-        await self._wait_serving()
-
-    async def _wait_serving(self) -> None:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.start_timeout
-        async with grpc.aio.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                assert self.process is not None
-                if self.process.returncode is not None:
-                    raise RuntimeError(
-                        f"the sidecar exited with code {self.process.returncode} before it was "
-                        f"ready; its log:\n{self.log_text()[-3000:]}"
-                    )
-                if os.path.exists(self.socket_path):
-                    try:
-                        reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                        if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                            return
-                    except grpc.aio.AioRpcError:
-                        pass
-                if loop.time() > deadline:
-                    await self.stop(grace=1.0)
-                    raise RuntimeError(
-                        f"the sidecar was not SERVING after {self.start_timeout} s; its log:\n"
-                        f"{self.log_text()[-3000:]}"
-                    )
-                await asyncio.sleep(0.05)
-
-    def send_signal(self, sig: int) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(sig)
-
-    async def stop(self, grace: float = 15.0) -> int:
-        """SIGTERM, wait up to `grace` s (then SIGKILL); returns the exit code."""
-        if self.process is None:
-            return 0
-        self.send_signal(signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(self.process.wait(), grace)
-        except TimeoutError:
-            self.process.kill()
-            return await self.process.wait()
-
-    async def __aenter__(self) -> SidecarProcess:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-
-def _terminate_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the harness dies, so a crashed or killed
-    bench never leaves a sidecar behind (Linux prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+def _traced_launcher(output: str) -> list[str]:
+    return ["-m", "sidecar.tools.bench.soak", "--traced-serve", output]
 
 
 def _traced_serve(output: str, serve_argv: list[str]) -> int:
@@ -260,8 +134,8 @@ class SoakOptions:
     @property
     def hold(self) -> float:
         """Seconds each pod holds a request before its first token. With 60k-token prefixes
-        the emulated pods spend CPU on every 240 KB prompt (~50 prompts/s on 2 cores), so
-        1,000 streams need a longer hold to stay within what the pods can parse."""
+        the emulated pods spend CPU parsing every 240 KB prompt, so 1,000 streams need a
+        longer hold to stay within what the pods can parse (docs/benchmarks.md)."""
         if self.hold_s is not None:
             return self.hold_s
         return 20.0 if self.prefixes else 2.0
@@ -421,13 +295,6 @@ async def _dump_traces(
         await asyncio.sleep(0.2)
 
 
-def _percentile(values: list[float], pct: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))]
-
-
 def _window(samples: list[Sample], lo: float, hi: float) -> list[Sample]:
     return [s for s in samples if lo <= s.t <= hi] or samples[-1:]
 
@@ -460,7 +327,7 @@ async def run_soak(options: SoakOptions, progress: Callable[[str], None] = print
             os.path.join(workdir, "s.sock"),
             serve_args,
             log_path=os.path.join(workdir, "sidecar.log"),
-            traced_output=options.tracemalloc or None,
+            launcher=_traced_launcher(options.tracemalloc) if options.tracemalloc else SERVE,
         )
         async with sidecar:
             pid = sidecar.pid
@@ -577,8 +444,8 @@ def _report(
         "errors": errors,
         "errors_by_status": dict(tally.errors),
         "error_samples": tally.error_samples,
-        "ttft_p50_ms": round(_percentile(tally.ttfts, 50) * 1e3, 1),
-        "ttft_p99_ms": round(_percentile(tally.ttfts, 99) * 1e3, 1),
+        "ttft_p50_ms": round(percentile(tally.ttfts, 50) * 1e3, 1),
+        "ttft_p99_ms": round(percentile(tally.ttfts, 99) * 1e3, 1),
         "pod_hold_ms": round(options.hold * 1e3, 1),
         "max_open_streams": max((s.open_streams for s in samples), default=0),
         "rss_idle_mb": round(idle[0] / MB, 1),
@@ -667,7 +534,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add("--deadline", type=_positive_float, default=defaults.deadline_s, help="per request, s")
     add("--channels", type=_positive_int, default=defaults.channels)
     add("--tracemalloc", metavar="FILE", default="", help="trace the sidecar; top sites to FILE")
-    add("--json", nargs="?", const="-", metavar="FILE", help="JSON report to FILE or stdout")
+    add_json_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -711,17 +578,11 @@ def run(args: argparse.Namespace) -> int:
         tracemalloc=os.path.abspath(args.tracemalloc) if args.tracemalloc else "",
     )
 
-    def progress(message: str) -> None:
-        print(f"bench soak: {message}", file=sys.stderr, flush=True)
-
-    report = asyncio.run(run_soak(options, progress))
-    if args.json == "-":
-        json.dump(report, sys.stdout, indent=1)
-        print()
-    else:
-        print(render(report))
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    report = run_and_report(
+        "bench soak", run_soak(options, progress_printer("bench soak")), render, args.json
+    )
+    if report is None:
+        return 130
     if options.tracemalloc and os.path.exists(options.tracemalloc):
         print(Path(options.tracemalloc).read_text(encoding="utf-8"), file=sys.stderr)
     return 0 if report["passed"] else 1

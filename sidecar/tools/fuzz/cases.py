@@ -162,7 +162,7 @@ STRING_FIELD |= {"Complete": 4, "Chat": 3}
 
 def over_max_message(rpc: str, limits: Limits) -> st.SearchStrategy[Case]:
     """A request over max_message_bytes: gRPC refuses it before any handler runs. Kept out
-    of the main mix because grpc takes ~0.15 s to refuse each one."""
+    of the main mix because grpc is slow to refuse each one (docs/benchmarks.md)."""
     return st.builds(
         lambda extra: Case(
             rpc,

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -13,8 +11,13 @@ from typing import Any
 
 import grpc
 
-from sidecar.tools import PACKAGE_ROOT
 from sidecar.tools.fuzz.cases import MODEL, RESPONSES, SERVICE, Known, Limits
+from sidecar.tools.harness import (
+    python_command,
+    serve_command,
+    spawn_blocking,
+    terminate_blocking,
+)
 from sidecar.v1 import router_pb2
 
 # --- the target: one emulator pod and one sidecar ------------------------------------------
@@ -45,12 +48,10 @@ class FuzzTarget:
         return self
 
     def _start(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (PACKAGE_ROOT, env.get("PYTHONPATH"))))
-        pod = subprocess.Popen(
-            [sys.executable, "-m", "sidecar.tools.emulator", "--port", "0", "--exit-on-stdin-eof",
-             "--model", MODEL, "--time-scale", str(self.time_scale)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        pod = spawn_blocking(
+            python_command("-m", "sidecar.tools.emulator", "--port", "0", "--exit-on-stdin-eof",
+                           "--model", MODEL, "--time-scale", str(self.time_scale)),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
         self.processes.append(pod)
         assert pod.stdout is not None
@@ -68,12 +69,13 @@ class FuzzTarget:
             "max_input_bytes": self.limits.max_input_bytes,
             "max_message_bytes": self.limits.max_message_bytes,
         }
-        argv = [sys.executable, "-m", "sidecar.cli", "serve", "--listen", self.target,
-                "--backend", self.url]  # fmt: skip
+        args = ["--backend", self.url]
         for name, value in settings_.items():
-            argv += ["--set", f"{name}={value}"]
+            args += ["--set", f"{name}={value}"]
         with open(self.log_path, "wb") as log:
-            self.processes.append(subprocess.Popen(argv, stdout=log, stderr=log, env=env))
+            self.processes.append(
+                spawn_blocking(serve_command(self.target, args), stdout=log, stderr=log)
+            )
         self.channel = grpc.insecure_channel(
             self.target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
         )
@@ -88,17 +90,7 @@ class FuzzTarget:
         if self.channel is not None:
             self.channel.close()
         for process in reversed(self.processes):
-            if process.poll() is None:
-                process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stdin is not None:
-                process.stdin.close()
-            if process.stdout is not None:
-                process.stdout.close()
+            terminate_blocking(process, 15)
         self.processes.clear()
 
     def cleanup(self) -> None:

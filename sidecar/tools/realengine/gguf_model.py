@@ -2,9 +2,9 @@
 
 Why: the real-engine tests need an engine that really keeps a KV cache of a prompt
 prefix, but nothing may be downloaded at run time. A 2-layer, 64-dim llama with random
-weights costs ~0.1 ms per prompt token on one CPU thread - cheap enough for a test, yet
-the prefill of a 2,000-token prompt is still ~10x slower than a cache hit, which is the
-effect the sidecar exploits. The text it generates is noise; that does not matter here.
+weights is cheap enough for a test, yet the prefill of a long prompt is still much slower
+than a cache hit (docs/benchmarks.md has the figures), which is the effect the sidecar
+exploits. The text it generates is noise; that does not matter here.
 
 The vocabulary is SentencePiece style ("llama" tokenizer model): <unk>, <s>, </s>, the
 256 byte-fallback tokens <0x00>..<0xFF> (so any text tokenizes), single characters, and

@@ -109,10 +109,8 @@ def llama_cpp_available() -> bool:
 
 
 def state_bytes(prompt_tokens: int, layers: int = 2, kv_dim: int = 64, vocab: int = 1024) -> int:
-    """Estimate one saved llama state: f16 K and V per token and layer, plus logits.
-
-    Measured for the default tiny model: 2,006 tokens -> 1,051,217 bytes (estimate 1.09 MB).
-    """
+    """Estimate one saved llama state: f16 K and V per token and layer, plus logits (checked
+    against a measured state in docs/benchmarks.md)."""
     return prompt_tokens * layers * 2 * kv_dim * 2 + vocab * 4 + 64 * 1024
 
 

@@ -15,7 +15,6 @@ pod served it: the sidecar's Complete RPC is one (`sidecar.tools.realengine.via_
 from __future__ import annotations
 
 import json
-import math
 import random
 import statistics
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from sidecar.tools.percentile import percentile
 from sidecar.tools.realengine.gguf_model import WORDS
 from sidecar.tools.realengine.pods import LlamaFleet, PromptEval
 
@@ -272,19 +272,11 @@ def summarize(results: Sequence[Result]) -> Summary:
     return Summary(
         requests=len(results),
         median_ttft_ms=statistics.median(ttfts),
-        p90_ttft_ms=percentile(ttfts, 0.90),
-        p99_ttft_ms=percentile(ttfts, 0.99),
+        p90_ttft_ms=percentile(ttfts, 90),
+        p99_ttft_ms=percentile(ttfts, 99),
         evaluated_tokens=sum(r.evaluated or 0 for r in results),
         reused_tokens=sum(r.reused or 0 for r in results),
     )
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: every value reported was measured)."""
-    if not sorted_values:
-        raise ValueError("no values")
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 def evaluated_by_pod(results: Sequence[Result]) -> dict[str, dict[int, int]]:

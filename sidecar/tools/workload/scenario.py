@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 
 from sidecar.tools.emulator import get_stats, reset_cache
+from sidecar.tools.harness import SidecarProcesses
 from sidecar.tools.workload.driver import CHANNEL_OPTIONS, Outcome, drive, thin_requests
-from sidecar.tools.workload.sidecars import SidecarProcesses
 from sidecar.tools.workload.trace import Arrival, PrefixDef
 from sidecar.v1 import router_pb2, router_pb2_grpc
 

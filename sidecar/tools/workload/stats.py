@@ -18,18 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sidecar.tools.cost import CostParams, daily_cost
+from sidecar.tools.percentile import percentile
 from sidecar.tools.workload.driver import TIMEOUT, Outcome
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100); nan for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def hit_rate(outcomes: Sequence[Outcome], prefix_tokens: Sequence[int]) -> float:
