@@ -8,7 +8,8 @@ key's preference order. A registered prefix's home set is the ring's first R own
 with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6), which
 is rebuilt when the pool swaps its ring or the store's registered set changes.
 
-Every setting is required: the sidecar passes its config's, so there is one default each.
+Every setting is required (`Router.from_config` passes the config's), so each has one
+default: the config's.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import time
 from dataclasses import dataclass
 
 from sidecar import _core
+from sidecar.config import Config
 from sidecar.membership.pool import BackendPool
 from sidecar.prefixes import PrefixEntry, PrefixStore
 from sidecar.routing.pick import Branch, Pick
 from sidecar.routing.placement import HomePlacer
-from sidecar.routing.policy import Policy
+from sidecar.routing.policy import Policy, make_policy
 
 
 class NoBackendError(Exception):
@@ -71,6 +73,24 @@ class Router:
             pool.watch(lambda _table: self._place_homes())
             store.watch(self._place_homes)
             self._place_homes()
+
+    @classmethod
+    def from_config(
+        cls, pool: BackendPool, store: PrefixStore, config: Config, policy: str | None = None
+    ) -> Router:
+        """The sidecar's router: its policy (`policy`, else the config's) and every setting
+        from the config."""
+        return cls(
+            pool,
+            store,
+            make_policy(policy or config.policy, config),
+            route_window_bytes=config.route_window_bytes,
+            default_replicas=config.replicas,
+            max_attempts=config.max_attempts,
+            home_kv_budget_tokens=config.home_kv_budget_tokens,
+            home_balance_factor=config.home_balance_factor,
+            bytes_per_token=config.bytes_per_token,
+        )
 
     def _place_homes(self) -> None:
         """Both rings' placements, built when they change: a request only looks them up."""

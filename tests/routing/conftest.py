@@ -14,7 +14,6 @@ from sidecar.config import build_config
 from sidecar.membership.pool import BackendPool
 from sidecar.membership.sources import Member
 from sidecar.prefixes import PrefixStore
-from sidecar.routing.policy import make_policy
 from sidecar.routing.router import Router
 
 NO_EXTENSIONS = bool(os.environ.get("SIDECAR_NO_EXTENSIONS"))
@@ -49,20 +48,9 @@ MakeRouter = Callable[..., Router]
 
 @pytest.fixture
 def make_router() -> MakeRouter:
-    """Router(pool, store, policy) with the config's settings, any of them overridden."""
+    """The sidecar's router for this pool and store: the config's settings, any overridden."""
 
     def make(pool: BackendPool, store: PrefixStore, **overrides: object) -> Router:
-        config = build_config(overrides)
-        return Router(
-            pool,
-            store,
-            make_policy(config.policy, config),
-            route_window_bytes=config.route_window_bytes,
-            default_replicas=config.replicas,
-            max_attempts=config.max_attempts,
-            home_kv_budget_tokens=config.home_kv_budget_tokens,
-            home_balance_factor=config.home_balance_factor,
-            bytes_per_token=config.bytes_per_token,
-        )
+        return Router.from_config(pool, store, build_config(overrides))
 
     return make

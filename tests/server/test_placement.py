@@ -1,7 +1,8 @@
 """The KV budget (`home_kv_budget_tokens`, routing contract section 6) on a running sidecar:
 prefixes the plain ring would stack on one pod are spread so that no pod is home to more
 prefix tokens than the budget, and every part of the sidecar follows the same home sets:
-RegisterPrefix/ListPrefixes, Route and Complete, Prewarm, warm-before-serve and /metrics."""
+RegisterPrefix/ListPrefixes, Route and Complete, Prewarm, warm-before-serve and /metrics.
+place() and HomePlacer on their own: tests/routing/test_placement.py."""
 
 from __future__ import annotations
 
