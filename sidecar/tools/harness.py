@@ -38,7 +38,7 @@ ORPHAN_GUARD = (
     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    sys.exit(1)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
 STDERR = "-"  # a log_path that means: the child writes to our stderr
 SERVE = ("-m", "sidecar.cli")

@@ -7,16 +7,14 @@ Each child is `python -m sidecar.tools.emulator --port P --exit-on-stdin-eof ...
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from typing import Any
 
 import aiohttp
 
 from sidecar.lifecycle import AsyncService
-from sidecar.tools import PACKAGE_ROOT as _PACKAGE_ROOT
 from sidecar.tools.emulator.config import EmulatorConfig, config_to_argv
+from sidecar.tools.harness import python_command, spawn, terminate
 
 
 class EmulatorFleet(AsyncService):
@@ -52,10 +50,7 @@ class EmulatorFleet(AsyncService):
         await asyncio.gather(*(self._spawn(i) for i in range(len(self))))
 
     async def _spawn(self, i: int) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        argv = [
-            sys.executable,
+        argv = python_command(
             "-m",
             "sidecar.tools.emulator",
             "--host",
@@ -64,10 +59,8 @@ class EmulatorFleet(AsyncService):
             str(self.ports[i]),
             "--exit-on-stdin-eof",
             *config_to_argv(self.config),
-        ]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
         )
+        proc = await spawn(argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         self.processes[i] = proc
         assert proc.stdout is not None
         try:
@@ -126,18 +119,9 @@ class EmulatorFleet(AsyncService):
 
     async def stop(self, grace: float = 3.0) -> None:
         """SIGTERM every pod, SIGKILL what is left after `grace` seconds; reap all."""
-        for i, proc in enumerate(self.processes):
-            if proc is not None and proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
+        for i in range(len(self.processes)):
             self._close_stdin(i)
-        for proc in self.processes:
-            if proc is None:
-                continue
-            try:
-                await asyncio.wait_for(proc.wait(), grace)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await asyncio.gather(*(terminate(p, grace) for p in self.processes if p is not None))
 
 
 async def _admin(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

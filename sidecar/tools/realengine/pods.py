@@ -34,10 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import os
 import re
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -47,6 +45,7 @@ from pathlib import Path
 import aiohttp
 
 from sidecar.lifecycle import AsyncService
+from sidecar.tools.harness import child_env, spawn, terminate
 
 _PREFIX_MATCH = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt")
 _RAM_CACHE_HIT = "Llama._create_completion: cache hit"
@@ -130,11 +129,9 @@ class LlamaPod:
         self.process: asyncio.subprocess.Process | None = None
 
     async def start(self, argv: list[str]) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")  # log lines in order, on time
+        env = child_env(PYTHONUNBUFFERED="1")  # log lines in order, on time
         with self.log_path.open("wb") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                *argv, stdout=log, stderr=asyncio.subprocess.STDOUT, env=env
-            )
+            self.process = await spawn(argv, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT)
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float) -> None:
         """Poll GET /v1/models (the server has no /health) until it answers 200."""
@@ -157,15 +154,8 @@ class LlamaPod:
         )
 
     async def stop(self, grace: float = 5.0) -> None:
-        proc = self.process
-        if proc is None or proc.returncode is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), grace)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        if self.process is not None:
+            await terminate(self.process, grace)
 
     def log_offset(self) -> int:
         """Current size of the log; pass to prompt_evals(since=) to see later requests."""
