@@ -78,6 +78,7 @@ def extensions() -> list:
 # wheel built from a clean tree (Docker, sdist) ships without the gRPC modules.
 GenerateProto(Distribution()).run()
 
+
 def packages() -> list[str]:
     tooling = ["sidecar.tools", "sidecar.tools.*"] if os.environ.get("SIDECAR_RUNTIME_ONLY") else []
     return find_packages(include=["sidecar", "sidecar.*"], exclude=tooling)

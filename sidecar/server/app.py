@@ -25,6 +25,8 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from sidecar.config import Config
+from sidecar.hostport import split_host_port
+from sidecar.lifecycle import AsyncService
 from sidecar.membership.health import HealthMonitor
 from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.membership.sources import (
@@ -40,7 +42,6 @@ from sidecar.membership.sources import (
 from sidecar.metrics import Metrics, start_metrics_server
 from sidecar.prefixes import PrefixError, PrefixStore
 from sidecar.prewarm import WARMED, Prewarmer
-from sidecar.routing.policy import make_policy
 from sidecar.routing.router import Router
 from sidecar.server import caller, memory
 from sidecar.server.handlers import SERVICE, add_router_servicer
@@ -61,7 +62,7 @@ from sidecar.v1 import router_pb2
 logger = logging.getLogger(__name__)
 
 
-class Sidecar:
+class Sidecar(AsyncService):
     """One running sidecar. `async with Sidecar(config) as sidecar:` starts and stops it."""
 
     def __init__(self, config: Config, policy: str | None = None) -> None:
@@ -82,19 +83,7 @@ class Sidecar:
             on_warm_needed=self._warm_joiner,
             on_change=self._table_changed,
         )
-        self.router = Router(
-            self.pool,
-            self.store,
-            make_policy(policy or config.policy),
-            route_window_bytes=config.route_window_bytes,
-            default_replicas=config.replicas,
-            load_factor=config.load_factor,
-            load_cap_floor=config.load_cap_floor,
-            max_attempts=config.max_attempts,
-            home_kv_budget_tokens=config.home_kv_budget_tokens,
-            home_balance_factor=config.home_balance_factor,
-            bytes_per_token=config.bytes_per_token,
-        )
+        self.router = Router.from_config(self.pool, self.store, config, policy)
         self.metrics.watch_home_tokens(self.router.homed_tokens, config.home_kv_budget_tokens)
         self.metrics.track(lambda url: url in self.pool.backends, self.store.has_name)
         self.prewarmer = Prewarmer(
@@ -129,6 +118,15 @@ class Sidecar:
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start everything; a start that fails half way (a metrics port in use, a bad TLS
+        file) releases what it opened - server, sessions, socket file, tasks - and raises."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop(grace_s=0)
+            raise
+
+    async def _start(self) -> None:
         self._load_prefixes()
         source = self._membership_source()
         # Before anything that needs closing: a refused path must not leak a session.
@@ -214,34 +212,33 @@ class Sidecar:
         )
 
     async def stop(self, grace_s: float | None = None) -> None:
+        """Drain and release; safe after a partial start and when called again."""
         grace = self.config.grace_s if grace_s is None else grace_s
         self.readiness.drain()
         await self.health_servicer.enter_graceful_shutdown()
         if self.server is not None:
             await self.server.stop(grace)
-        for task in [*self._tasks, *self._warming.values()]:
+        tasks = [*self._tasks, *self._warming.values()]
+        self._tasks.clear()
+        self._warming.clear()
+        for task in tasks:
             task.cancel()
-        for task in [*self._tasks, *self._warming.values()]:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self.health is not None:
             self.health.close()
         if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()  # type: ignore[attr-defined]
+            runner, self._metrics_runner = self._metrics_runner, None
+            await runner.cleanup()  # type: ignore[attr-defined]
         await self.client.close()
         if self._health_session is not None:
             await self._health_session.close()
         # grpc unlinks the path when it stops listening, and a sidecar started since then may
         # have bound it again (an overlapping restart): remove only the file this one bound.
         remove_own_socket(self.socket_path, self._socket_identity)
+        self._socket_identity = None
         logger.info("prefix-sidecar stopped")
-
-    async def __aenter__(self) -> Sidecar:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     # --- wiring -------------------------------------------------------------------------
 
@@ -262,11 +259,12 @@ class Sidecar:
                 # on one channel must pass, and at 256 or 1,024 it did not.
                 ("grpc.max_concurrent_streams", 4096),
                 # 5,000 pending calls bound the queue at ~150 MB (soft = hard: nothing is
-                # shed at random below it). A call unrequested for 1 s is dropped in C,
-                # without costing Python: a healthy loop takes calls in microseconds.
+                # shed at random below it). A call unrequested for 10 s is dropped in C,
+                # without costing Python. Not less: on a loaded 2-core box Python takes a
+                # legitimate 2,500-call burst in seconds, and at 1 s most of it was CANCELLED.
                 ("grpc.server.max_pending_requests", 5_000),
                 ("grpc.server.max_pending_requests_hard_limit", 5_000),
-                ("grpc.server_max_unrequested_time_in_server", 1),
+                ("grpc.server_max_unrequested_time_in_server", 10),
                 # A caller's metadata: grpc's defaults, pinned (8 KiB soft, 16 KiB hard). A
                 # CONTINUATION flood is cut at the hard limit.
                 ("grpc.max_metadata_size", 8 * 1024),
@@ -311,11 +309,9 @@ class Sidecar:
             name, port = parse_dns_target(config.backends_dns)
             nameserver, nameserver_port = None, 53
             if config.dns_nameserver:
-                host, sep, port_text = config.dns_nameserver.rpartition(":")
-                if sep and port_text.isdigit() and "]" not in port_text:
-                    nameserver, nameserver_port = host.strip("[]"), int(port_text)
-                else:
-                    nameserver = config.dns_nameserver
+                nameserver, nameserver_port = split_host_port(
+                    config.dns_nameserver, default_port=53
+                )
             sources.append(
                 DnsSource(
                     name,

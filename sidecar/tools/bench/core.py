@@ -248,7 +248,7 @@ def throughput(c_core: Any, timer: Timer) -> dict[str, float]:
 def run_bench(
     quick: bool, pod_counts: Sequence[int], seed: int, progress: Callable[[str], None]
 ) -> dict[str, Any]:
-    from sidecar import _core_c  # directly: the bench is about the extension; fail if missing
+    import sidecar._core_c as _core_c  # directly: the bench is about the extension; fail if missing
 
     cores = {"cython": _core_c, "python": _core_py}
     timer = Timer(budget_s=0.005 if quick else 0.05, repeats=3 if quick else 7)
