@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 import mmh3
 
 # At 100 equal pods this keeps the busiest pod's exact key-space share within 1.10x the mean
-# (measured in tests/core/test_balance.py); the note's 3 points per pod gives about 2x.
+# (measured in tests/core/test_balance.py); docs/mission.md's 3 points per pod gives about 2x.
 DEFAULT_VNODES = 1024
 
 KEY_SPACE = 1 << 64

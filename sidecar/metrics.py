@@ -1,7 +1,7 @@
 """Prometheus metrics of one sidecar, on their own registry (several sidecars may share a
 process in tests), served as text on the metrics port.
 
-The cost counters apply the note's price model to the pods' real `cached_tokens`, so the
+The cost counters apply docs/mission.md's price model to the pods' real `cached_tokens`, so the
 daily saving the design note promises can be watched live, not only computed offline.
 
 Label sets stay bounded: pod IPs change on every rollout and prefix names come and go, so the
@@ -125,7 +125,7 @@ class Metrics:
         )
         self.cost_raw = Counter(
             "prefix_sidecar_cost_without_cache_yuan",
-            "What the served tokens would cost with no prefix cache (note's prices)",
+            "What the served tokens would cost with no prefix cache (docs/mission.md's prices)",
             registry=r,
         )
         self.cost_actual = Counter(

@@ -1,6 +1,6 @@
 """Prewarm: put a prefix's KV cache on its pods before traffic needs it.
 
-The note pre-warms with fire-and-forget POSTs; here each (prefix, pod) pair is a
+docs/mission.md pre-warms with fire-and-forget POSTs; here each (prefix, pod) pair is a
 `max_tokens=1` completion whose result is reported (one event per state change), retried
 with jittered exponential backoff, and bounded in concurrency so a warm-up of many prefixes
 does not itself become the peak that saturates the fleet.

@@ -1,4 +1,4 @@
-"""consistent_hash: plain ring owner, no replicas and no load bound (the note's router,
+"""consistent_hash: plain ring owner, no replicas and no load bound (docs/mission.md's router,
 with a good ring). Baseline: a hot prefix lands on one pod whatever its load.
 
 Complexity: O(log P) (one bucket search in the Cython core).

@@ -1,11 +1,11 @@
-"""`prefix-sidecar cost`: the design note's daily cost model, raw versus prefix-cached.
+"""`prefix-sidecar cost`: docs/mission.md's daily cost model, raw versus prefix-cached.
 
     raw    = N * ((T_prefix + T_user) * P_base + T_out * P_out) / 1e6
     cached = N * (T_prefix * ((1 - R) * P_base + R * P_cache) + T_user * P_base
                   + T_out * P_out) / 1e6
-With the note's numbers (20M requests/day, 60k-token prefix, 200 user and 500 output
+With docs/mission.md's numbers (20M requests/day, 60k-token prefix, 200 user and 500 output
 tokens, 2.0/0.2/6.0 yuan per million tokens, R = 0.95): 2,468,000 vs 416,000 yuan/day,
-83.1 % saved. The note's introduction rounds this to 82.4 %; the formulas give 83.1 %.
+83.1 % saved. docs/mission.md's introduction rounds this to 82.4 %; the formulas give 83.1 %.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class CostReport:
 
 
 def daily_cost(params: CostParams, hit_rate: float) -> CostReport:
-    """The note's two formulas; hit_rate is the fraction of prefix tokens served cached."""
+    """docs/mission.md's two formulas; hit_rate is the fraction of prefix tokens served cached."""
     if not 0.0 <= hit_rate <= 1.0:
         raise ValueError(f"hit_rate must be within [0, 1], got {hit_rate}")
     params.validate()
@@ -81,8 +81,8 @@ _FLAGS = [
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "cost",
-        help="daily cost with and without prefix caching (the note's model)",
-        description="Daily cost of the note's workload, raw versus prefix-cached.",
+        help="daily cost with and without prefix caching (docs/mission.md's model)",
+        description="Daily cost of docs/mission.md's workload, raw versus prefix-cached.",
     )
     defaults = CostParams()
     for flag, attr, text in _FLAGS:

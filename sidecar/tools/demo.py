@@ -4,12 +4,12 @@ It starts an emulated vLLM fleet and a sidecar on a temporary unix socket, regis
 mega-sale prefixes (a ~60k-token compliance-rules text, a live-stream script and category
 annexes), prewarms them while printing every event as it arrives, replays a merchant
 workload through the sidecar and then, after a cache reset, through round-robin on the same
-fleet, and prints hit rate, TTFT, routing decision time and the note's daily cost at the
+fleet, and prints hit rate, TTFT, routing decision time and docs/mission.md's daily cost at the
 measured hit rate. Everything it started is stopped on exit, Ctrl-C included.
 
 Times are the emulator's modelled clock (real time x --time-scale). Answers are cut to
 --max-tokens tokens but streamed at the pace of a 500-token answer, so pods and sidecar
-see as many requests in flight as the note's workload has, with few chunks to relay.
+see as many requests in flight as docs/mission.md's workload has, with few chunks to relay.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def render(report: dict[str, Any]) -> str:
     )
     cost = report["cost_yuan_per_day"]
     raw = cost["raw"]
-    lines.append("      daily cost by the note's model (20M requests/day, 60k-token prefix):")
+    lines.append("      daily cost, docs/mission.md's model (20M requests/day, 60k-token prefix):")
     lines.append(f"        no prefix cache          {raw:>12,.0f} yuan/day")
     for policy, label in labels.items():
         hit = results[policy]["hit_rate"]

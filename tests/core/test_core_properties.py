@@ -173,7 +173,7 @@ def test_default_vnodes_balance_at_100_pods(core: ModuleType, scheme: str) -> No
 
 
 def test_three_points_per_pod_is_the_notes_imbalance(core: ModuleType) -> None:
-    """Why DEFAULT_VNODES is large: the note's 3 points per pod are far from even."""
+    """Why DEFAULT_VNODES is large: docs/mission.md's 3 points per pod are far from even."""
     shares = core.Ring(NAMING_SCHEMES["statefulset-dns"], vnodes=3).shares()
     assert max(shares.values()) * len(shares) > 1.5
 

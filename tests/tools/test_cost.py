@@ -1,4 +1,4 @@
-"""The note's cost model: exact figures from MISSION.md and a few computed by hand."""
+"""docs/mission.md's cost model: exact figures from MISSION.md and a few computed by hand."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The routers the core is measured against: the design note's, and uhashring.
+"""The routers the core is measured against: docs/mission.md's, and uhashring.
 
-`NoteRouter` is equivalent to the note's reference router (MD5 of node names, 3 virtual nodes
+`NoteRouter` is equivalent to docs/mission.md's reference router (MD5 of node names, 3 virtual nodes
 per pod, a sorted list and bisect), written the way such routers usually are. `UhashringRouter`
 wraps uhashring's default HashRing (MD5, 160 points per node). Neither has a bounded-load pick,
 so `LoadCheckedPick` adds the cheapest honest equivalent on top of their `get_node`: a cap
@@ -20,7 +20,7 @@ MD5_SPACE = 1 << 128  # both baselines place points and keys in the 128-bit MD5 
 
 
 class NoteRouter:
-    """The note's router: md5(f"{node}:{i}") for 3 points per pod; get_node bisects."""
+    """docs/mission.md's router: md5(f"{node}:{i}") for 3 points per pod; get_node bisects."""
 
     def __init__(self, nodes: Sequence[str], virtual_nodes: int = 3) -> None:
         self.virtual_nodes = virtual_nodes

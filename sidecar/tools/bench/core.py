@@ -1,4 +1,4 @@
-"""`prefix-sidecar bench core`: the routing core against uhashring and the note's router.
+"""`prefix-sidecar bench core`: the routing core against uhashring and docs/mission.md's router.
 
 Everything is measured side by side in one run, because absolute times drift on shared
 machines and only ratios from the same run mean something. Latencies are timeit-style: a
@@ -376,7 +376,7 @@ def _pod_counts(text: str) -> list[int]:
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = bench_subparsers.add_parser(
         "core",
-        help="routing core vs uhashring and the note's router: ns per decision, balance, churn",
+        help="routing core vs uhashring and docs/mission.md's router: ns/decision, balance, churn",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

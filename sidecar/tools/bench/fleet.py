@@ -237,7 +237,7 @@ def render(report: dict[str, Any]) -> str:
             f"{r['load']['max_over_mean']:>10.2f}{r['requests_per_s']:>8.1f}"
             f"{r['errors'].get('TTFT_TIMEOUT', 0):>10}{r['cost_yuan_per_day']:>12,.0f}"
         )
-    lines += ["", "TTFT in modelled ms; yuan/day by the note's model at the measured hit rate", ""]
+    lines += ["", "TTFT in modelled ms; yuan/day by docs/mission.md's model at the hit rate", ""]
     lines.append("targets (as measured in this run)")
     lines += target_lines(report["targets"])
     lines.append(f"\nwall time {report['wall_s']:.0f} s")

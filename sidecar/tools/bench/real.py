@@ -13,7 +13,7 @@ the pods between routings (same URLs, every cache cold):
 
 For each it prints TTFT p50/p99, the prompt tokens the pods evaluated and reused (whole
 pod logs, the sidecar's prewarm included), the hit rate reused/(evaluated+reused), and
-the design note's cost per day at that hit rate (`sidecar.tools.cost.daily_cost`).
+docs/mission.md's cost per day at that hit rate (`sidecar.tools.cost.daily_cost`).
 
 Placement (--placement): a llama.cpp pod keeps one prompt's KV, so by default the
 prefix texts are chosen to have distinct home pods under the routing contract
@@ -254,7 +254,7 @@ def route_report(results: Sequence[Result], logs: dict[str, list[PromptEval]]) -
 def _print_table(rows: dict[str, dict[str, Any]]) -> None:
     params = CostParams()
     print(
-        f"\ncost per day by the note's model ({params.requests_per_day:,.0f} requests, "
+        f"\ncost per day by docs/mission.md's model ({params.requests_per_day:,.0f} requests, "
         f"{params.prefix_tokens:,.0f}-token prefix, {params.price_base:g}/"
         f"{params.price_cache:g}/{params.price_out:g} yuan per M tokens) at the measured hit "
         f"rate; without any cache {daily_cost(params, 0.0).raw:,.0f} yuan/day"

@@ -1,6 +1,6 @@
 """Every knob of one emulated vLLM pod, and the command-line flags that set them.
 
-Defaults reproduce the note's H100 pod serving a 72B model (docs/emulator.md): a cold
+Defaults reproduce docs/mission.md's H100 pod serving a 72B model (docs/emulator.md): a cold
 60k-token prefix prefills in ~3.8 s, a warm request (200 uncached tokens) in ~25 ms.
 The dataclasses are tables (sidecar/fields.py, the sidecar's own config machinery): each
 field declares its flag, help and check once, so the flags cannot drift from the config.

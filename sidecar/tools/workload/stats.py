@@ -8,7 +8,7 @@ Definitions (docs/benchmarks.md):
   seconds, and reported in MODELLED milliseconds (real x time scale), the emulator's clock.
 - load = requests per pod over the run; max/mean is over every pod of the fleet.
 - requests per second = answered requests / (last answer - first send), modelled seconds.
-- cost per day: the note's model (sidecar/tools/cost.py) at the measured hit rate.
+- cost per day: docs/mission.md's model (sidecar/tools/cost.py) at the measured hit rate.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One trace is generated once per run and replayed unchanged for every routing pol
 policies differ only in where they send each request. Times are MODELLED seconds (the
 emulator's clock); the driver divides them by the fleet's time scale.
 
-Replica sizing follows the note's correction: a hot prefix must live on several pods. A
+Replica sizing follows docs/mission.md's correction: a hot prefix must live on several pods. A
 pod taking a prefix's share must stay under the bounded-load cap (load_factor x the mean
 per-pod rate) after the traffic it gets anyway from other prefixes, and under a target
 utilisation of its warm-request capacity; the replica count is the smallest that does both.
@@ -134,8 +134,8 @@ def size_replicas(
     return result
 
 
-ANSWER_TOKENS = 500  # the note's T_out: streams last as long as a 500-token answer
-INPUT_TOKENS = 200  # the note's T_user
+ANSWER_TOKENS = 500  # docs/mission.md's T_out: streams last as long as a 500-token answer
+INPUT_TOKENS = 200  # docs/mission.md's T_user
 
 
 def home_kv_budget(
@@ -157,7 +157,7 @@ def home_kv_budget(
 def mega_sale_pod(time_scale: float, kv_tokens: int, max_tokens: int) -> EmulatorConfig:
     """The emulated pod the demo and the fleet bench share: answers cut to `max_tokens`
     but streamed at the pace of a 500-token answer, so as many streams stay in flight as in
-    the note without relaying 500 chunks per request."""
+    docs/mission.md without relaying 500 chunks per request."""
     return EmulatorConfig(
         time_scale=time_scale,
         kv_tokens=kv_tokens,
