@@ -1,5 +1,6 @@
 """Client verbs that talk to a running sidecar over its socket: route, complete, prewarm,
-backends, prefixes (list/register/unregister) and health (an exec probe for Kubernetes)."""
+backends, prefixes (list/register/unregister) and health (gRPC health from a shell; the
+Kubernetes probes are HTTP, /livez and /readyz on the metrics port)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prefixes.set_defaults(func=lambda a: _run(a, _prefixes))
 
     health = subparsers.add_parser(
-        "health", help="exit 0 if the sidecar reports SERVING (for exec probes)"
+        "health", help="exit 0 if the sidecar reports SERVING over gRPC health"
     )
     _add_socket(health)
     health.add_argument("--service", default="", help="service name ('' = whole server)")
