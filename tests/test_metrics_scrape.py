@@ -22,7 +22,7 @@ from sidecar.metrics import Metrics, start_metrics_server
 
 PODS = 100
 NAMES = 1024
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _big_metrics() -> Metrics:

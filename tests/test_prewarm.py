@@ -1,5 +1,5 @@
-"""Units of issue 11 items 9, 11 and 12: the prefix store's names, the metrics' label
-sweeps, and the prewarmer's per-pod slots. Pods are small aiohttp servers on 127.0.0.1."""
+"""The prewarmer (sidecar/prewarm.py): per-pod slots, free during a backoff, jittered retries
+(issue 11 item 12). Pods are small aiohttp servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -9,102 +9,11 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import pytest
 from aiohttp import web
 
-from sidecar.metrics import Metrics
-from sidecar.prefixes import PrefixLimitExceeded, PrefixStore
+from sidecar.prefixes import PrefixStore
 from sidecar.prewarm import RETRYING, WARMED, Prewarmer
 from sidecar.upstream.client import UpstreamClient
-
-# --- PrefixStore: one text, several names ---------------------------------------------------
-
-
-def test_a_text_under_two_names_belongs_to_both_and_hands_over_its_name() -> None:
-    store = PrefixStore()
-    a, _ = store.register("a", "shared text")
-    b, created = store.register("b", "shared text")
-    assert b is a and not created
-    assert (a.names, a.name) == (("a", "b"), "a")
-    assert [(name, entry.id) for name, entry in store.named()] == [("a", a.id), ("b", a.id)]
-
-    assert store.unregister_name("a") == []  # "b" still holds the text
-    assert (a.names, a.name) == (("b",), "b")
-    assert store.by_name("b") is a and not store.has_name("a")
-    assert [(name, entry.id) for name, entry in store.named()] == [("b", a.id)]
-
-    assert store.unregister_name("b") == [a.id]
-    assert len(store) == 0 and store.named() == []
-
-
-def test_unregistering_a_shared_id_removes_it_from_every_name() -> None:
-    store = PrefixStore()
-    old, _ = store.register("rules", "v1")
-    store.register("alias", "v1")
-    new, _ = store.register("rules", "v2")
-    assert store.unregister_id(old.id) == [old.id]
-    assert store.versions("rules") == [new.id]
-    assert not store.has_name("alias")  # its only version is gone
-    assert old.names == ()
-
-
-def test_names_are_bounded_like_prefixes() -> None:
-    store = PrefixStore(max_prefixes=3)
-    for name in ("a", "b", "c"):
-        store.register(name, "one text")
-    with pytest.raises(PrefixLimitExceeded, match=r"3 prefix names.*max_prefixes"):
-        store.register("d", "one text")
-    store.register("c", "one text")  # a known name is not a new one
-    store.unregister_name("a")
-    store.register("d", "one text")
-
-
-# --- Metrics: series of pods that left, names no longer registered --------------------------
-
-
-def series(metrics: Metrics, name: str) -> dict[tuple[str, ...], float]:
-    return {
-        tuple(sample.labels.values()): sample.value
-        for family in metrics.registry.collect()
-        for sample in family.samples
-        if sample.name == name
-    }
-
-
-def test_a_departed_pods_in_flight_never_goes_negative_and_then_goes() -> None:
-    metrics = Metrics()
-    members = {"http://old", "http://new"}
-    metrics.track(lambda url: url in members, lambda name: False)
-    metrics.child(metrics.in_flight, "http://old").inc()  # a stream starts on it
-    metrics.child(metrics.ttft, "http://old").observe(0.1)
-    metrics.set_backend("http://old", "serving", True)
-
-    members.discard("http://old")
-    metrics.forget_backends()
-    assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 1.0}
-    assert series(metrics, "prefix_sidecar_backend_healthy") == {}
-    assert series(metrics, "prefix_sidecar_ttft_seconds_count") == {}
-
-    metrics.child(metrics.in_flight, "http://old").dec()  # the stream ends
-    metrics.child(metrics.requests, "Complete", "http://old", "home", "OK").inc()  # its log
-    assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 0.0}
-    assert b"http://old" not in metrics.render()
-    assert not metrics._children  # the memo forgot them too
-
-
-def test_usage_series_go_with_their_name() -> None:
-    metrics = Metrics()
-    registered = {"a", "b"}
-    metrics.track(lambda url: True, lambda name: name in registered)
-    for name in ("a", "b", "-"):
-        metrics.record_usage(name, 10, 5, 1)
-    registered.discard("a")
-    metrics.forget_prefix("a")
-    assert set(series(metrics, "prefix_sidecar_prompt_tokens_total")) == {("b",), ("-",)}
-    metrics.record_usage("a", 10, 5, 1)  # a stream that was running when "a" went
-    assert b'prefix="a"' not in metrics.render()
-    assert b'prefix="b"' in metrics.render()
-
 
 # --- Prewarmer: per-pod slots, released during backoff, jitter ------------------------------
 

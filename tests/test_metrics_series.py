@@ -1,0 +1,52 @@
+"""The metrics' label sweeps (sidecar/metrics.py): series of pods that left and of names no
+longer registered go (issue 11 item 9)."""
+
+from __future__ import annotations
+
+from sidecar.metrics import Metrics
+
+# --- Metrics: series of pods that left, names no longer registered --------------------------
+
+
+def series(metrics: Metrics, name: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(sample.labels.values()): sample.value
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_a_departed_pods_in_flight_never_goes_negative_and_then_goes() -> None:
+    metrics = Metrics()
+    members = {"http://old", "http://new"}
+    metrics.track(lambda url: url in members, lambda name: False)
+    metrics.child(metrics.in_flight, "http://old").inc()  # a stream starts on it
+    metrics.child(metrics.ttft, "http://old").observe(0.1)
+    metrics.set_backend("http://old", "serving", True)
+
+    members.discard("http://old")
+    metrics.forget_backends()
+    assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 1.0}
+    assert series(metrics, "prefix_sidecar_backend_healthy") == {}
+    assert series(metrics, "prefix_sidecar_ttft_seconds_count") == {}
+
+    metrics.child(metrics.in_flight, "http://old").dec()  # the stream ends
+    metrics.child(metrics.requests, "Complete", "http://old", "home", "OK").inc()  # its log
+    assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 0.0}
+    assert b"http://old" not in metrics.render()
+    assert not metrics._children  # the memo forgot them too
+
+
+def test_usage_series_go_with_their_name() -> None:
+    metrics = Metrics()
+    registered = {"a", "b"}
+    metrics.track(lambda url: True, lambda name: name in registered)
+    for name in ("a", "b", "-"):
+        metrics.record_usage(name, 10, 5, 1)
+    registered.discard("a")
+    metrics.forget_prefix("a")
+    assert set(series(metrics, "prefix_sidecar_prompt_tokens_total")) == {("b",), ("-",)}
+    metrics.record_usage("a", 10, 5, 1)  # a stream that was running when "a" went
+    assert b'prefix="a"' not in metrics.render()
+    assert b'prefix="b"' in metrics.render()
