@@ -57,6 +57,7 @@ async def _serve_echo(target: str) -> None:
         return request
 
     server = grpc.aio.server()
+    handler: grpc.RpcMethodHandler[bytes, bytes]
     handler = grpc.unary_unary_rpc_method_handler(echo)  # no (de)serializers: raw bytes
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("bench.hop.Echo", {"Echo": handler}),)
@@ -260,6 +261,7 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
             )
             prefix_id = registered.id
             route_request = router_pb2.RouteRequest(prefix_id=prefix_id)
+            echo: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]
             echo = echo_channel.unary_unary(ECHO_METHOD)
             reply_size = len((await stub.Route(route_request)).SerializeToString())
             payload = os.urandom(reply_size)

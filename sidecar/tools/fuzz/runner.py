@@ -27,10 +27,15 @@ class Outcome:
 def execute(channel: grpc.Channel, case: Case, timeout: float) -> Outcome:
     """Send raw bytes (identity serializers) and collect the status; never raises RpcError."""
     try:
+        replies: list[bytes]
         if case.rpc in STREAMING:
-            replies = list(channel.unary_stream(SERVICE + case.rpc)(case.payload, timeout=timeout))
+            stream: grpc.UnaryStreamMultiCallable[bytes, bytes]
+            stream = channel.unary_stream(SERVICE + case.rpc)
+            replies = list(stream(case.payload, timeout=timeout))
         else:
-            replies = [channel.unary_unary(SERVICE + case.rpc)(case.payload, timeout=timeout)]
+            unary: grpc.UnaryUnaryMultiCallable[bytes, bytes]
+            unary = channel.unary_unary(SERVICE + case.rpc)
+            replies = [unary(case.payload, timeout=timeout)]
     except grpc.RpcError as exc:
         return Outcome(exc.code().name, exc.details() or "", [])
     return Outcome("OK", "", replies)
