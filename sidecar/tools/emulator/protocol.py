@@ -140,9 +140,8 @@ def parse_request(body: Any, config: EmulatorConfig, chat: bool) -> ParsedReques
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise RequestError(f"seed must be an integer, got {seed!r}")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise RequestError("n must be 1 (the emulator generates one choice)")
+    # n, logprobs, tools, response_format and the rest are accepted and ignored: the
+    # emulator generates one plain-text choice, and a caller's extra fields must not fail.
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]

@@ -216,3 +216,25 @@ async def test_invalid_json_and_unknown_model(session: aiohttp.ClientSession) ->
             session, url, "/v1/completions", {"model": "gpt-4", "prompt": "x"}
         )
         assert status == 404 and error["type"] == "NotFoundError"
+
+
+EXTRA_FIELDS: dict[str, Any] = {
+    "n": 2,
+    "logprobs": 3,
+    "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}],
+    "response_format": {"type": "json_object"},
+    "guided_json": {"type": "object"},
+}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_fields_it_cannot_honour_are_ignored(
+    session: aiohttp.ClientSession, path: str
+) -> None:
+    """As vLLM does with what it does not know: one plain-text choice, no failure."""
+    chat = path.endswith("chat/completions")
+    query = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
+    async with run_emulator(FAST) as url:
+        status, answer = await post(session, url, path, {**query, "max_tokens": 3, **EXTRA_FIELDS})
+    assert status == 200
+    assert len(answer["choices"]) == 1
