@@ -32,6 +32,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 
+from sidecar.config import DEFAULTS
+
 DECISION_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 5e-4, 1e-3, 1e-2)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 60.0)
 
@@ -46,7 +48,12 @@ def _always(_: str) -> bool:
 
 
 class Metrics:
-    def __init__(self, price_base: float = 2.0, price_cache: float = 0.2, price_out: float = 6.0):
+    def __init__(
+        self,
+        price_base: float = DEFAULTS.price_base,
+        price_cache: float = DEFAULTS.price_cache,
+        price_out: float = DEFAULTS.price_out,
+    ) -> None:
         self.registry = CollectorRegistry()
         # The standard process_* (memory, fds, CPU), python_info and python_gc_* series,
         # which prometheus_client only puts on its default registry.

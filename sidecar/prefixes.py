@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sidecar import _core
+from sidecar.config import DEFAULTS
 from sidecar.upstream.body import escape
 
 # Prompts are matched against registered prefixes by their first escaped bytes: prefixes at
@@ -74,7 +75,11 @@ class PrefixStore:
     a caller registering one text under endless names must not grow the store without bound.
     """
 
-    def __init__(self, max_prefixes: int = 1024, max_bytes: int = 4 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        max_prefixes: int = DEFAULTS.max_prefixes,
+        max_bytes: int = DEFAULTS.max_prefix_bytes,
+    ) -> None:
         self._max_prefixes = max_prefixes
         self._max_bytes = max_bytes
         self._by_id: dict[str, PrefixEntry] = {}

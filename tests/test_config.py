@@ -24,7 +24,10 @@ from sidecar.config import (
     from_args,
 )
 from sidecar.membership.health import HealthMonitor
-from sidecar.membership.sources import MAX_WEIGHT, Member
+from sidecar.membership.pool import BackendPool
+from sidecar.membership.sources import MAX_WEIGHT, DnsSource, FileSource, Member
+from sidecar.metrics import Metrics
+from sidecar.prefixes import PrefixStore
 from sidecar.prewarm import Prewarmer
 from sidecar.tools.emulator.config import (
     EmulatorConfig,
@@ -134,6 +137,20 @@ def test_components_take_their_defaults_from_the_config() -> None:
     assert prewarm["attempts"].default == DEFAULTS.prewarm_attempts
     assert prewarm["backoff_s"].default == DEFAULTS.prewarm_backoff_s
     assert prewarm["timeout_s"].default == DEFAULTS.prewarm_timeout_s
+    store = inspect.signature(PrefixStore).parameters
+    assert store["max_prefixes"].default == DEFAULTS.max_prefixes
+    assert store["max_bytes"].default == DEFAULTS.max_prefix_bytes
+    prices = inspect.signature(Metrics).parameters
+    assert [prices[f"price_{k}"].default for k in ("base", "cache", "out")] == [
+        DEFAULTS.price_base, DEFAULTS.price_cache, DEFAULTS.price_out,
+    ]  # fmt: skip
+    pool = inspect.signature(BackendPool).parameters
+    assert pool["vnodes"].default == DEFAULTS.vnodes
+    assert pool["warm_before_serve"].default == DEFAULTS.warm_before_serve
+    assert inspect.signature(FileSource).parameters["interval_s"].default == (
+        DEFAULTS.file_interval_s
+    )
+    assert inspect.signature(DnsSource).parameters["interval_s"].default == DEFAULTS.dns_interval_s
 
 
 def test_membership_weights_are_the_cores_bound() -> None:

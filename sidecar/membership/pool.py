@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sidecar import _core
+from sidecar.config import DEFAULTS
 from sidecar.membership.sources import Member
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,8 @@ class BackendPool:
 
     def __init__(
         self,
-        vnodes: int = 0,
-        warm_before_serve: bool = True,
+        vnodes: int = DEFAULTS.vnodes,
+        warm_before_serve: bool = DEFAULTS.warm_before_serve,
         needs_warming: Callable[[], bool] = lambda: False,
         on_warm_needed: Callable[[str], None] | None = None,
         on_change: Callable[[RoutingTable], None] | None = None,

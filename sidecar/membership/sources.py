@@ -37,6 +37,7 @@ import dns.resolver
 import yaml
 
 from sidecar._core_py import MAX_WEIGHT  # the routing contract's bound, in both cores
+from sidecar.config import DEFAULTS
 from sidecar.hostport import split_host_port
 
 logger = logging.getLogger(__name__)
@@ -400,7 +401,10 @@ class FileSource(MembershipSource):
     """
 
     def __init__(
-        self, path: str | Path, interval_s: float = 1.0, allow_special: bool = False
+        self,
+        path: str | Path,
+        interval_s: float = DEFAULTS.file_interval_s,
+        allow_special: bool = False,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"file source interval_s must be > 0, got {interval_s}")
@@ -465,7 +469,7 @@ class DnsSource(MembershipSource):
         name: str,
         port: int,
         scheme: str = "http",
-        interval_s: float = 5.0,
+        interval_s: float = DEFAULTS.dns_interval_s,
         nameserver: str | None = None,
         nameserver_port: int = 53,
         timeout_s: float = 2.0,
