@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,6 +26,7 @@ from sidecar.membership.health import HealthMonitor
 from sidecar.membership.pool import BackendPool
 from sidecar.metrics import Metrics
 from sidecar.server.abort import RpcAbort
+from sidecar.server.chunks import delta_chunks
 from sidecar.upstream.body import SplicedBody
 from sidecar.upstream.client import UpstreamClient, UpstreamError, UpstreamStream
 from sidecar.upstream.sse import Delta, clip, usage_counts
@@ -96,10 +97,12 @@ class Relay:
         outcome: RelayOutcome,
         on_accepted: Callable[[], None] | None = None,
         headers: Mapping[str, str] | None = None,
+        raw_events: bool = False,
     ) -> AsyncGenerator[router_pb2.Chunk, None]:
         """Yield the chunks of the first pod that streams; `on_accepted` is called when a
         pod first answers 200 (the caller can send its response headers then). `headers`
         are added to every attempt's HTTP request (the caller's trace context).
+        `raw_events` adds each pod event's JSON text to the chunks.
 
         Raises RpcAbort with the status the call must end with when no pod streams, or when
         the stream breaks after the first token."""
@@ -126,12 +129,16 @@ class Relay:
                             timeout_s=self._total_timeout(remaining),
                             chat=chat,
                             headers=headers,
+                            raw_events=raw_events,
                         )
                         if on_accepted is not None:
                             on_accepted()
                             on_accepted = None
                         first = await stream.next_delta()
-                        while not (first.text or first.done or first.finish_reason):
+                        # A tool call is an answer without text.
+                        while not (
+                            first.text or first.done or first.finish_reason or first.tool_calls
+                        ):
                             first.merge(await stream.next_delta())
                 except TimeoutError:
                     raise UpstreamError(
@@ -151,15 +158,14 @@ class Relay:
                 self.metrics.child(self.metrics.ttft, backend).observe(outcome.ttft_s)
                 sent_first = True
                 limit = self._text_limit(backend)
-                for chunk in self._chunks(
-                    first, limit, backend=backend, attempts=number, outcome=outcome
-                ):
+                for chunk in self._chunks(first, limit, outcome, backend=backend, attempts=number):
                     yield chunk
                 while not stream.finished:
                     delta = await stream.next_delta()
                     finish_reason = delta.finish_reason or finish_reason
-                    if delta.text or delta.finish_reason or delta.usage is not None:
-                        for chunk in self._chunks(delta, limit, outcome=outcome):
+                    usage = delta.usage is not None
+                    if delta.text or delta.finish_reason or usage or delta.raw_events:
+                        for chunk in self._chunks(delta, limit, outcome):
                             yield chunk
                 if not finish_reason:
                     raise UpstreamError(backend, TRUNCATED, retryable=True)
@@ -245,67 +251,10 @@ class Relay:
         size = min(CLIENT_RECEIVE_LIMIT, self.policy.max_message_bytes)
         return max(size - CHUNK_OVERHEAD - len(backend.encode()), 256)
 
-    @classmethod
-    def _chunks(
-        cls,
-        delta: Delta,
-        limit: int,
-        *,
-        outcome: RelayOutcome,
-        backend: str = "",
-        attempts: int = 0,
-    ) -> Iterator[router_pb2.Chunk]:
-        """One Chunk, or several when the text is over `limit` bytes: the backend and
-        attempts go on the first, the finish reason and usage on the last."""
-        if len(delta.text) * 4 <= limit:  # the common case, without encoding the text
-            yield cls._chunk(delta, outcome=outcome, backend=backend, attempts=attempts)
-            return
-        pieces = _split_utf8(delta.text, limit)
-        last = len(pieces) - 1
-        for index, piece in enumerate(pieces):
-            part = Delta(text=piece)
-            if index == last:
-                part.finish_reason, part.usage = delta.finish_reason, delta.usage
-            first = index == 0
-            yield cls._chunk(
-                part,
-                outcome=outcome,
-                backend=backend if first else "",
-                attempts=attempts if first else 0,
-            )
-
     @staticmethod
-    def _chunk(
-        delta: Delta, *, outcome: RelayOutcome, backend: str = "", attempts: int = 0
-    ) -> router_pb2.Chunk:
-        chunk = router_pb2.Chunk(
-            text=delta.text,
-            backend=backend,
-            finish_reason=delta.finish_reason,
-            attempts=attempts,
-        )
+    def _chunks(
+        delta: Delta, limit: int, outcome: RelayOutcome, *, backend: str = "", attempts: int = 0
+    ) -> list[router_pb2.Chunk]:
         if delta.usage is not None:
-            prompt, completion, cached = usage_counts(delta.usage)
-            outcome.usage = (prompt, completion, cached)
-            chunk.usage.CopyFrom(
-                router_pb2.Usage(
-                    prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached
-                )
-            )
-        return chunk
-
-
-def _split_utf8(text: str, limit: int) -> list[str]:
-    """text in pieces of at most `limit` UTF-8 bytes, cut between characters."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return [text]
-    pieces = []
-    start = 0
-    while start < len(data):
-        end = min(start + limit, len(data))
-        while end < len(data) and data[end] & 0xC0 == 0x80:  # a continuation byte
-            end -= 1
-        pieces.append(data[start:end].decode("utf-8"))
-        start = end
-    return pieces
+            outcome.usage = usage_counts(delta.usage)
+        return delta_chunks(delta, limit, backend=backend, attempts=attempts)

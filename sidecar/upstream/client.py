@@ -67,12 +67,14 @@ class UpstreamStream:
         chat: bool,
         redact: Callable[[str], str] = str,
         recycle: Callable[[aiohttp.ClientResponse], None] = aiohttp.ClientResponse.release,
+        *,
+        raw_events: bool = False,
     ) -> None:
         self.backend = backend
         self._redact = redact
         self._recycle = recycle
         self._response = response
-        self._decoder = SSEDecoder(chat=chat)
+        self._decoder = SSEDecoder(chat=chat, raw=raw_events)
         self.finished = False
 
     async def next_delta(self) -> Delta:
@@ -190,10 +192,12 @@ class UpstreamClient:
         timeout_s: float | None,
         chat: bool,
         headers: Mapping[str, str] | None = None,
+        raw_events: bool = False,
     ) -> UpstreamStream:
         """POST and wait for the response headers; raise UpstreamError on any failure.
         `headers` are added to the request; they cannot replace the client's own
-        (Content-Type, Accept, User-Agent, Authorization)."""
+        (Content-Type, Accept, User-Agent, Authorization). `raw_events` keeps each event's
+        JSON text in the deltas."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
         try:
             response = await self.session.post(
@@ -237,7 +241,9 @@ class UpstreamClient:
                 retryable=retryable,
                 status=response.status,
             )
-        return UpstreamStream(backend, response, chat, self._redact, self._recycle)
+        return UpstreamStream(
+            backend, response, chat, self._redact, self._recycle, raw_events=raw_events
+        )
 
     def _with_own(self, headers: Mapping[str, str]) -> CIMultiDict[str]:
         """`headers` plus the client's own, which replace any of the same name (any case)."""

@@ -11,12 +11,15 @@ A pod's bytes are untrusted, so the work is linear and bounded (h11's ReceiveBuf
   FEED_MAX_BYTES bytes; `backlog` then says more is buffered, and the caller gives the event
   loop back before calling feed(b"") again. An incomplete event over MAX_EVENT_BYTES is a
   protocol error; each text a pod sends that is not the completion itself is clipped.
+- With `raw`, each event's JSON text is also kept as the pod sent it (Delta.raw_events), for
+  callers that want tool calls, logprobs or several choices unchanged: the data lines are
+  already sliced out, so this adds one UTF-8 decode per event.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DONE = b"[DONE]"
@@ -46,6 +49,8 @@ class Delta:
     events: int = 0
     error: str = ""
     largest_event: int = 0  # bytes of the biggest event in this delta
+    raw_events: list[str] = field(default_factory=list)  # with raw: each event's JSON text
+    tool_calls: bool = False  # a chat event carried tool calls (an answer without text)
 
     def merge(self, other: Delta) -> None:
         if other.text:
@@ -56,11 +61,15 @@ class Delta:
         self.events += other.events
         self.error = self.error or other.error
         self.largest_event = max(self.largest_event, other.largest_event)
+        if other.raw_events:
+            self.raw_events += other.raw_events
+        self.tool_calls = self.tool_calls or other.tool_calls
 
 
 class SSEDecoder:
-    def __init__(self, chat: bool = False) -> None:
+    def __init__(self, chat: bool = False, raw: bool = False) -> None:
         self.chat = chat
+        self.raw = raw
         self.pending_error = ""
         self.backlog = False  # the last feed stopped at its budget: call feed(b"") again
         self._buffer = bytearray()
@@ -131,7 +140,8 @@ class SSEDecoder:
             delta.done = True
             return
         try:
-            event = json.loads(payload)
+            raw_text = payload.decode("utf-8") if self.raw else ""
+            event = json.loads(raw_text or payload)
         except ValueError as exc:
             raise SSEProtocolError(f"malformed JSON in an SSE event: {exc}") from None
         if not isinstance(event, dict):
@@ -142,10 +152,18 @@ class SSEDecoder:
             message = error.get("message") if isinstance(error, dict) else error
             delta.error = _valid_text(str(message)[:POD_ERROR_CHARS])
             return
+        if self.raw:
+            delta.raw_events.append(raw_text)
         for choice in event.get("choices") or ():
             if not isinstance(choice, dict):
                 raise SSEProtocolError("a choice in an SSE event is not a JSON object")
-            piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+            if self.chat:
+                said = choice.get("delta")
+                said = said if isinstance(said, dict) else {}
+                piece = said.get("content")
+                delta.tool_calls = delta.tool_calls or bool(said.get("tool_calls"))
+            else:
+                piece = choice.get("text")
             if isinstance(piece, str) and piece:
                 pieces.append(_valid_text(piece))
             if choice.get("finish_reason"):

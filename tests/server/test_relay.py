@@ -19,7 +19,8 @@ from sidecar.membership.pool import BackendPool
 from sidecar.membership.sources import Member
 from sidecar.metrics import Metrics
 from sidecar.server.abort import RpcAbort
-from sidecar.server.relay import TRUNCATED, Relay, RelayOutcome, RelayPolicy, _split_utf8
+from sidecar.server.chunks import split_utf8
+from sidecar.server.relay import TRUNCATED, Relay, RelayOutcome, RelayPolicy
 from sidecar.upstream.client import UpstreamClient
 from sidecar.v1 import router_pb2
 
@@ -377,7 +378,7 @@ async def test_a_text_over_the_message_limit_is_split_between_characters(
 def test_split_utf8_cuts_between_characters_within_the_limit() -> None:
     text = "a€😀" * 50
     for limit in (4, 5, 7, 64):
-        pieces = _split_utf8(text, limit)
+        pieces = split_utf8(text, limit)
         assert "".join(pieces) == text
         assert all(0 < len(p.encode()) <= limit for p in pieces)
-    assert _split_utf8("short", 64) == ["short"]
+    assert split_utf8("short", 64) == ["short"]

@@ -136,3 +136,28 @@ def test_pod_texts_are_clipped() -> None:
     assert len(delta.finish_reason) <= sse.FINISH_REASON_CHARS
     assert len(sse.clip("\u4e2d" * 1000, 500).encode()) <= 500
     assert sse.clip("short") == "short"
+
+
+def test_raw_mode_keeps_each_events_json_text_as_sent() -> None:
+    sent = [
+        '{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1"}]}}] ,"x":1.0e-3}',
+        '{"choices":[{"index":1,"delta":{"content":"\u4e2d"},"logprobs":{"content":[]}}]}',
+    ]
+    stream = b"".join(b"data: " + s.encode() + b"\r\n\r\n" for s in sent) + b"data: [DONE]\n\n"
+    decoder = SSEDecoder(chat=True, raw=True)
+    delta = decoder.feed(stream[:7])
+    for i in range(7, len(stream), 5):
+        delta.merge(decoder.feed(stream[i : i + 5]))
+    assert delta.raw_events == sent and delta.done
+    assert delta.text == "\u4e2d" and delta.tool_calls
+
+
+def test_raw_mode_joins_multi_line_data_and_is_off_by_default() -> None:
+    data = b'data: {"choices":\ndata: []}\n\n'
+    assert SSEDecoder(raw=True).feed(data).raw_events == ['{"choices":\n[]}']
+    assert SSEDecoder().feed(data).raw_events == []
+
+
+def test_raw_mode_refuses_an_event_that_is_not_utf8() -> None:
+    with pytest.raises(SSEProtocolError, match="malformed JSON"):
+        SSEDecoder(raw=True).feed(b'data: {"text": "\xff"}\n\n')
