@@ -35,6 +35,7 @@ from sidecar.server.request_log import record_outcome
 from sidecar.server.trace_context import TraceContext
 from sidecar.server.validation import (
     chat_messages,
+    extra_members,
     registration_text,
     sampling_params,
     text_field,
@@ -57,6 +58,7 @@ class UpstreamPlan:
     body: SplicedBody
     chat: bool
     named: str = ""  # the prefix_name the caller sent, if any
+    raw_events: bool = False  # the caller wants each pod event's JSON in Chunk.events
 
     @property
     def prefix_label(self) -> str:
@@ -281,10 +283,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 )
             decision = self._decide(lambda: self.router.for_prompt(user_input))
             entry = decision.prefix
-        model = request.model or self.config.model
-        body = completion_body(prefix, user_input, sampling_params(request), model)
+        params, model, extra = self._body_fields("Complete", request)
+        body = completion_body(prefix, user_input, params, model, extra)
         return UpstreamPlan(
-            decision, entry, "/v1/completions", body, chat=False, named=request.prefix_name
+            decision,
+            entry,
+            "/v1/completions",
+            body,
+            chat=False,
+            named=request.prefix_name,
+            raw_events=request.raw_events,
         )
 
     def _plan_chat(self, request: router_pb2.ChatRequest) -> UpstreamPlan:
@@ -298,11 +306,25 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if decision is None:
             decision = self._decide(lambda: self.router.for_prompt(messages[0]["content"]))
             entry = decision.prefix
-        model = request.model or self.config.model
-        body = chat_body(prefix, messages, sampling_params(request), model)
+        params, model, extra = self._body_fields("Chat", request)
+        body = chat_body(prefix, messages, params, model, extra)
         return UpstreamPlan(
-            decision, entry, "/v1/chat/completions", body, chat=True, named=request.prefix_name
+            decision,
+            entry,
+            "/v1/chat/completions",
+            body,
+            chat=True,
+            named=request.prefix_name,
+            raw_events=request.raw_events,
         )
+
+    def _body_fields(self, rpc: str, request: Any) -> tuple[dict[str, object], str, bytes]:
+        """(sampling params, model, extra_json members) for the pod's body. A model in
+        extra_json replaces the configured default."""
+        params = sampling_params(request)
+        extra, keys = extra_members(request, rpc, params, self.config.max_input_bytes)
+        model = request.model or ("" if "model" in keys else self.config.model)
+        return params, model, extra
 
     async def _stream(
         self,
@@ -332,6 +354,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 upstream.path,
                 upstream.body,
                 chat=upstream.chat,
+                raw_events=upstream.raw_events,
                 time_remaining=context.time_remaining,
                 outcome=outcome,
                 on_accepted=headers.send,

@@ -7,6 +7,7 @@ These functions only read the request: nothing here routes or touches a pod.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -97,3 +98,70 @@ def chat_messages(messages: Any, limit: int) -> list[dict[str, str]]:
             f"messages hold {total} bytes; the maximum is {limit} bytes (config max_input_bytes)"
         )
     return result
+
+
+# Keys of the pod's body that the sidecar writes itself, per RPC.
+OWNED_KEYS = {
+    "Complete": ("prompt", "stream", "stream_options"),
+    "Chat": ("messages", "stream", "stream_options"),
+}
+MAX_SHOWN_KEY_CHARS = 80
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+_JSON_TYPES[type(None)] = "null"
+
+
+class _Members(list[tuple[str, Any]]):
+    """A JSON object's members in order, duplicates kept (json's object_pairs_hook)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (use a number or null)")
+
+
+def extra_members(
+    request: Any, rpc: str, params: dict[str, object], limit: int
+) -> tuple[bytes, frozenset[str]]:
+    """The members of request.extra_json, braces cut off, as the UTF-8 bytes the caller
+    wrote (b"" when empty), and their keys. They are spliced into the pod's body unparsed:
+    key order and number spelling reach the pod unchanged. A key the sidecar writes, a key
+    also set by a typed field (in `params`, or model) and a repeated key are refused: the
+    body must never hold one key twice."""
+    text = text_field(request.extra_json, "extra_json", limit, "config max_input_bytes")
+    if not text.strip(" \t\n\r"):
+        return b"", frozenset()
+    try:
+        parsed = json.loads(text, object_pairs_hook=_Members, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise invalid_argument(
+            f"extra_json is not valid JSON ({_clip(str(exc))}); send a JSON object such as "
+            '{"response_format": {"type": "json_object"}}'
+        ) from None
+    if not isinstance(parsed, _Members):
+        raise invalid_argument(
+            f"extra_json is a JSON {_JSON_TYPES.get(type(parsed), 'value')}, not an object; "
+            'send a JSON object such as {"n": 2}'
+        )
+    keys: set[str] = set()
+    for key, _ in parsed:
+        shown = _clip(key)
+        if key in OWNED_KEYS[rpc]:
+            raise invalid_argument(
+                f"extra_json sets {shown!r}, which the sidecar writes itself; remove it"
+            )
+        if key in params or (key == "model" and request.model):
+            raise invalid_argument(
+                f"extra_json sets {shown!r} and so does the request's {key} field; "
+                "set it in one place"
+            )
+        if key in keys:
+            raise invalid_argument(f"extra_json sets {shown!r} twice; set it once")
+        keys.add(key)
+    members = text.strip(" \t\n\r")[1:-1].strip(" \t\n\r")
+    return members.encode("utf-8"), frozenset(keys)
+
+
+def _clip(text: str) -> str:
+    """The caller's words reach a status: keep them short."""
+    if len(text) <= MAX_SHOWN_KEY_CHARS:
+        return text
+    return text[:MAX_SHOWN_KEY_CHARS] + "..."

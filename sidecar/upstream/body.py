@@ -58,37 +58,52 @@ def escape(text: str) -> bytes:
 _JSON = json.JSONEncoder(ensure_ascii=False)
 
 
-def _stream_tail(params: dict[str, Any], model: str) -> bytes:
+def _stream_tail(params: dict[str, Any], model: str, extra: bytes) -> tuple[bytes, ...]:
+    """The body's members after the prompt or messages, and its closing brace. `extra` is
+    the members of the caller's extra_json (validated, braces cut off): one more part,
+    spliced in unparsed so the pod reads the caller's bytes."""
     rest: dict[str, Any] = dict(params)
     if model:
         rest["model"] = model
     rest["stream"] = True
     rest["stream_options"] = {"include_usage": True}
-    return _JSON.encode(rest)[1:].encode("utf-8")
+    tail = _JSON.encode(rest)[1:].encode("utf-8")
+    if not extra:
+        return (tail,)
+    return tail[:-1] + b",", extra, b"}"
 
 
 def completion_body(
-    prefix: bytes | str, input_text: str, params: dict[str, Any], model: str
+    prefix: bytes | str,
+    input_text: str,
+    params: dict[str, Any],
+    model: str,
+    extra: bytes = b"",
 ) -> SplicedBody:
     """A streaming /v1/completions body: prompt = prefix + input. `prefix` is already
     JSON-escaped (PrefixEntry.json_bytes)."""
     if isinstance(prefix, str):
         prefix = prefix.encode("utf-8")
-    return SplicedBody(
-        b'{"prompt":"', prefix, escape(input_text) + b'",' + _stream_tail(params, model)
-    )
+    tail = _stream_tail(params, model, extra)
+    return SplicedBody(b'{"prompt":"', prefix, escape(input_text) + b'",' + tail[0], *tail[1:])
 
 
 def chat_body(
-    prefix: bytes, messages: list[dict[str, str]], params: dict[str, Any], model: str
+    prefix: bytes,
+    messages: list[dict[str, str]],
+    params: dict[str, Any],
+    model: str,
+    extra: bytes = b"",
 ) -> SplicedBody:
     """A streaming /v1/chat/completions body; the prefix, if any, is the system message."""
     rest = b",".join(_JSON.encode(m).encode("utf-8") for m in messages)
-    tail = b"]," + _stream_tail(params, model)
+    tail = _stream_tail(params, model, extra)
+    closing = b"]," + tail[0]
     if not prefix:
-        return SplicedBody(b'{"messages":[' + rest + tail)
+        return SplicedBody(b'{"messages":[' + rest + closing, *tail[1:])
     return SplicedBody(
         b'{"messages":[{"role":"system","content":"',
         prefix,
-        b'"}' + (b"," + rest if rest else b"") + tail,
+        b'"}' + (b"," + rest if rest else b"") + closing,
+        *tail[1:],
     )

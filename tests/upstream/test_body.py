@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -89,3 +90,24 @@ def test_a_chat_body_puts_the_prefix_first_as_the_system_message(
     system = [{"role": "system", "content": prefix}] if prefix else []
     assert data["messages"] == system + messages
     assert data["seed"] == 1 and data["stream"] is True
+
+
+EXTRA = b'"n":2, "response_format" : {"type":"json_object","z":1.0e-3,"a":[1E5]}'
+
+
+def test_extra_members_are_one_more_part_written_as_the_caller_wrote_them() -> None:
+    body = completion_body(escape("rules. "), "q", {"max_tokens": 3}, "m", EXTRA)
+    raw = bytes(body)
+    assert raw.endswith(b'{"include_usage": true},' + EXTRA + b"}")
+    assert b"rules. " in body._parts  # the prefix is still the shared part, not copied
+    data = json.loads(raw)
+    assert data["prompt"] == "rules. q" and data["n"] == 2
+    assert list(data["response_format"]) == ["type", "z", "a"]
+
+
+@pytest.mark.parametrize("prefix", [b"", escape("rules. ")])
+def test_a_chat_body_takes_extra_members_with_and_without_a_prefix(prefix: bytes) -> None:
+    messages = [{"role": "user", "content": "q"}]
+    raw = bytes(chat_body(prefix, messages, {}, "", EXTRA))
+    assert raw.endswith(b'{"include_usage": true},' + EXTRA + b"}")
+    assert json.loads(raw)["messages"][-1] == messages[0]
