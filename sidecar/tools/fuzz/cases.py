@@ -4,6 +4,7 @@ docs/RELIABILITY.md allows for each RPC and input class.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -291,6 +292,43 @@ def sampling(draw: st.DrawFn, kind: str) -> dict[str, Any]:
     return kw
 
 
+# extra_json members the emulator ignores, as vLLM ignores what it cannot honour; none is
+# a key a typed field sets.
+EXTRA_MEMBERS = {
+    "n": st.integers(1, 4),
+    "logprobs": st.booleans(),
+    "response_format": st.just({"type": "json_object"}),
+    "tools": st.just([{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    "guided_json": st.just({"type": "object"}),
+    "min_p": st.floats(0, 1),
+    "x_unknown": text,
+}
+# Each is refused by the sidecar: not an object, not JSON, a key twice, a key the sidecar
+# writes, a key a typed field also sets (generate_case always sends max_tokens >= 1 here).
+BAD_EXTRA_JSON = (
+    "[]",
+    '"text"',
+    "null",
+    '{"n": ',
+    '{"n": NaN}',
+    '{"n": 1, "n": 2}',
+    '{"stream": false}',
+    '{"stream_options": {"include_usage": false}}',
+    '{"max_tokens": 5}',
+)
+
+
+@st.composite
+def extra_json(draw: st.DrawFn, kind: str) -> str:
+    """extra_json text: valid members, none, or (for bad_extra_json) a refused one."""
+    if kind == "bad_extra_json":
+        return draw(st.sampled_from(BAD_EXTRA_JSON))
+    keys = draw(st.lists(st.sampled_from(sorted(EXTRA_MEMBERS)), unique=True, max_size=3))
+    if not keys:
+        return draw(st.sampled_from(("", "{}", " { } ")))
+    return json.dumps({key: draw(EXTRA_MEMBERS[key]) for key in keys})
+
+
 GENERATE_KINDS = {
     "valid": OK,
     "zero_max_tokens": OK,  # 0 means the pod's default
@@ -300,6 +338,7 @@ GENERATE_KINDS = {
     "bad_temperature": INVALID,
     "bad_top_p": INVALID,
     "bad_stop": INVALID,
+    "bad_extra_json": INVALID,
 }
 
 
@@ -319,6 +358,8 @@ def generate_case(draw: st.DrawFn, rpc: str, known: Known) -> Case:
         "zero_max_tokens": 0,
         "huge_max_tokens": draw(st.integers(200_000, 2**32 - 1)),
     }.get(kind, draw(st.integers(1, 4)))
+    kw["extra_json"] = draw(extra_json(kind))
+    kw["raw_events"] = draw(st.booleans())
     kw["model"] = draw(
         nonempty.filter(lambda v: v != MODEL)
         if kind == "unknown_model"
@@ -342,13 +383,16 @@ def complete_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
         over(limits.max_input_bytes)
         .map(lambda t: m(input=t))
         .map(make(rpc, "over_max_input", INVALID)),
+        over(limits.max_input_bytes)
+        .map(lambda t: m(input="hi", extra_json=json.dumps({"x": t})))
+        .map(make(rpc, "over_max_input", INVALID)),
         over(limits.max_prefix_bytes)
         .map(lambda t: m(prefix_text=t, input="q"))
         .map(make(rpc, "over_max_prefix", INVALID)),
         bad_field(
             rpc,
             st.just(m(prefix_name=known.names[0], input="hi", max_tokens=1)),
-            (1, 2, 3, 4, 5, 9),
+            (1, 2, 3, 4, 5, 9, 11),
         ),
         random_bytes(rpc),
     )
@@ -375,7 +419,10 @@ def chat_cases(known: Known, limits: Limits) -> st.SearchStrategy[Case]:
         over(limits.max_prefix_bytes)
         .map(lambda t: m(prefix_text=t, messages=[user]))
         .map(make(rpc, "over_max_prefix", INVALID)),
-        bad_field(rpc, st.just(m(**named, messages=[user])), (1, 2, 3, 5, 9)),
+        over(limits.max_input_bytes)
+        .map(lambda t: m(**named, messages=[user], extra_json=json.dumps({"x": t})))
+        .map(make(rpc, "over_max_input", INVALID)),
+        bad_field(rpc, st.just(m(**named, messages=[user])), (1, 2, 3, 5, 9, 11)),
         # Field 4 is the messages list: one message whose role or content is invalid UTF-8.
         st.builds(
             lambda n, b: Case(
