@@ -135,9 +135,16 @@ class Relay:
                             on_accepted()
                             on_accepted = None
                         first = await stream.next_delta()
-                        # A tool call is an answer without text.
+                        # A tool call is an answer without text. Raw events held back before
+                        # the first token are bounded to a Chunk's worth: past that they are
+                        # sent (and the stream can no longer fail over).
+                        held = self._text_limit(backend)
                         while not (
-                            first.text or first.done or first.finish_reason or first.tool_calls
+                            first.text
+                            or first.done
+                            or first.finish_reason
+                            or first.tool_calls
+                            or first.raw_bytes > held
                         ):
                             first.merge(await stream.next_delta())
                 except TimeoutError:

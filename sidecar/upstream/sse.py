@@ -50,6 +50,7 @@ class Delta:
     error: str = ""
     largest_event: int = 0  # bytes of the biggest event in this delta
     raw_events: list[str] = field(default_factory=list)  # with raw: each event's JSON text
+    raw_bytes: int = 0  # their size, so a caller can bound what it holds
     tool_calls: bool = False  # a chat event carried tool calls (an answer without text)
 
     def merge(self, other: Delta) -> None:
@@ -63,6 +64,7 @@ class Delta:
         self.largest_event = max(self.largest_event, other.largest_event)
         if other.raw_events:
             self.raw_events += other.raw_events
+            self.raw_bytes += other.raw_bytes
         self.tool_calls = self.tool_calls or other.tool_calls
 
 
@@ -154,6 +156,7 @@ class SSEDecoder:
             return
         if self.raw:
             delta.raw_events.append(raw_text)
+            delta.raw_bytes += len(payload)
         for choice in event.get("choices") or ():
             if not isinstance(choice, dict):
                 raise SSEProtocolError("a choice in an SSE event is not a JSON object")

@@ -225,3 +225,24 @@ async def test_a_huge_raw_event_is_split_under_the_message_limit(tmp_path: Path)
     assert "".join(c.text for c in chunks) == "a" + "\u4e2d" * 60_000
     assert len(chunks) > 6 and all(c.ByteSize() <= limit for c in chunks)
     assert any(c.event_continues for c in chunks)
+
+
+async def test_raw_events_held_before_the_first_token_are_bounded(tmp_path: Path) -> None:
+    """A pod that sends many events without text: past a Chunk's worth they are sent, not
+    held until the first token."""
+    limit = 64 * 1024
+    filler = [
+        f'{{"choices":[{{"index":0,"delta":{{"role":"assistant"}}}}],"i":{i}}}' for i in range(3000)
+    ]
+    async with (
+        recording_pod() as pod,
+        running_sidecar(sidecar_config(tmp_path, [pod.url], max_message_bytes=limit)) as (
+            _,
+            stub,
+        ),
+    ):
+        pod.events = [*filler, *CHAT_EVENTS[3:]]
+        chunks = await call(stub, "Chat", request_for("Chat", {}, raw_events=True))
+    assert joined_events(chunks) == pod.events
+    assert len(chunks) > 2 and all(c.ByteSize() <= limit for c in chunks)
+    assert not chunks[0].text  # sent before any text arrived

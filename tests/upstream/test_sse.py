@@ -161,3 +161,8 @@ def test_raw_mode_joins_multi_line_data_and_is_off_by_default() -> None:
 def test_raw_mode_refuses_an_event_that_is_not_utf8() -> None:
     with pytest.raises(SSEProtocolError, match="malformed JSON"):
         SSEDecoder(raw=True).feed(b'data: {"text": "\xff"}\n\n')
+
+
+def test_raw_mode_counts_the_bytes_it_keeps() -> None:
+    delta = SSEDecoder(raw=True).feed(b'data: {"choices":[]}\n\ndata:{"a":1}\n\n')
+    assert delta.raw_bytes == len('{"choices":[]}') + len('{"a":1}')
