@@ -23,7 +23,7 @@ import yaml
 
 from sidecar import fields
 from sidecar.fields import FieldError, above, at_least, one_of, setting
-from sidecar.hostport import split_host_port
+from sidecar.hostport import is_loopback_host, split_host_port
 
 ENV_PREFIX = "PREFIX_SIDECAR_"
 DEFAULT_SOCKET = "unix:///tmp/prefix-sidecar.sock"
@@ -139,6 +139,13 @@ def _host_and_port(value: str) -> str | None:
     return None
 
 
+def _openai_listen(value: str) -> str | None:
+    if not value or _unix_url(value) is None:
+        return None
+    reason = _host_and_port(value)
+    return f"{reason} or unix:///path.sock" if reason else None
+
+
 def _nameserver(value: str) -> str | None:
     if not value:
         return None
@@ -210,6 +217,13 @@ class Config:
     socket_group: str = setting("", "the socket file's group (must exist)", check=_group)
     tcp_listen: str = setting(
         "", "HOST:PORT of an extra TLS-only gRPC listener; empty = none", check=_host_and_port
+    )
+    openai_listen: str = setting(
+        "",
+        "HOST:PORT or unix:///path of the OpenAI HTTP front; empty = none; not loopback: TLS",
+        flag="--openai-listen",
+        metavar="HOST:PORT",
+        check=_openai_listen,
     )
     tls_cert_file: str = setting("", "the TCP listener's certificate (PEM)")
     tls_key_file: str = setting("", "the TCP listener's private key (PEM)")
@@ -384,7 +398,15 @@ def _fail(name: str, reason: str) -> ConfigError:
 
 def _validate(config: Config) -> Config:
     fields.validate(config, lambda name, reason: f"config field {name!r} {reason}")
-    if config.tcp_listen:  # the TLS files matter only with a TCP listener
+    if _openai_needs_tls(config.openai_listen) and not (
+        config.tls_cert_file and config.tls_key_file
+    ):
+        raise _fail(
+            "openai_listen",
+            "is not a loopback address: it needs tls_cert_file and tls_key_file",
+        )
+    if config.tcp_listen or _openai_needs_tls(config.openai_listen):
+        # The TLS files matter only with a TCP listener off loopback.
         if not (config.tls_cert_file and config.tls_key_file):
             raise _fail(
                 "tcp_listen",
@@ -401,6 +423,12 @@ def _validate(config: Config) -> Config:
     if duplicates:
         raise _fail("prefixes", f"has duplicate names {sorted(duplicates)}")
     return config
+
+
+def _openai_needs_tls(listen: str) -> bool:
+    if not listen or listen.startswith("unix://"):
+        return False
+    return not is_loopback_host(split_host_port(listen)[0])
 
 
 def build_config(

@@ -7,6 +7,8 @@ misread as host "fd00:" port 1.
 
 from __future__ import annotations
 
+import ipaddress
+
 MAX_PORT = 65535
 
 
@@ -47,3 +49,14 @@ def _split(text: str) -> tuple[str, str | None]:
         return text, None  # a bare IPv6 address; with a port it must be bracketed
     host, colon, port = text.rpartition(":")
     return (host, port) if colon else (text, None)
+
+
+def is_loopback_host(host: str) -> bool:
+    """localhost or a loopback address (127.0.0.0/8, ::1); a name that resolves is not
+    trusted to stay loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

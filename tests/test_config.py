@@ -75,6 +75,7 @@ def test_dedicated_flags_come_from_the_table() -> None:
     assert flagged == {
         "--listen", "--backend", "--backends-file", "--backends-dns", "--dns-nameserver",
         "--allow-special-backend-addresses", "--health-path", "--metrics-port", "--prefix",
+        "--openai-listen",
     }  # fmt: skip
 
 

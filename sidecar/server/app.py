@@ -45,6 +45,8 @@ from sidecar.prewarm import WARMED, Prewarmer
 from sidecar.routing.router import Router
 from sidecar.server import caller, memory
 from sidecar.server.handlers import SERVICE, add_router_servicer
+from sidecar.server.openai_front import OpenAIFront
+from sidecar.server.openai_relay import ByteRelay
 from sidecar.server.probes import Readiness, probe_routes
 from sidecar.server.relay import Relay, RelayPolicy
 from sidecar.server.servicer import RouterServicer
@@ -97,6 +99,7 @@ class Sidecar(AsyncService):
         self.health: HealthMonitor | None = None
         self._health_session: aiohttp.ClientSession | None = None
         self.server: grpc.aio.Server | None = None
+        self.openai: OpenAIFront | None = None  # the HTTP front, when openai_listen is set
         self.health_servicer = health_aio.HealthServicer()
         self.readiness = Readiness()  # /readyz on the metrics port
         self._tasks: list[asyncio.Task[None]] = []
@@ -191,6 +194,8 @@ class Sidecar(AsyncService):
             )
             self._metrics_runner = runner
             self.metrics_port = self.config.metrics_port
+        if self.config.openai_listen:
+            await self._start_openai()
         try:
             first = await source.resolve()
         except MembershipError as exc:
@@ -216,8 +221,11 @@ class Sidecar(AsyncService):
         grace = self.config.grace_s if grace_s is None else grace_s
         self.readiness.drain()
         await self.health_servicer.enter_graceful_shutdown()
-        if self.server is not None:
-            await self.server.stop(grace)
+        # Both doors drain at once: the shutdown takes one grace period, not two.
+        stopping = [self.server.stop(grace)] if self.server is not None else []
+        if self.openai is not None:
+            stopping.append(self.openai.stop())  # its grace: config grace_s
+        await asyncio.gather(*stopping)
         tasks = [*self._tasks, *self._warming.values()]
         self._tasks.clear()
         self._warming.clear()
@@ -281,6 +289,26 @@ class Sidecar(AsyncService):
                 ("grpc.max_connection_idle_ms", 600_000),
             ]
         )
+
+    async def _start_openai(self) -> None:
+        relay = ByteRelay(
+            self.client.session,
+            self.pool,
+            self.health,
+            self.metrics,
+            self.relay.policy,
+            self.config.connect_timeout_s,
+        )
+        self.openai = OpenAIFront(
+            self.config,
+            self.router,
+            relay,
+            self.pool,
+            self.metrics,
+            self.readiness,
+            self.config.api_key(),
+        )
+        await self.openai.start()
 
     def _add_tcp_port(self, server: grpc.aio.Server) -> None:
         config = self.config

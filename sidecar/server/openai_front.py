@@ -1,0 +1,254 @@
+"""The OpenAI-compatible HTTP front: /v1/completions, /v1/chat/completions, /v1/models, /health.
+
+A thin adapter beside the gRPC servicer: it reads what routing needs from the caller's
+body (sidecar.server.openai_body), asks the same router, and relays the caller's own bytes
+to the pods (sidecar.server.openai_relay); errors take OpenAI's body and statuses, so the
+openai SDK raises its usual exceptions. It listens on `openai_listen`: loopback HOST:PORT
+in plain HTTP, any other address only with TLS (the config refuses it without), or a unix
+socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+
+import aiohttp
+from aiohttp import web
+
+from sidecar import __version__
+from sidecar.config import Config
+from sidecar.hostport import is_loopback_host, split_host_port
+from sidecar.membership.pool import SERVING, BackendPool
+from sidecar.metrics import Metrics
+from sidecar.routing.router import NoBackendError, Router
+from sidecar.server.openai_body import FrontError, parse_request
+from sidecar.server.openai_relay import RETRY_AFTER_S, ByteRelay, ForwardOutcome
+from sidecar.server.probes import Readiness
+from sidecar.server.unix_socket import (
+    SocketIdentity,
+    apply_socket_permissions,
+    prepare_socket_path,
+    remove_own_socket,
+    restrictive_umask,
+    socket_identity,
+)
+
+logger = logging.getLogger(__name__)
+
+# The caller's headers that reach the pod besides its body: its key and its trace context.
+FORWARDED = ("Authorization", "traceparent", "tracestate")
+MODELS_TIMEOUT_S = 5.0
+MAX_MODELS_BYTES = 256 * 1024
+# The metrics' rpc label of each door (the gRPC RPCs are "Complete", "Chat", ...).
+RPC_COMPLETIONS = "http_completions"
+RPC_CHAT = "http_chat"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class OpenAIFront:
+    def __init__(
+        self,
+        config: Config,
+        router: Router,
+        relay: ByteRelay,
+        pool: BackendPool,
+        metrics: Metrics,
+        readiness: Readiness,
+        api_key: str,
+    ) -> None:
+        self.config = config
+        self.router = router
+        self.relay = relay
+        self.pool = pool
+        self.metrics = metrics
+        self.readiness = readiness
+        self._pod_headers = {
+            "Content-Type": "application/json",
+            "User-Agent": f"prefix-sidecar/{__version__}",
+        }
+        if api_key:
+            self._pod_headers["Authorization"] = f"Bearer {api_key}"
+        self._runner: web.AppRunner | None = None
+        self._socket_identity: SocketIdentity | None = None
+        self.port: int | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        listen = self.config.openai_listen
+        app = web.Application(
+            client_max_size=self.config.max_message_bytes, middlewares=[_openai_errors]
+        )
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        # handler_cancellation: a caller that leaves cancels its handler, which closes the
+        # pod's connection at once instead of at the next chunk. No access log: it would
+        # carry nothing a caller needs and cost a line per request.
+        # On stop, streams get grace_s to finish, like the gRPC door's.
+        self._runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=self.config.grace_s,
+        )
+        await self._runner.setup()
+        site: web.BaseSite
+        if listen.startswith("unix://"):
+            path = listen[len("unix://") :]
+            prepare_socket_path(path)
+            with restrictive_umask(self.config.socket_mode):
+                site = web.UnixSite(self._runner, path)
+                await site.start()
+                self._socket_identity = socket_identity(path)
+            apply_socket_permissions(path, self.config.socket_mode, self.config.socket_group)
+        else:
+            host, port = split_host_port(listen)
+            site = web.TCPSite(self._runner, host, port, ssl_context=self._tls(host))
+            await site.start()
+            self.port = port
+        logger.info("OpenAI HTTP front listening on %s", listen)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+        listen = self.config.openai_listen
+        if listen.startswith("unix://"):
+            remove_own_socket(listen[len("unix://") :], self._socket_identity)
+            self._socket_identity = None
+
+    def _tls(self, host: str) -> ssl.SSLContext | None:
+        """Loopback serves plain HTTP; anything else TLS (the config demands the files)."""
+        if is_loopback_host(host):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_file)
+        if self.config.tls_client_ca_file:
+            context.load_verify_locations(self.config.tls_client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    # --- handlers -----------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._infer(request, "/v1/completions", RPC_COMPLETIONS, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._infer(request, "/v1/chat/completions", RPC_CHAT, chat=True)
+
+    async def _infer(
+        self, request: web.Request, path: str, rpc: str, *, chat: bool
+    ) -> web.StreamResponse:
+        raw = await request.read()  # bounded by client_max_size: 413 above it
+        parsed = parse_request(raw, chat=chat)
+        try:
+            decision = self.router.for_prompt(parsed.route_text)
+        except NoBackendError as exc:
+            raise FrontError(
+                503,
+                str(exc),
+                type="service_unavailable",
+                code="no_backend",
+                retry_after_s=RETRY_AFTER_S,
+            ) from None
+        self.metrics.child(self.metrics.decision, rpc).observe(decision.decision_ns / 1e9)
+        outcome = ForwardOutcome()
+        try:
+            return await self.relay.forward(
+                request,
+                decision,
+                path,
+                raw,
+                self._headers_for_pod(request.headers),
+                stream=parsed.stream,
+                outcome=outcome,
+            )
+        except BaseException:
+            if outcome.status == "OK":
+                outcome.status = "CANCELLED"  # the caller left, or the handler failed
+            raise
+        finally:
+            self.metrics.child(
+                self.metrics.requests, rpc, outcome.backend or "-", decision.branch, outcome.status
+            ).inc()
+
+    def _headers_for_pod(self, caller: Mapping[str, str]) -> dict[str, str]:
+        """Ours, then the caller's key (which wins over the configured one) and trace
+        context. Neither key is ever logged or echoed."""
+        headers = dict(self._pod_headers)
+        for name in FORWARDED:
+            value = caller.get(name)
+            if value:
+                headers[name] = value
+        return headers
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        """The model list of a serving pod, as it wrote it."""
+        serving = [b.url for b in self.pool.backends.values() if b.state == SERVING]
+        headers = self._headers_for_pod(request.headers)
+        headers.pop("Content-Type")
+        for backend in serving[: self.config.max_attempts]:
+            try:
+                async with self.relay.session.get(
+                    backend + "/v1/models",
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S),
+                    allow_redirects=False,
+                ) as response:
+                    if response.status >= 300 and response.status != 401:
+                        continue
+                    body = await response.content.read(MAX_MODELS_BYTES)
+                    if not response.content.is_eof():
+                        continue  # longer than any model list: not a model list
+                    answer = web.Response(status=response.status, body=body)
+                    answer.content_type = response.content_type
+                    answer.headers["x-prefix-sidecar-backend"] = backend
+                    return answer
+            except (TimeoutError, aiohttp.ClientError):
+                continue
+        raise FrontError(
+            503,
+            "no serving pod answered /v1/models",
+            type="service_unavailable",
+            code="no_backend",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    async def health(self, _: web.Request) -> web.Response:
+        why = self.readiness.reason()
+        if why is None:
+            return web.json_response({"status": "ok"})
+        return web.json_response({"status": "unavailable", "reason": why}, status=503)
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error in OpenAI's body, aiohttp's own (404, 405, 413) included."""
+    try:
+        return await handler(request)
+    except FrontError as exc:
+        return _error_response(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error_response(
+            FrontError(
+                413,
+                f"the body is over the size limit (config max_message_bytes): {exc.text}",
+                code="request_too_large",
+            )
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error_response(FrontError(exc.status, exc.reason, code=str(exc.status)))
+
+
+def _error_response(exc: FrontError) -> web.Response:
+    response = web.Response(status=exc.status, body=exc.body(), content_type="application/json")
+    if exc.retry_after_s is not None:
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    return response
