@@ -302,6 +302,7 @@ class Sidecar(AsyncService):
         self.openai = OpenAIFront(
             self.config,
             self.router,
+            self.store,
             relay,
             self.pool,
             self.metrics,

@@ -22,9 +22,11 @@ from sidecar.config import Config
 from sidecar.hostport import is_loopback_host, split_host_port
 from sidecar.membership.pool import SERVING, BackendPool
 from sidecar.metrics import Metrics
-from sidecar.routing.router import NoBackendError, Router
-from sidecar.server.openai_body import FrontError, parse_request
+from sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
+from sidecar.routing.router import Decision, NoBackendError, Router
+from sidecar.server.openai_body import FrontError, bad_request, parse_request
 from sidecar.server.openai_relay import RETRY_AFTER_S, ByteRelay, ForwardOutcome
+from sidecar.server.openai_splice import splice_prefix
 from sidecar.server.probes import Readiness
 from sidecar.server.unix_socket import (
     SocketIdentity,
@@ -44,6 +46,9 @@ MAX_MODELS_BYTES = 256 * 1024
 # The metrics' rpc label of each door (the gRPC RPCs are "Complete", "Chat", ...).
 RPC_COMPLETIONS = "http_completions"
 RPC_CHAT = "http_chat"
+# Thin queries: the registered prefix to put before the caller's prompt or messages.
+PREFIX_ID_HEADER = "x-prefix-id"
+PREFIX_NAME_HEADER = "x-prefix-name"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -53,6 +58,7 @@ class OpenAIFront:
         self,
         config: Config,
         router: Router,
+        store: PrefixStore,
         relay: ByteRelay,
         pool: BackendPool,
         metrics: Metrics,
@@ -61,6 +67,7 @@ class OpenAIFront:
     ) -> None:
         self.config = config
         self.router = router
+        self.store = store
         self.relay = relay
         self.pool = pool
         self.metrics = metrics
@@ -144,10 +151,16 @@ class OpenAIFront:
     async def _infer(
         self, request: web.Request, path: str, rpc: str, *, chat: bool
     ) -> web.StreamResponse:
+        entry = self._prefix_of(request)
         raw = await request.read()  # bounded by client_max_size: 413 above it
         parsed = parse_request(raw, chat=chat)
         try:
-            decision = self.router.for_prompt(parsed.route_text)
+            decision: Decision
+            if entry is None:
+                decision = self.router.for_prompt(parsed.route_text)
+            else:
+                decision = self.router.for_prefix(entry)
+                raw = splice_prefix(raw, entry.json_bytes, chat=chat)
         except NoBackendError as exc:
             raise FrontError(
                 503,
@@ -176,6 +189,27 @@ class OpenAIFront:
             self.metrics.child(
                 self.metrics.requests, rpc, outcome.backend or "-", decision.branch, outcome.status
             ).inc()
+
+    def _prefix_of(self, request: web.Request) -> PrefixEntry | None:
+        """The prefix a thin query names in its headers; 404 when it is not registered."""
+        prefix_id = request.headers.get(PREFIX_ID_HEADER)
+        name = request.headers.get(PREFIX_NAME_HEADER)
+        if prefix_id is None and name is None:
+            return None
+        if prefix_id is not None and name is not None:
+            raise bad_request(f"send {PREFIX_ID_HEADER} or {PREFIX_NAME_HEADER}, not both")
+        try:
+            if prefix_id is not None:
+                return self.store.get(prefix_id)
+            assert name is not None
+            return self.store.by_name(name)
+        except PrefixNotFound as exc:
+            raise FrontError(
+                404,
+                str(exc)[:300],
+                param=PREFIX_ID_HEADER if prefix_id is not None else PREFIX_NAME_HEADER,
+                code="prefix_not_found",
+            ) from None
 
     def _headers_for_pod(self, caller: Mapping[str, str]) -> dict[str, str]:
         """Ours, then the caller's key (which wins over the configured one) and trace

@@ -476,3 +476,46 @@ async def test_an_openai_port_in_use_fails_start_and_leaves_nothing_open(
     with pytest.raises(aiohttp.ClientConnectorError):
         async with aiohttp.ClientSession() as session:
             await session.get(f"http://127.0.0.1:{port}/health")
+
+
+async def test_a_thin_query_gets_the_registered_prefix_spliced_in(tmp_path: Path) -> None:
+    rules = 'mega-sale rules: "no lowest price ever"\n双十一\n' * 20
+    (tmp_path / "rules.txt").write_text(rules, encoding="utf-8")
+    async with (
+        running_pod(Pod()) as pod,
+        front(tmp_path, [pod.url], "--prefix", f"rules={tmp_path / 'rules.txt'}") as (base, _),
+    ):
+
+        def run() -> None:
+            with sdk(base) as client:
+                raw = client.completions.with_raw_response.create(
+                    model="m",
+                    prompt="is this allowed?",
+                    max_tokens=4,
+                    extra_headers={"x-prefix-name": "rules"},
+                )
+                assert raw.headers[BRANCH_HEADER]
+                client.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": "and this?"}],
+                    extra_headers={"x-prefix-name": "rules"},
+                )
+                with pytest.raises(openai.NotFoundError) as unknown:
+                    client.completions.create(
+                        model="m", prompt="x", extra_headers={"x-prefix-name": "nope"}
+                    )
+                assert unknown.value.code == "prefix_not_found"
+                with pytest.raises(openai.BadRequestError):
+                    client.completions.create(
+                        model="m",
+                        prompt="x",
+                        extra_headers={"x-prefix-name": "rules", "x-prefix-id": "abc"},
+                    )
+
+        await asyncio.to_thread(run)
+    completion, chat = (json.loads(body) for body in pod.bodies[-2:])  # after the prewarm
+    assert completion["prompt"] == rules + "is this allowed?"
+    assert chat["messages"] == [
+        {"role": "system", "content": rules},
+        {"role": "user", "content": "and this?"},
+    ]
