@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -25,9 +26,18 @@ from sidecar.metrics import Metrics
 from sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
 from sidecar.routing.router import Decision, NoBackendError, Router
 from sidecar.server.openai_body import FrontError, bad_request, parse_request
-from sidecar.server.openai_relay import RETRY_AFTER_S, ByteRelay, ForwardOutcome
+from sidecar.server.openai_relay import RETRY_AFTER_S, ByteRelay
 from sidecar.server.openai_splice import splice_prefix
 from sidecar.server.probes import Readiness
+from sidecar.server.relay import RelayOutcome
+from sidecar.server.request_log import record_outcome
+from sidecar.server.trace_context import (
+    REQUEST_ID,
+    TRACEPARENT,
+    TraceContext,
+    valid_request_id,
+    valid_traceparent,
+)
 from sidecar.server.unix_socket import (
     SocketIdentity,
     apply_socket_permissions,
@@ -39,8 +49,6 @@ from sidecar.server.unix_socket import (
 
 logger = logging.getLogger(__name__)
 
-# The caller's headers that reach the pod besides its body: its key and its trace context.
-FORWARDED = ("Authorization", "traceparent", "tracestate")
 MODELS_TIMEOUT_S = 5.0
 MAX_MODELS_BYTES = 256 * 1024
 # The metrics' rpc label of each door (the gRPC RPCs are "Complete", "Chat", ...).
@@ -151,6 +159,7 @@ class OpenAIFront:
     async def _infer(
         self, request: web.Request, path: str, rpc: str, *, chat: bool
     ) -> web.StreamResponse:
+        started = time.perf_counter()
         entry = self._prefix_of(request)
         raw = await request.read()  # bounded by client_max_size: 413 above it
         parsed = parse_request(raw, chat=chat)
@@ -170,14 +179,15 @@ class OpenAIFront:
                 retry_after_s=RETRY_AFTER_S,
             ) from None
         self.metrics.child(self.metrics.decision, rpc).observe(decision.decision_ns / 1e9)
-        outcome = ForwardOutcome()
+        trace = _trace_context(request)
+        outcome = RelayOutcome()
         try:
             return await self.relay.forward(
                 request,
                 decision,
                 path,
                 raw,
-                self._headers_for_pod(request.headers),
+                self._headers_for_pod(request, trace),
                 stream=parsed.stream,
                 outcome=outcome,
             )
@@ -186,9 +196,9 @@ class OpenAIFront:
                 outcome.status = "CANCELLED"  # the caller left, or the handler failed
             raise
         finally:
-            self.metrics.child(
-                self.metrics.requests, rpc, outcome.backend or "-", decision.branch, outcome.status
-            ).inc()
+            # The same request line, counters and cost as a gRPC call, rpc=http_*.
+            prefix = decision.prefix.name if decision.prefix is not None else ""
+            record_outcome(self.metrics, rpc, prefix, decision.branch, outcome, started, trace)
 
     def _prefix_of(self, request: web.Request) -> PrefixEntry | None:
         """The prefix a thin query names in its headers; 404 when it is not registered."""
@@ -211,20 +221,20 @@ class OpenAIFront:
                 code="prefix_not_found",
             ) from None
 
-    def _headers_for_pod(self, caller: Mapping[str, str]) -> dict[str, str]:
-        """Ours, then the caller's key (which wins over the configured one) and trace
-        context. Neither key is ever logged or echoed."""
+    def _headers_for_pod(self, request: web.Request, trace: TraceContext) -> dict[str, str]:
+        """Ours, the caller's key (which wins over the configured one) and its well-formed
+        trace headers. Neither key is ever logged or echoed."""
         headers = dict(self._pod_headers)
-        for name in FORWARDED:
-            value = caller.get(name)
-            if value:
-                headers[name] = value
+        key = request.headers.get("Authorization")
+        if key:
+            headers["Authorization"] = key
+        headers.update(trace.http_headers())
         return headers
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         """The model list of a serving pod, as it wrote it."""
         serving = [b.url for b in self.pool.backends.values() if b.state == SERVING]
-        headers = self._headers_for_pod(request.headers)
+        headers = self._headers_for_pod(request, _trace_context(request))
         headers.pop("Content-Type")
         for backend in serving[: self.config.max_attempts]:
             try:
@@ -258,6 +268,14 @@ class OpenAIFront:
         if why is None:
             return web.json_response({"status": "ok"})
         return web.json_response({"status": "unavailable", "reason": why}, status=503)
+
+
+def _trace_context(request: web.Request) -> TraceContext:
+    """The caller's traceparent and x-request-id, dropped when malformed (as on gRPC)."""
+    headers = request.headers
+    return TraceContext(
+        valid_traceparent(headers.get(TRACEPARENT)), valid_request_id(headers.get(REQUEST_ID))
+    )
 
 
 @web.middleware

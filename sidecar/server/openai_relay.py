@@ -16,7 +16,6 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -26,7 +25,8 @@ from sidecar.membership.pool import BackendPool
 from sidecar.metrics import Metrics
 from sidecar.routing.router import Decision
 from sidecar.server.openai_body import FrontError
-from sidecar.server.relay import RelayPolicy
+from sidecar.server.openai_usage import UsageTail
+from sidecar.server.relay import RelayOutcome, RelayPolicy
 
 logger = logging.getLogger("sidecar.requests")
 
@@ -49,13 +49,6 @@ class _Retry(Exception):
         super().__init__(detail)
         self.reason = reason
         self.connection_failure = connection_failure
-
-
-@dataclass
-class ForwardOutcome:
-    backend: str = ""
-    attempts: int = 0
-    status: str = "OK"
 
 
 class ByteRelay:
@@ -84,12 +77,13 @@ class ByteRelay:
         headers: Mapping[str, str],
         *,
         stream: bool,
-        outcome: ForwardOutcome,
+        outcome: RelayOutcome,
     ) -> web.StreamResponse:
-        """The pod's answer, already sent to the caller; FrontError 503 when no pod takes it."""
+        """The pod's answer, already sent to the caller; FrontError 503 when no pod takes it.
+        `outcome` gets the pod, the attempts, the status, the TTFT and the usage."""
         started = time.perf_counter()
         attempts = decision.preference[: self.policy.max_attempts]
-        errors: list[str] = []
+        errors = outcome.errors
         for number, backend in enumerate(attempts, 1):
             outcome.backend, outcome.attempts = backend, number
             self.pool.acquire(backend)
@@ -101,9 +95,8 @@ class ByteRelay:
                 if response.status != 200:
                     outcome.status = f"http_{response.status}"
                     return await self._pod_error(request, response, first, decision, backend)
-                self.metrics.child(self.metrics.ttft, backend).observe(
-                    time.perf_counter() - started
-                )
+                outcome.ttft_s = time.perf_counter() - started
+                self.metrics.child(self.metrics.ttft, backend).observe(outcome.ttft_s)
                 answer = await self._relay(request, response, first, decision, backend, outcome)
                 if self.health is not None and outcome.status == "OK":
                     self.health.record_success(backend)
@@ -203,22 +196,26 @@ class ByteRelay:
         first: bytes,
         decision: Decision,
         backend: str,
-        outcome: ForwardOutcome,
+        outcome: RelayOutcome,
     ) -> web.StreamResponse:
         answer = web.StreamResponse(status=200)
         self._headers(answer, response, decision, backend)
         events = response.headers.get("Content-Type", "").startswith("text/event-stream")
         await answer.prepare(request)
         await answer.write(first)
+        usage = UsageTail()
+        usage.feed(first)
         try:
             while data := await response.content.read(READ_CHUNK):
                 await answer.write(data)
+                usage.feed(data)
         except (TimeoutError, aiohttp.ClientError) as exc:
             outcome.status = "PARTIAL"
             logger.info("the answer from %s broke after its first byte (%s)", backend, exc)
             if not events:
                 raise  # the caller sees a cut body: the connection closes unfinished
             await answer.write(_error_event(backend, exc))
+        outcome.usage = usage.counts()
         await answer.write_eof()
         response.release()
         return answer

@@ -519,3 +519,41 @@ async def test_a_thin_query_gets_the_registered_prefix_spliced_in(tmp_path: Path
         {"role": "system", "content": rules},
         {"role": "user", "content": "and this?"},
     ]
+
+
+async def test_http_requests_count_tokens_and_log_like_grpc_calls(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    async with contextlib.AsyncExitStack() as stack:
+        pod = await stack.enter_async_context(run_emulator(FAST, port=0))
+        config = sidecar_config(tmp_path, [pod], openai_listen=f"127.0.0.1:{port}")
+        sidecar, _ = await stack.enter_async_context(running_sidecar(config))
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        async with session.get(f"http://127.0.0.1:{port}/v1/models") as reply:
+            model = (await reply.json())["data"][0]["id"]
+        caplog.set_level("INFO", logger="sidecar.requests")
+        trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        for stream in (True, False):
+            body = {"model": model, "prompt": "count me", "max_tokens": 5, "stream": stream}
+            body["stream_options"] = {"include_usage": True} if stream else None
+            async with session.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json=body,
+                headers={"traceparent": trace},
+            ) as reply:
+                assert reply.status == 200, await reply.text()
+                await reply.read()
+        scrape = sidecar.metrics.render().decode()
+    assert (
+        f'prefix_sidecar_requests_total{{backend="{pod}",branch="home",rpc="http_completions",'
+        'status="OK"} 2.0'
+    ) in scrape
+    # Usage from the stream's last event and from the end of the whole answer: 5 + 5.
+    assert 'prefix_sidecar_completion_tokens_total{prefix="-"} 10.0' in scrape
+    lines = [r.getMessage() for r in caplog.records if r.name == "sidecar.requests"]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert line.startswith(f"http_completions prefix=- backend={pod} branch=home")
+        assert "status=OK" in line and "completion_tokens=5" in line
+        assert f"traceparent={trace}" in line
