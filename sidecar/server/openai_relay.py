@@ -205,16 +205,24 @@ class ByteRelay:
         await answer.write(first)
         usage = UsageTail()
         usage.feed(first)
-        try:
-            while data := await response.content.read(READ_CHUNK):
-                await answer.write(data)
-                usage.feed(data)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            outcome.status = "PARTIAL"
-            logger.info("the answer from %s broke after its first byte (%s)", backend, exc)
-            if not events:
-                raise  # the caller sees a cut body: the connection closes unfinished
-            await answer.write(_error_event(backend, exc))
+        while True:
+            try:
+                data = await response.content.read(READ_CHUNK)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                outcome.status = "PARTIAL"
+                logger.info("the answer from %s broke after its first byte (%s)", backend, exc)
+                if not events:
+                    # A whole answer cannot carry an error: the caller's connection closes
+                    # before the body's end, so its client sees a cut body, not a short one.
+                    if request.transport is not None:
+                        request.transport.close()
+                    return answer
+                await answer.write(_error_event(backend, exc))
+                break
+            if not data:
+                break
+            await answer.write(data)  # a caller that left raises (or is cancelled) here
+            usage.feed(data)
         outcome.usage = usage.counts()
         await answer.write_eof()
         response.release()

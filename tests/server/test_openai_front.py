@@ -545,6 +545,7 @@ async def test_http_requests_count_tokens_and_log_like_grpc_calls(
                 assert reply.status == 200, await reply.text()
                 await reply.read()
         scrape = sidecar.metrics.render().decode()
+        assert sidecar.pool.backends[pod].in_flight == 0
     assert (
         f'prefix_sidecar_requests_total{{backend="{pod}",branch="home",rpc="http_completions",'
         'status="OK"} 2.0'
@@ -557,3 +558,30 @@ async def test_http_requests_count_tokens_and_log_like_grpc_calls(
         assert line.startswith(f"http_completions prefix=- backend={pod} branch=home")
         assert "status=OK" in line and "completion_tokens=5" in line
         assert f"traceparent={trace}" in line
+
+
+async def test_a_whole_answer_cut_short_reaches_the_caller_as_a_cut_body(tmp_path: Path) -> None:
+    async def cut_json(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"id": "cmpl-1", "choices": [{"text": "half')
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    async with (
+        running_pod(Pod(cut_json)) as pod,
+        front(tmp_path, [pod.url]) as (base, serve),
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.post(
+            base + "/v1/completions", json={"model": "m", "prompt": "x"}
+        ) as reply:
+            assert reply.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await reply.read()
+        # The sidecar is fine and says what happened without a traceback.
+        async with session.get(base + "/health") as reply:
+            assert reply.status == 200
+    log = serve.log_text()
+    assert "status=PARTIAL" in log and "Traceback" not in log
