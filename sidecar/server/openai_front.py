@@ -10,6 +10,7 @@ socket.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import time
@@ -54,6 +55,10 @@ MAX_MODELS_BYTES = 256 * 1024
 # The metrics' rpc label of each door (the gRPC RPCs are "Complete", "Chat", ...).
 RPC_COMPLETIONS = "http_completions"
 RPC_CHAT = "http_chat"
+# Above this, parsing (json.loads, ~1.2 ms per MiB) and routing (encoding the prompt's
+# head, ~0.4 ms per MiB) are separate steps of the loop: at the 8 MiB default limit each is
+# under 10 ms, together they were ~12 ms.
+YIELD_ABOVE_BYTES = 1024 * 1024
 # Thin queries: the registered prefix to put before the caller's prompt or messages.
 PREFIX_ID_HEADER = "x-prefix-id"
 PREFIX_NAME_HEADER = "x-prefix-name"
@@ -163,6 +168,8 @@ class OpenAIFront:
         entry = self._prefix_of(request)
         raw = await request.read()  # bounded by client_max_size: 413 above it
         parsed = parse_request(raw, chat=chat)
+        if len(raw) > YIELD_ABOVE_BYTES:
+            await asyncio.sleep(0)
         try:
             decision: Decision
             if entry is None:

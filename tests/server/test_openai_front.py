@@ -585,3 +585,19 @@ async def test_a_whole_answer_cut_short_reaches_the_caller_as_a_cut_body(tmp_pat
             assert reply.status == 200
     log = serve.log_text()
     assert "status=PARTIAL" in log and "Traceback" not in log
+
+
+async def test_a_large_body_passes_unchanged(tmp_path: Path) -> None:
+    prompt = "双十一规则：不得宣称全网最低价。\n" * 80_000  # 7.5 MiB as \\u escapes: near the limit
+    raw = json.dumps({"prompt": prompt, "model": "m", "unknown": [1.0, 2e5]}).encode()
+    assert 7 * 2**20 < len(raw) < 8 * 2**20
+    async with (
+        running_pod(Pod()) as pod,
+        front(tmp_path, [pod.url]) as (base, _),
+        aiohttp.ClientSession() as session,
+        session.post(
+            base + "/v1/completions", data=raw, headers={"Content-Type": "application/json"}
+        ) as reply,
+    ):
+        assert reply.status == 200
+        assert pod.bodies == [raw]
