@@ -7,9 +7,17 @@ Measured one request at a time, the modes interleaved (so drift hits all alike):
 - direct: TTFT calling the emulated pod directly (aiohttp streaming POST of the whole
   prompt, the body pre-encoded once: the best case for the caller);
 - thin: TTFT through the sidecar with a registered prefix id plus the merchant's input;
-- fat: TTFT through the sidecar with the 60k-token text sent in every request.
+- fat: TTFT through the sidecar with the 60k-token text sent in every request;
+- http: TTFT through the same sidecar process's OpenAI HTTP front (`openai_listen` on
+  127.0.0.1), the same streamed POST /v1/completions as direct, read to the first SSE event;
+- proxy: the same POST through a bare aiohttp reverse proxy process (the floor any HTTP hop
+  costs: no parsing, no routing; sidecar/tools/bench/http_proxy.py).
 The pod runs at time x1000, so its modelled prefill is microseconds and TTFT differences
-are the software path. A breakdown of Route's server-side Python cost is timed in-process.
+are the software path. Then a throughput phase: `--callers` concurrent callers for
+`--throughput-seconds` each send small completions (a short prompt, max_tokens 1) through the
+gRPC Complete path, the HTTP front (non-streamed) and the bare proxy (non-streamed), one path
+after the other against the same pod: requests/s of one sidecar process. A breakdown of
+Route's server-side Python cost is timed in-process.
 Last, a fast stream: `--fast-streams` callers read a pod that streams tiny SSE events flat
 out through a sidecar process; the report gives the pod chunks relayed per second and what
 another caller's Route costs meanwhile (sidecar/tools/bench/fastpod.py).
@@ -23,6 +31,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -33,6 +42,7 @@ import aiohttp
 import grpc
 
 from sidecar.tools.bench.fastpod import measure_stream_load, render_stream_load
+from sidecar.tools.bench.http_proxy import http_proxy
 from sidecar.tools.emulator import EmulatorConfig, EmulatorFleet
 from sidecar.tools.harness import SidecarProcesses, python_command, spawn, terminate
 from sidecar.tools.percentile import percentile
@@ -42,11 +52,13 @@ from sidecar.tools.workload.texts import merchant_query, rules_text
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 ECHO_METHOD = "/bench.hop.Echo/Echo"
-MODES = ("echo", "route", "direct", "thin", "fat")
+MODES = ("echo", "route", "direct", "thin", "fat", "http", "proxy")
+PATHS = ("grpc", "http", "proxy")  # the throughput phase
 TARGET_ROUTE_OVER_ECHO = 1.10
 TARGET_OVERHEAD_MS = 1.0
 BODY_STEP = "Complete path: completion_body() for the 240 KB prompt"
 SETTLE_S = 0.002  # idle time before each measured call
+SMALL_PREFIX = "You are a shop assistant for a mega-sale. Answer in one word.\n\n"
 
 
 # --- the echo server (a child process: `python -m sidecar.tools.bench.hop echo-server TARGET`) ---
@@ -128,6 +140,11 @@ async def route_breakdown(prefix: str, calls: int) -> dict[str, float]:
         request = router_pb2.RouteRequest.FromString(data)
         decision = sidecar.router.for_prefix(entry)
         histogram = sidecar.metrics.decision
+        # ("grpc", "Route") once the series carry a `front` label, else ("Route",)
+        labels = tuple(
+            {"front": "grpc", "rpc": "Route"}[name]
+            for name in getattr(histogram, "_labelnames", ("rpc",))
+        )
 
         def build() -> router_pb2.RouteReply:
             return router_pb2.RouteReply(
@@ -150,7 +167,7 @@ async def route_breakdown(prefix: str, calls: int) -> dict[str, float]:
                 entry
             ),
             "metrics: decision.labels('Route').observe()": lambda: histogram.labels(
-                "Route"
+                *labels
             ).observe(1e-6),
             "build RouteReply": build,
             "encode RouteReply (protobuf)": reply.SerializeToString,
@@ -230,6 +247,74 @@ def _direct_body(prompt: str, model: str) -> bytes:
     ).encode()
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _wait_http_ready(session: aiohttp.ClientSession, url: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with session.get(f"{url}/health") as response:
+                if response.status == 200:
+                    return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the sidecar's OpenAI front at {url} was not ready")
+        await asyncio.sleep(0.05)
+
+
+async def _whole_completion(session: aiohttp.ClientSession, url: str, body: bytes) -> None:
+    async with session.post(
+        f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    ) as response:
+        await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{url} answered {response.status}")
+
+
+async def _grpc_completion(stub: router_pb2_grpc.RouterStub, request: Any) -> None:
+    call = stub.Complete(request, timeout=30)
+    while await call.read() is not grpc.aio.EOF:
+        pass
+
+
+async def throughput(
+    send: Callable[[int], Awaitable[None]], callers: int, seconds: float
+) -> dict[str, Any]:
+    """`callers` loops calling `send` back to back for `seconds`: requests/s and latency."""
+    latencies: list[float] = []
+    errors = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+
+    async def caller(k: int) -> None:
+        nonlocal errors
+        i = k
+        while time.perf_counter() < deadline:
+            begun = time.perf_counter_ns()
+            try:
+                await send(i)
+            except (aiohttp.ClientError, grpc.aio.AioRpcError, RuntimeError):
+                errors += 1
+            else:
+                latencies.append(float(time.perf_counter_ns() - begun))
+            i += callers
+
+    await asyncio.gather(*(caller(k) for k in range(callers)))
+    elapsed = time.perf_counter() - started
+    return {
+        "callers": callers,
+        "seconds": elapsed,
+        "requests": len(latencies),
+        "errors": errors,
+        "requests_per_s": len(latencies) / elapsed,
+        "p50_ms": percentile(latencies, 50) / 1e6 if latencies else float("nan"),
+        "p99_ms": percentile(latencies, 99) / 1e6 if latencies else float("nan"),
+    }
+
+
 async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
     import random
 
@@ -238,6 +323,7 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
     inputs = [merchant_query(rng) for _ in range(args.warmup + args.iterations)]
     config = EmulatorConfig(time_scale=1000.0, kv_tokens=400_000)
     samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    front = f"127.0.0.1:{_free_port()}"
     with tempfile.TemporaryDirectory(prefix="prefix-sidecar-hop-") as workdir:
         echo_target = f"unix://{workdir}/echo.sock"
         async with (
@@ -246,15 +332,18 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
                 1,
                 fleet.urls,
                 "prefix_affinity",
-                {"log_level": args.log_level, "grace_s": 1},
+                {"log_level": args.log_level, "grace_s": 1, "openai_listen": front},
                 stderr_path=f"{workdir}/sidecar.log",
             ) as sidecars,
+            http_proxy(fleet.urls[0]) as proxy,
             echo_server(echo_target),
             grpc.aio.insecure_channel(sidecars.targets[0], options=CHANNEL_OPTIONS) as channel,
             grpc.aio.insecure_channel(echo_target) as echo_channel,
             aiohttp.ClientSession() as session,
         ):
             pod = fleet.urls[0]
+            front_url = f"http://{front}"
+            await _wait_http_ready(session, front_url, 20)
             stub = router_pb2_grpc.RouterStub(channel)
             registered = await stub.RegisterPrefix(
                 router_pb2.RegisterPrefixRequest(name="compliance-rules", text=prefix, prewarm=True)
@@ -265,7 +354,10 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
             echo = echo_channel.unary_unary(ECHO_METHOD)
             reply_size = len((await stub.Route(route_request)).SerializeToString())
             payload = os.urandom(reply_size)
-            progress(f"pod {pod}, sidecar {sidecars.targets[0]}, echo {echo_target}")
+            progress(
+                f"pod {pod}, sidecar {sidecars.targets[0]} and {front_url}, proxy {proxy}, "
+                f"echo {echo_target}"
+            )
 
             async def time_echo(_: int) -> float:
                 started = time.perf_counter_ns()
@@ -292,6 +384,12 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
                 )
                 return await _first_chunk(stub, request)
 
+            async def time_http(i: int) -> float:
+                return await _first_event(session, front_url, bodies[i])
+
+            async def time_proxy(i: int) -> float:
+                return await _first_event(session, proxy, bodies[i])
+
             bodies = [_direct_body(prefix + text, config.model) for text in inputs]
             calls: dict[str, Callable[[int], Awaitable[float]]] = {
                 "echo": time_echo,
@@ -299,6 +397,8 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
                 "direct": time_direct,
                 "thin": time_thin,
                 "fat": time_fat,
+                "http": time_http,
+                "proxy": time_proxy,
             }
             total = args.warmup + args.iterations
             order = list(MODES)
@@ -327,10 +427,38 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
                 ),
                 "direct": len(bodies[0]),
             }
+            small = [SMALL_PREFIX + text for text in inputs]
+            small_bodies = [
+                json.dumps(
+                    {"model": config.model, "prompt": text, "max_tokens": 1, "temperature": 0.0},
+                    ensure_ascii=False,
+                ).encode()
+                for text in small
+            ]
+            small_requests = [
+                router_pb2.CompleteRequest(
+                    prefix_text=SMALL_PREFIX, input=text, max_tokens=1, temperature=0.0
+                )
+                for text in inputs
+            ]
+            sends: dict[str, Callable[[int], Awaitable[None]]] = {
+                "grpc": lambda i: _grpc_completion(stub, small_requests[i % len(inputs)]),
+                "http": lambda i: _whole_completion(session, front_url, small_bodies[i % total]),
+                "proxy": lambda i: _whole_completion(session, proxy, small_bodies[i % total]),
+            }
+            rates: dict[str, Any] = {}
+            for path in PATHS:
+                progress(
+                    f"throughput via {path}: {args.callers} callers for "
+                    f"{args.throughput_seconds:g} s"
+                )
+                await sends[path](0)  # connections up before the clock starts
+                rates[path] = await throughput(sends[path], args.callers, args.throughput_seconds)
     progress("route breakdown (in-process)")
     breakdown = await route_breakdown(prefix, args.breakdown_calls)
     progress(f"fast stream: {args.fast_streams} callers for {args.fast_seconds:g} s")
     report = _report(args, samples, wire, breakdown)
+    report["throughput"] = rates
     report["fast_stream"] = await measure_stream_load(
         args.fast_streams, args.fast_seconds, {"log_level": args.log_level}
     )
@@ -354,6 +482,7 @@ def _report(
     }
     route_ratio = stats["route"]["p50_us"] / stats["echo"]["p50_us"]
     overhead_ms = (stats["thin"]["p50_us"] - stats["direct"]["p50_us"]) / 1e3
+    http_ms = (stats["http"]["p50_us"] - stats["direct"]["p50_us"]) / 1e3
     saving_ms = (stats["fat"]["p50_us"] - stats["thin"]["p50_us"]) / 1e3
     return {
         "params": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
@@ -367,6 +496,13 @@ def _report(
         "sidecar_overhead_ms": {
             "p50": overhead_ms,
             "p99": (stats["thin"]["p99_us"] - stats["direct"]["p99_us"]) / 1e3,
+        },
+        "http_overhead_ms": {
+            mode: {
+                "p50": (stats[mode]["p50_us"] - stats["direct"]["p50_us"]) / 1e3,
+                "p99": (stats[mode]["p99_us"] - stats["direct"]["p99_us"]) / 1e3,
+            }
+            for mode in ("http", "proxy")
         },
         "thin_saving": {
             "p50_ms": saving_ms,
@@ -386,6 +522,13 @@ def _report(
                 "measured": f"{overhead_ms:.2f} ms",
                 "met": overhead_ms <= TARGET_OVERHEAD_MS,
             },
+            {
+                "name": f"HTTP front TTFT overhead <= {TARGET_OVERHEAD_MS:g} ms at p50 over "
+                "the pod",
+                "measured": f"{http_ms:.2f} ms (bare aiohttp proxy: "
+                f"{(stats['proxy']['p50_us'] - stats['direct']['p50_us']) / 1e3:.2f} ms)",
+                "met": http_ms <= TARGET_OVERHEAD_MS,
+            },
         ],
     }
 
@@ -398,6 +541,8 @@ def render(report: dict[str, Any]) -> str:
         "direct": "TTFT, pod called directly",
         "thin": "TTFT via sidecar, thin (prefix id)",
         "fat": "TTFT via sidecar, fat (60k-token text)",
+        "http": "TTFT via sidecar's OpenAI HTTP front",
+        "proxy": "TTFT via a bare aiohttp proxy",
     }
     lines = [
         f"prefix-sidecar bench hop: {latency['echo']['n']} rounds, one call at a time, "
@@ -416,6 +561,7 @@ def render(report: dict[str, Any]) -> str:
         report["thin_saving"],
     )
     wire = saving["request_bytes"]
+    http = report["http_overhead_ms"]
     floor_ms = latency["echo"]["p50_us"] / 1e3
     body_ms = report["route_breakdown_us"][BODY_STEP] / 1e3
     rest_ms = overhead["p50"] - floor_ms - body_ms
@@ -429,11 +575,34 @@ def render(report: dict[str, Any]) -> str:
         f"and sends {wire['thin']:,} bytes instead of {wire['fat']:,} per request",
         f"overhead accounting at p50: gRPC floor (echo) {floor_ms:.2f} ms + "
         f"completion_body() {body_ms:.2f} ms + the rest {rest_ms:.2f} ms",
+        f"HTTP front TTFT overhead over the pod: p50 {http['http']['p50']:.2f} ms, "
+        f"p99 {http['http']['p99']:.2f} ms; bare proxy (the HTTP floor): p50 "
+        f"{http['proxy']['p50']:.2f} ms, p99 {http['proxy']['p99']:.2f} ms",
         "",
         "Route server-side Python cost, in-process (us per call)",
     ]
     for name, value in report["route_breakdown_us"].items():
         lines.append(f"  {name:<52}{value:>8.2f}")
+    if "throughput" in report:
+        rates = report["throughput"]
+        first = rates[PATHS[0]]
+        lines += [
+            "",
+            f"throughput: small completions (max_tokens 1), {first['callers']} callers, "
+            f"{first['seconds']:.1f} s per path, one path at a time",
+            f"{'':<42}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}",
+        ]
+        path_labels = {
+            "grpc": "sidecar gRPC Complete",
+            "http": "sidecar OpenAI HTTP front",
+            "proxy": "bare aiohttp proxy (floor)",
+        }
+        for path, label in path_labels.items():
+            rate = rates[path]
+            lines.append(
+                f"{label:<42}{rate['requests_per_s']:>10,.0f}{rate['p50_ms']:>10.2f}"
+                f"{rate['p99_ms']:>10.2f}{rate['errors']:>8}"
+            )
     lines += ["", "targets (as measured in this run)"]
     lines += target_lines(report["targets"])
     if "fast_stream" in report:
@@ -463,6 +632,15 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--fast-seconds", type=float, default=5.0, help="length of the fast-stream phase (5)"
     )
+    parser.add_argument(
+        "--callers", type=int, default=16, help="concurrent callers of the throughput phase (16)"
+    )
+    parser.add_argument(
+        "--throughput-seconds",
+        type=float,
+        default=5.0,
+        help="length of the throughput phase, per path (5)",
+    )
     parser.add_argument("--quick", action="store_true", help="a few seconds, for tests")
     add_json_option(parser)
     parser.set_defaults(func=run)
@@ -472,16 +650,21 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.iterations, args.warmup, args.breakdown_calls = 30, 5, 2000
         args.fast_seconds = min(args.fast_seconds, 2.0)
+        args.throughput_seconds = min(args.throughput_seconds, 1.0)
+        args.callers = min(args.callers, 4)
     if (
         args.iterations < 1
         or args.warmup < 0
         or args.breakdown_calls < 1
         or args.fast_streams < 1
         or not args.fast_seconds >= 1
+        or args.callers < 1
+        or not args.throughput_seconds > 0
     ):
         print(
-            "prefix-sidecar bench hop: --iterations, --breakdown-calls and --fast-streams "
-            "must be >= 1, --warmup >= 0, --fast-seconds >= 1",
+            "prefix-sidecar bench hop: --iterations, --breakdown-calls, --fast-streams and "
+            "--callers must be >= 1, --warmup >= 0, --fast-seconds >= 1, "
+            "--throughput-seconds > 0",
             file=sys.stderr,
         )
         return 2

@@ -1,4 +1,5 @@
-"""`prefix-sidecar bench hop --quick`: echo server, sidecar and pod are real processes.
+"""`prefix-sidecar bench hop --quick`: echo server, sidecar (with its OpenAI HTTP front), bare
+HTTP proxy and pod are real processes.
 
 Checks that every mode was measured and the report is well-formed, not the targets.
 """
@@ -11,7 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sidecar.tools.bench.hop import MODES
+import pytest
+
+from sidecar.tools.bench.hop import MODES, PATHS
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,21 +47,34 @@ def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
     for name, value in report["ratios"].items():
         assert math.isfinite(value) and value > 0, name
     assert math.isfinite(report["sidecar_overhead_ms"]["p50"])
+    assert set(report["http_overhead_ms"]) == {"http", "proxy"}
+    assert all(math.isfinite(v["p50"]) for v in report["http_overhead_ms"].values())
+    assert set(report["throughput"]) == set(PATHS) == {"grpc", "http", "proxy"}
+    for path, rate in report["throughput"].items():
+        assert rate["callers"] == 4 and 0.9 <= rate["seconds"] < 10, path
+        assert rate["errors"] == 0 and rate["requests"] > 0, path
+        assert rate["requests_per_s"] > 0 and 0 < rate["p50_ms"] <= rate["p99_ms"], path
     wire = report["thin_saving"]["request_bytes"]
     assert wire["thin"] < 2_000 < 240_000 < wire["fat"]
     breakdown = report["route_breakdown_us"]
     assert len(breakdown) >= 6 and all(v > 0 for v in breakdown.values())
-    assert [isinstance(t["met"], bool) for t in report["targets"]] == [True, True]
-    assert "Route / echo" in done.stdout and "targets" in done.stdout
+    assert [isinstance(t["met"], bool) for t in report["targets"]] == [True, True, True]
+    assert "HTTP front TTFT overhead" in report["targets"][2]["name"]
+    for text in ("Route / echo", "targets", "OpenAI HTTP front", "bare aiohttp proxy", "req/s"):
+        assert text in done.stdout, text
 
 
-def test_bad_iterations_are_refused() -> None:
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--iterations", "0"), ("--callers", "0"), ("--throughput-seconds", "0")],
+)
+def test_bad_options_are_refused(option: str, value: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "bench", "hop", "--iterations", "0"],
+        [sys.executable, "-m", "sidecar.cli", "bench", "hop", option, value],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert done.returncode == 2
-    assert "--iterations" in done.stderr
+    assert option in done.stderr
