@@ -9,6 +9,11 @@ that needs no change is written back byte for byte, comments included; only inje
 documents are re-serialised. Injection is "ensure" style: each piece (volumes, the sidecar
 container, the socket mount and env of each app container) is added only when missing, so
 injecting twice changes nothing and a half-injected workload gets completed.
+
+With `--openai-port PORT` the sidecar also serves its OpenAI HTTP front on the pod's loopback
+(`--openai-listen 127.0.0.1:PORT`; the pod's containers share one network namespace), and the
+app containers that opt in with the annotation `prefix-sidecar/openai` get
+`OPENAI_BASE_URL=http://127.0.0.1:PORT/v1`. An app's own OPENAI_BASE_URL is kept, with a warning.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import copy
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -33,6 +38,10 @@ CONFIG_DIR = "/etc/prefix-sidecar"
 CONFIG_FILE = "sidecar.yaml"
 SOCKET_ENV = "PREFIX_SIDECAR_SOCKET"
 OPT_OUT_ANNOTATION = "prefix-sidecar/inject"
+# "true": every app container gets OPENAI_BASE_URL; or a comma-separated list of container names.
+OPENAI_ANNOTATION = "prefix-sidecar/openai"
+OPENAI_ENV = "OPENAI_BASE_URL"
+OPENAI_FLAG = "--openai-listen"
 METRICS_PORT = 9464
 METRICS_PORT_NAME = "sidecar-metrics"
 # httpGet probe paths, served on the metrics port (sidecar/server/probes.py).
@@ -66,6 +75,7 @@ class InjectError(Exception):
 
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a container name
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,7 @@ class InjectOptions:
     configmap: str = DEFAULT_CONFIGMAP
     socket_dir: str = DEFAULT_SOCKET_DIR
     native: bool = False  # an init container with restartPolicy: Always
+    openai_port: int | None = None  # the OpenAI HTTP front on 127.0.0.1:PORT; None = off
 
     @property
     def socket_path(self) -> str:
@@ -84,7 +95,23 @@ class InjectOptions:
         """The gRPC target apps dial: unix:///var/run/prefix-sidecar/sidecar.sock."""
         return f"unix://{self.socket_path}"
 
+    @property
+    def openai_listen(self) -> str:
+        return f"127.0.0.1:{self.openai_port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        """What apps that opt in get as OPENAI_BASE_URL: http://127.0.0.1:PORT/v1."""
+        return f"http://{self.openai_listen}/v1"
+
     def validate(self) -> None:
+        if self.openai_port is not None:
+            if not 1 <= self.openai_port <= 65535:
+                raise InjectError(f"--openai-port {self.openai_port} is not a port (1..65535)")
+            if self.openai_port == METRICS_PORT:
+                raise InjectError(
+                    f"--openai-port {self.openai_port} is the sidecar's metrics port; pick another"
+                )
         if not self.image or any(c.isspace() for c in self.image):
             raise InjectError(f"--image {self.image!r} is not an image reference")
         if not _DNS1123_SUBDOMAIN.match(self.configmap):
@@ -157,8 +184,20 @@ def sidecar_container(options: InjectOptions, native: bool) -> dict[str, Any]:
     return container
 
 
-def inject_pod_spec(spec: dict[str, Any], options: InjectOptions, native: bool, where: str) -> None:
-    """Ensure the sidecar, its volumes, and the socket mount + env of every app container."""
+# Which app containers get OPENAI_BASE_URL: every one, or those named.
+OpenAIApps = Literal["all"] | tuple[str, ...]
+
+
+def inject_pod_spec(
+    spec: dict[str, Any],
+    options: InjectOptions,
+    native: bool,
+    where: str,
+    openai_apps: OpenAIApps = (),
+    warnings: list[str] | None = None,
+) -> None:
+    """Ensure the sidecar, its volumes, and the socket mount + env of every app container;
+    with options.openai_port, the sidecar's OpenAI front and OPENAI_BASE_URL in openai_apps."""
     volumes = _list_field(spec, "volumes", where)
     _ensure_named(volumes, {"name": SOCKET_VOLUME, "emptyDir": {}})
     _ensure_named(volumes, {"name": CONFIG_VOLUME, "configMap": {"name": options.configmap}})
@@ -186,6 +225,9 @@ def inject_pod_spec(spec: dict[str, Any], options: InjectOptions, native: bool, 
         if not any(isinstance(e, dict) and e.get("name") == SOCKET_ENV for e in env):
             env.append({"name": SOCKET_ENV, "value": options.socket_target})
 
+    if options.openai_port is not None:
+        _ensure_openai(spec, options, where, openai_apps, warnings if warnings is not None else [])
+
     # The socket is mode 0660: the app reaches it through the pod's fsGroup, which the
     # kubelet gives to the emptyDir (setgid) and to every container as a supplementary group.
     security = spec.setdefault("securityContext", {})
@@ -194,6 +236,71 @@ def inject_pod_spec(spec: dict[str, Any], options: InjectOptions, native: bool, 
     if "fsGroup" not in security:
         security["fsGroup"] = SIDECAR_UID
         security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+
+
+def _ensure_openai(
+    spec: dict[str, Any],
+    options: InjectOptions,
+    where: str,
+    openai_apps: OpenAIApps,
+    warnings: list[str],
+) -> None:
+    """The sidecar's --openai-listen 127.0.0.1:PORT, and OPENAI_BASE_URL in the apps that opt in."""
+    every = [*spec["containers"], *(spec.get("initContainers") or [])]
+    for container in every:
+        if not isinstance(container, dict) or container.get("name") == SIDECAR_NAME:
+            continue
+        for port in container.get("ports") or []:
+            if isinstance(port, dict) and port.get("containerPort") == options.openai_port:
+                raise InjectError(
+                    f"{where}: container {container.get('name')!r} declares containerPort "
+                    f"{options.openai_port}, and the pod's containers share one network "
+                    "namespace; pick another --openai-port"
+                )
+    sidecar = next(c for c in every if isinstance(c, dict) and c.get("name") == SIDECAR_NAME)
+    args = _list_field(sidecar, "args", where)
+    current = _flag_value(args, OPENAI_FLAG)
+    if current is None:
+        args.extend([OPENAI_FLAG, options.openai_listen])
+    elif current != options.openai_listen:
+        raise InjectError(
+            f"{where}: the {SIDECAR_NAME} container already has {OPENAI_FLAG} {current}, "
+            f"not {options.openai_listen}; fix it or pass the --openai-port it uses"
+        )
+
+    apps = {c.get("name"): c for c in spec["containers"] if c.get("name") != SIDECAR_NAME}
+    if openai_apps == "all":
+        chosen = list(apps.values())
+    else:
+        unknown = [name for name in openai_apps if name not in apps]
+        if unknown:
+            raise InjectError(
+                f"{where}: annotation {OPENAI_ANNOTATION} names {', '.join(unknown)}, "
+                f"not an app container of the pod ({', '.join(map(str, apps)) or 'none'})"
+            )
+        chosen = [apps[name] for name in openai_apps]
+    for container in chosen:
+        env = _list_field(container, "env", where)
+        own = [e for e in env if isinstance(e, dict) and e.get("name") == OPENAI_ENV]
+        if not own:
+            env.append({"name": OPENAI_ENV, "value": options.openai_base_url})
+        elif own[0] != {"name": OPENAI_ENV, "value": options.openai_base_url}:
+            # Its value is not repeated: a URL may carry credentials.
+            warnings.append(
+                f"{where}: container {container.get('name')!r} keeps its own {OPENAI_ENV}; "
+                "it is not pointed at the sidecar's OpenAI front"
+            )
+
+
+def _flag_value(args: list[Any], flag: str) -> str | None:
+    """The value of `flag V` or `flag=V` in a container's args, the last one winning."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = str(args[index + 1])
+        elif isinstance(arg, str) and arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
 
 
 def _mount_socket(container: dict[str, Any], options: InjectOptions, where: str) -> None:
@@ -239,6 +346,7 @@ class InjectResult:
     text: str
     injected: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (workload, why)
+    warnings: list[str] = field(default_factory=list)  # what was asked for and not done
 
 
 def split_documents(text: str) -> list[Chunk]:
@@ -322,8 +430,23 @@ def _inject_object(obj: dict[str, Any], options: InjectOptions, result: InjectRe
         result.skipped.append((label, f"annotation {OPT_OUT_ANNOTATION}: false"))
         return
     native = options.native or kind in RUN_TO_COMPLETION
+    openai_apps = _openai_apps(template, label)
+    if openai_apps is None and template is not obj:
+        openai_apps = _openai_apps(obj, label)
+    if openai_apps and options.openai_port is None:
+        result.warnings.append(
+            f"{label}: annotation {OPENAI_ANNOTATION} asks for {OPENAI_ENV}, but there is no "
+            "--openai-port: no OpenAI front, no env"
+        )
     before = copy.deepcopy(spec)
-    inject_pod_spec(spec, options, native=native, where=label)
+    inject_pod_spec(
+        spec,
+        options,
+        native=native,
+        where=label,
+        openai_apps=openai_apps or (),
+        warnings=result.warnings,
+    )
     if spec == before:
         result.skipped.append((label, "already injected"))
     else:
@@ -353,6 +476,26 @@ def _opted_out(holder: dict[str, Any], label: str) -> bool:
         f'{label}: annotation {OPT_OUT_ANNOTATION}: "{annotations[OPT_OUT_ANNOTATION]}" '
         'is not understood; use "false" to opt out or "true" to inject'
     )
+
+
+def _openai_apps(holder: dict[str, Any], label: str) -> OpenAIApps | None:
+    """The opt-in annotation: "true" = every app container, "false" = none, else names."""
+    annotations = (holder.get("metadata") or {}).get("annotations") or {}
+    if OPENAI_ANNOTATION not in annotations:
+        return None
+    text = str(annotations[OPENAI_ANNOTATION]).strip()
+    if text.lower() in ("true", "enabled"):
+        return "all"
+    if text.lower() in ("false", "disabled"):
+        return ()
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(_DNS1123_LABEL.match(name) for name in names):
+        raise InjectError(
+            f'{label}: annotation {OPENAI_ANNOTATION}: "{annotations[OPENAI_ANNOTATION]}" '
+            'is not understood; use "true" for every app container, or container names '
+            'separated by commas ("api,worker")'
+        )
+    return names
 
 
 def _yaml_reason(exc: yaml.YAMLError, chunk: Chunk) -> str:
@@ -417,7 +560,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="inject as an init container with restartPolicy: Always (Kubernetes >= 1.29); "
         "always done for Jobs and CronJobs",
     )
-    parser.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    parser.add_argument(
+        "--openai-port",
+        type=int,
+        metavar="PORT",
+        help="also serve the OpenAI HTTP front on the pod's 127.0.0.1:PORT; app containers "
+        f'opted in with the annotation {OPENAI_ANNOTATION}: "true" (or "name,name") get '
+        f"{OPENAI_ENV}=http://127.0.0.1:PORT/v1 (off)",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no summary on stderr (warnings still)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -428,6 +581,7 @@ def run(args: argparse.Namespace) -> int:
             configmap=args.config,
             socket_dir=args.socket_dir,
             native=args.native_sidecar,
+            openai_port=args.openai_port,
         )
         options.validate()
         text = _read(args.filename)
@@ -438,6 +592,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     sys.stdout.write(result.text)
     sys.stdout.flush()
+    for warning in result.warnings:
+        print(f"prefix-sidecar inject: warning: {warning}", file=sys.stderr)
     if not args.quiet:
         for label in result.injected:
             print(f"{label} injected", file=sys.stderr)

@@ -263,3 +263,225 @@ def test_bad_options_exit_2(tmp_path: Path) -> None:
     done = run_cli("-f", str(tmp_path / "missing.yaml"))
     assert done.returncode == 2
     assert "cannot read the manifest" in done.stderr
+
+
+# --openai-port: the sidecar's OpenAI front on the pod's loopback, OPENAI_BASE_URL where asked.
+OPENAI_PORT = 8081  # merchant-api in shop.yaml declares 8080 itself
+OPENAI_URL = f"http://127.0.0.1:{OPENAI_PORT}/v1"
+OPENAI_BUNDLE = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: chat-bot, namespace: shop}
+spec:
+  selector:
+    matchLabels: {app: chat-bot}
+  template:
+    metadata:
+      labels: {app: chat-bot}
+      annotations: {prefix-sidecar/openai: "true"}     # every app container
+    spec:
+      containers:
+        - {name: bot, image: registry.example.com/chat-bot:1.0.0}
+        - name: summarizer
+          image: registry.example.com/summarizer:1.0.0
+          env:
+            - {name: OPENAI_BASE_URL, value: "https://llm-gateway.example.com/v1"}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: writer, namespace: shop}
+spec:
+  selector:
+    matchLabels: {app: writer}
+  template:
+    metadata:
+      labels: {app: writer}
+      annotations: {prefix-sidecar/openai: "api"}      # only the container named
+    spec:
+      containers:
+        - {name: api, image: registry.example.com/writer:2.0.0, ports: [{containerPort: 8080}]}
+        - {name: log-shipper, image: fluent/fluent-bit:3.1.4}
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: nightly-digest
+  namespace: shop
+  annotations: {prefix-sidecar/openai: "true"}         # on the workload: native sidecar
+spec:
+  schedule: "0 3 * * *"
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          restartPolicy: OnFailure
+          containers:
+            - {name: digest, image: registry.example.com/digest:1.0.0}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: grpc-only, namespace: shop}
+spec:
+  containers:
+    - {name: app, image: registry.example.com/grpc-only:1.0.0}
+"""
+
+
+def openai_env(container: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in container.get("env", []) if e["name"] == inject.OPENAI_ENV]
+
+
+@pytest.fixture(scope="module")
+def with_openai() -> inject.InjectResult:
+    return inject.inject_text(OPENAI_BUNDLE, inject.InjectOptions(openai_port=OPENAI_PORT))
+
+
+def test_openai_port_starts_the_front_and_sets_the_base_url_of_apps_that_opt_in(
+    with_openai: inject.InjectResult,
+) -> None:
+    objects = by_name(with_openai.text)
+    for label in objects:
+        (sidecar,) = sidecars(template_spec(objects[label]))
+        assert sidecar["args"][-2:] == ["--openai-listen", f"127.0.0.1:{OPENAI_PORT}"], label
+        # Loopback only: no containerPort, which would offer the port on the pod IP.
+        assert [p["name"] for p in sidecar["ports"]] == [inject.METRICS_PORT_NAME], label
+    apps = {
+        f"{label}/{c['name']}": c
+        for label, obj in objects.items()
+        for c in template_spec(obj)["containers"]
+        if c["name"] != inject.SIDECAR_NAME
+    }
+    wanted = [{"name": inject.OPENAI_ENV, "value": OPENAI_URL}]
+    assert openai_env(apps["deployment/chat-bot/bot"]) == wanted
+    assert openai_env(apps["deployment/writer/api"]) == wanted
+    assert openai_env(apps["cronjob/nightly-digest/digest"]) == wanted
+    assert openai_env(apps["deployment/writer/log-shipper"]) == []  # not named
+    assert openai_env(apps["pod/grpc-only/app"]) == []  # no annotation: the front, no env
+    # An app's own OPENAI_BASE_URL is kept, and said so (without its value).
+    own = [{"name": inject.OPENAI_ENV, "value": "https://llm-gateway.example.com/v1"}]
+    assert openai_env(apps["deployment/chat-bot/summarizer"]) == own
+    (warning,) = with_openai.warnings
+    assert "deployment/chat-bot: container 'summarizer' keeps its own OPENAI_BASE_URL" in warning
+    assert "llm-gateway" not in warning
+    # Every app still gets the socket, as without --openai-port.
+    for name, container in apps.items():
+        assert {"name": inject.SOCKET_ENV, "value": SOCKET_TARGET} in container["env"], name
+    # The native sidecar (the CronJob's init container) listens before the app starts.
+    digest = template_spec(objects["cronjob/nightly-digest"])
+    assert digest["initContainers"][0]["restartPolicy"] == "Always"
+
+
+def test_openai_args_parse_with_the_real_serve_parser(
+    with_openai: inject.InjectResult, tmp_path: Path
+) -> None:
+    from sidecar import cli, config
+
+    from .conftest import K8S_DIR, load_all
+
+    (sidecar,) = sidecars(template_spec(by_name(with_openai.text)["deployment/chat-bot"]))
+    config_map = next(
+        doc
+        for doc in load_all(K8S_DIR / "sidecar-config.yaml")
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == inject.DEFAULT_CONFIGMAP
+    )
+    (tmp_path / inject.CONFIG_FILE).write_text(config_map["data"][inject.CONFIG_FILE])
+    mounted = f"{inject.CONFIG_DIR}/{inject.CONFIG_FILE}"
+    args = [str(tmp_path / inject.CONFIG_FILE) if a == mounted else a for a in sidecar["args"]]
+    argv = ["serve", *args]
+    loaded = config.from_args(cli.build_parser(argv).parse_args(argv), env={})
+    assert loaded.openai_listen == f"127.0.0.1:{OPENAI_PORT}"  # loopback: no TLS needed
+    assert loaded.listen == SOCKET_TARGET
+    assert f"http://{loaded.openai_listen}/v1" == OPENAI_URL
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["container", "native"])
+def test_openai_output_passes_the_strict_kubernetes_schema(native: bool, offline: None) -> None:
+    options = inject.InjectOptions(native=native, openai_port=OPENAI_PORT)
+    objects = by_name(inject.inject_text(OPENAI_BUNDLE, options).text)
+    assert len(objects) == 4
+    for obj in objects.values():
+        validate_k8s(obj)
+
+
+def test_openai_injection_is_idempotent_and_completes_an_earlier_injection(
+    with_openai: inject.InjectResult,
+) -> None:
+    options = inject.InjectOptions(openai_port=OPENAI_PORT)
+    again = inject.inject_text(with_openai.text, options)
+    assert again.text == with_openai.text
+    assert again.injected == []
+    assert len(again.skipped) == 4
+    # Injected earlier without the front: the same pieces are added, nothing twice.
+    plain = inject.inject_text(OPENAI_BUNDLE, inject.InjectOptions())
+    upgraded = inject.inject_text(plain.text, options)
+    assert by_name(upgraded.text) == by_name(with_openai.text)
+    assert len(upgraded.injected) == 4
+    # ...but a front already on another port is not moved behind the app's back.
+    with pytest.raises(inject.InjectError, match=r"already has --openai-listen 127\.0\.0\.1:8081"):
+        inject.inject_text(with_openai.text, inject.InjectOptions(openai_port=8082))
+
+
+def test_without_openai_port_the_annotation_only_warns() -> None:
+    result = inject.inject_text(OPENAI_BUNDLE, inject.InjectOptions())
+    for obj in by_name(result.text).values():
+        spec = template_spec(obj)
+        assert "--openai-listen" not in sidecars(spec)[0]["args"]
+        assert all(openai_env(c) == [] or c["name"] == "summarizer" for c in spec["containers"])
+    assert sorted(w.split(":")[0] for w in result.warnings) == [
+        "cronjob/nightly-digest",
+        "deployment/chat-bot",
+        "deployment/writer",
+    ]
+    assert "annotation prefix-sidecar/openai asks for OPENAI_BASE_URL" in result.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "kind: Pod\nmetadata:\n  name: p\n  annotations: {prefix-sidecar/openai: worker}\n"
+            "spec: {containers: [{name: a, image: a}]}\n",
+            "annotation prefix-sidecar/openai names worker, not an app container of the pod (a)",
+        ),
+        (
+            "kind: Pod\nmetadata:\n  name: p\n"
+            "  annotations: {prefix-sidecar/openai: 'yes please'}\n"
+            "spec: {containers: [{name: a, image: a}]}\n",
+            'use "true" for every app container',
+        ),
+        (
+            "kind: Pod\nmetadata: {name: p}\n"
+            "spec: {containers: [{name: a, image: a, ports: [{containerPort: 8081}]}]}\n",
+            "container 'a' declares containerPort 8081, and the pod's containers share one "
+            "network namespace; pick another --openai-port",
+        ),
+    ],
+    ids=["unknown-container", "bad-annotation", "port-clash"],
+)
+def test_bad_openai_manifests_fail_with_what_to_fix(text: str, message: str) -> None:
+    with pytest.raises(inject.InjectError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        inject.inject_text(text, inject.InjectOptions(openai_port=OPENAI_PORT))
+
+
+def test_cli_openai_port(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text(OPENAI_BUNDLE)
+    done = run_cli("-f", str(bundle), "--openai-port", str(OPENAI_PORT), "-q")
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout
+        == inject.inject_text(OPENAI_BUNDLE, inject.InjectOptions(openai_port=OPENAI_PORT)).text
+    )
+    # -q drops the summary, not the warning.
+    assert done.stderr.splitlines() == [
+        "prefix-sidecar inject: warning: deployment/chat-bot: container 'summarizer' keeps its "
+        "own OPENAI_BASE_URL; it is not pointed at the sidecar's OpenAI front"
+    ]
+    for port, reason in (("0", "is not a port"), ("9464", "the sidecar's metrics port")):
+        done = run_cli("-f", str(bundle), "--openai-port", port)
+        assert done.returncode == 2
+        assert reason in done.stderr
+    # shop.yaml's merchant-api serves on 8080 itself.
+    done = run_cli("-f", str(SHOP), "--openai-port", "8080")
+    assert done.returncode == 2
+    assert "deployment/merchant-api: container 'api' declares containerPort 8080" in done.stderr
