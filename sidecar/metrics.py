@@ -42,6 +42,11 @@ M = TypeVar("M", bound=MetricWrapperBase)
 # A label value that never names a pod or a prefix ("no backend", "no prefix"): always kept.
 NONE_LABEL = "-"
 
+# The `front` label of the per-request series: which listener took the request (the gRPC
+# service, or the OpenAI-compatible HTTP front). Two values, so the label sets stay bounded.
+FRONT_GRPC = "grpc"
+FRONT_HTTP = "http"
+
 
 def _always(_: str) -> bool:
     return True
@@ -64,8 +69,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "prefix_sidecar_requests",
-            "Requests by RPC, backend, routing branch and status",
-            ["rpc", "backend", "branch", "status"],
+            "Requests by front end (grpc or http), RPC, backend, routing branch and status",
+            ["front", "rpc", "backend", "branch", "status"],
             registry=r,
         )
         self.failovers = Counter(
@@ -76,15 +81,15 @@ class Metrics:
         )
         self.decision = Histogram(
             "prefix_sidecar_decision_seconds",
-            "Time to choose a pod",
-            ["rpc"],
+            "Time to choose a pod, by front end (grpc or http) and RPC",
+            ["front", "rpc"],
             buckets=DECISION_BUCKETS,
             registry=r,
         )
         self.ttft = Histogram(
             "prefix_sidecar_ttft_seconds",
-            "Time to first token through the sidecar",
-            ["backend"],
+            "Time to first token through the sidecar, by front end (grpc or http) and backend",
+            ["front", "backend"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
@@ -152,9 +157,9 @@ class Metrics:
         self._per_backend = [
             (m, names, names.index("backend"))
             for m, names in (
-                (self.requests, ("rpc", "backend", "branch", "status")),
+                (self.requests, ("front", "rpc", "backend", "branch", "status")),
                 (self.failovers, ("backend", "reason")),
-                (self.ttft, ("backend",)),
+                (self.ttft, ("front", "backend")),
                 (self.in_flight, ("backend",)),
                 (self.backend_healthy, ("backend",)),
                 (self.backend_state, ("backend", "state")),

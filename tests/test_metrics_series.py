@@ -3,7 +3,7 @@ longer registered go (issue 11 item 9)."""
 
 from __future__ import annotations
 
-from sidecar.metrics import Metrics
+from sidecar.metrics import FRONT_GRPC, FRONT_HTTP, Metrics
 
 # --- Metrics: series of pods that left, names no longer registered --------------------------
 
@@ -22,7 +22,7 @@ def test_a_departed_pods_in_flight_never_goes_negative_and_then_goes() -> None:
     members = {"http://old", "http://new"}
     metrics.track(lambda url: url in members, lambda name: False)
     metrics.child(metrics.in_flight, "http://old").inc()  # a stream starts on it
-    metrics.child(metrics.ttft, "http://old").observe(0.1)
+    metrics.child(metrics.ttft, FRONT_GRPC, "http://old").observe(0.1)
     metrics.set_backend("http://old", "serving", True)
 
     members.discard("http://old")
@@ -32,10 +32,40 @@ def test_a_departed_pods_in_flight_never_goes_negative_and_then_goes() -> None:
     assert series(metrics, "prefix_sidecar_ttft_seconds_count") == {}
 
     metrics.child(metrics.in_flight, "http://old").dec()  # the stream ends
-    metrics.child(metrics.requests, "Complete", "http://old", "home", "OK").inc()  # its log
+    metrics.child(metrics.requests, FRONT_GRPC, "Complete", "http://old", "home", "OK").inc()
     assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 0.0}
     assert b"http://old" not in metrics.render()
     assert not metrics._children  # the memo forgot them too
+
+
+def test_both_fronts_series_of_a_departed_pod_go_and_no_backend_stays() -> None:
+    """requests and ttft carry `front` before `backend`: the sweep still finds the pod."""
+    metrics = Metrics()
+    members = {"http://old", "http://new"}
+    metrics.track(lambda url: url in members, lambda name: False)
+    for front, rpc in ((FRONT_GRPC, "Complete"), (FRONT_HTTP, "http_completions")):
+        for url in ("http://old", "http://new", "-"):
+            metrics.child(metrics.requests, front, rpc, url, "home", "OK").inc()
+        for url in ("http://old", "http://new"):
+            metrics.child(metrics.ttft, front, url).observe(0.1)
+        metrics.child(metrics.decision, front, rpc).observe(1e-6)
+
+    members.discard("http://old")
+    metrics.forget_backends()
+    assert set(series(metrics, "prefix_sidecar_requests_total")) == {
+        (front, rpc, url, "home", "OK")
+        for front, rpc in (("grpc", "Complete"), ("http", "http_completions"))
+        for url in ("http://new", "-")
+    }
+    assert set(series(metrics, "prefix_sidecar_ttft_seconds_count")) == {
+        ("grpc", "http://new"),
+        ("http", "http://new"),
+    }
+    assert set(series(metrics, "prefix_sidecar_decision_seconds_count")) == {
+        ("grpc", "Complete"),
+        ("http", "http_completions"),
+    }
+    assert b"http://old" not in metrics.render()
 
 
 def test_usage_series_go_with_their_name() -> None:

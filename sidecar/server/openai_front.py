@@ -23,7 +23,7 @@ from sidecar import __version__
 from sidecar.config import Config
 from sidecar.hostport import is_loopback_host, split_host_port
 from sidecar.membership.pool import SERVING, BackendPool
-from sidecar.metrics import Metrics
+from sidecar.metrics import FRONT_HTTP, Metrics
 from sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
 from sidecar.routing.router import Decision, NoBackendError, Router
 from sidecar.server.openai_body import FrontError, bad_request, parse_request
@@ -185,7 +185,9 @@ class OpenAIFront:
                 code="no_backend",
                 retry_after_s=RETRY_AFTER_S,
             ) from None
-        self.metrics.child(self.metrics.decision, rpc).observe(decision.decision_ns / 1e9)
+        self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(
+            decision.decision_ns / 1e9
+        )
         trace = _trace_context(request)
         outcome = RelayOutcome()
         try:
@@ -203,9 +205,18 @@ class OpenAIFront:
                 outcome.status = "CANCELLED"  # the caller left, or the handler failed
             raise
         finally:
-            # The same request line, counters and cost as a gRPC call, rpc=http_*.
+            # The same request line, counters and cost as a gRPC call: front=http, rpc=http_*.
             prefix = decision.prefix.name if decision.prefix is not None else ""
-            record_outcome(self.metrics, rpc, prefix, decision.branch, outcome, started, trace)
+            record_outcome(
+                self.metrics,
+                rpc,
+                prefix,
+                decision.branch,
+                outcome,
+                started,
+                trace,
+                front=FRONT_HTTP,
+            )
 
     def _prefix_of(self, request: web.Request) -> PrefixEntry | None:
         """The prefix a thin query names in its headers; 404 when it is not registered."""

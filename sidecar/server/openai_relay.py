@@ -22,7 +22,7 @@ from aiohttp import web
 
 from sidecar.membership.health import HealthMonitor
 from sidecar.membership.pool import BackendPool
-from sidecar.metrics import Metrics
+from sidecar.metrics import FRONT_HTTP, Metrics
 from sidecar.routing.router import Decision
 from sidecar.server.openai_body import FrontError
 from sidecar.server.openai_usage import UsageTail
@@ -96,7 +96,8 @@ class ByteRelay:
                     outcome.status = f"http_{response.status}"
                     return await self._pod_error(request, response, first, decision, backend)
                 outcome.ttft_s = time.perf_counter() - started
-                self.metrics.child(self.metrics.ttft, backend).observe(outcome.ttft_s)
+                ttft = self.metrics.child(self.metrics.ttft, FRONT_HTTP, backend)
+                ttft.observe(outcome.ttft_s)
                 answer = await self._relay(request, response, first, decision, backend, outcome)
                 if self.health is not None and outcome.status == "OK":
                     self.health.record_success(backend)

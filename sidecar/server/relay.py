@@ -24,7 +24,7 @@ import grpc
 
 from sidecar.membership.health import HealthMonitor
 from sidecar.membership.pool import BackendPool
-from sidecar.metrics import Metrics
+from sidecar.metrics import FRONT_GRPC, Metrics
 from sidecar.server.abort import RpcAbort
 from sidecar.server.chunks import delta_chunks
 from sidecar.upstream.body import SplicedBody
@@ -162,7 +162,8 @@ class Relay:
                 if first.done and not finish_reason and not first.text:
                     raise UpstreamError(backend, TRUNCATED, retryable=True)
                 outcome.ttft_s = time.perf_counter() - started
-                self.metrics.child(self.metrics.ttft, backend).observe(outcome.ttft_s)
+                ttft = self.metrics.child(self.metrics.ttft, FRONT_GRPC, backend)
+                ttft.observe(outcome.ttft_s)
                 sent_first = True
                 limit = self._text_limit(backend)
                 for chunk in self._chunks(first, limit, outcome, backend=backend, attempts=number):

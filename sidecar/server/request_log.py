@@ -27,10 +27,14 @@ def record_outcome(
     outcome: RelayOutcome,
     started: float,
     trace: TraceContext,
+    *,
+    front: str,
 ) -> None:
-    """Count the request, its tokens and cost, and log it. `started` is perf_counter()."""
+    """Count the request, its tokens and cost, and log it. `started` is perf_counter();
+    `front` is the listener that took it (FRONT_GRPC or FRONT_HTTP, the metrics' label)."""
     status = outcome.status
-    metrics.child(metrics.requests, rpc, outcome.backend or "-", branch or "-", status).inc()
+    backend = outcome.backend or "-"
+    metrics.child(metrics.requests, front, rpc, backend, branch or "-", status).inc()
     prompt, completion, cached = outcome.usage
     if prompt or completion:
         metrics.record_usage(prefix or "-", prompt, cached, completion)

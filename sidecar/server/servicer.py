@@ -23,7 +23,7 @@ import grpc
 
 from sidecar.config import Config
 from sidecar.membership.pool import BackendPool
-from sidecar.metrics import Metrics
+from sidecar.metrics import FRONT_GRPC, Metrics
 from sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound, PrefixStore
 from sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent
 from sidecar.routing.router import Decision, NoBackendError, Router
@@ -210,7 +210,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             decision = self._decide(lambda: self.router.for_prompt(prompt))
         else:
             raise invalid_argument("set one of prefix_id, prefix_name or prompt")
-        self.metrics.child(self.metrics.decision, "Route").observe(decision.decision_ns / 1e9)
+        self.metrics.child(self.metrics.decision, FRONT_GRPC, "Route").observe(
+            decision.decision_ns / 1e9
+        )
         return router_pb2.RouteReply(
             backend=decision.backend,
             preference=decision.preference,
@@ -347,7 +349,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             branch = upstream.decision.branch
             prefix_label = upstream.prefix_label
             decision_ns = upstream.decision.decision_ns
-            self.metrics.child(self.metrics.decision, rpc).observe(decision_ns / 1e9)
+            self.metrics.child(self.metrics.decision, FRONT_GRPC, rpc).observe(decision_ns / 1e9)
             headers = EarlyHeaders(context)
             chunks = self.relay.stream(
                 upstream.decision.preference,
@@ -393,7 +395,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 await headers.settle()
             await _abort(context, grpc.StatusCode.INTERNAL, f"{rpc}: internal error", outcome)
         finally:
-            record_outcome(self.metrics, rpc, prefix_label, branch, outcome, started, trace)
+            record_outcome(
+                self.metrics, rpc, prefix_label, branch, outcome, started, trace, front=FRONT_GRPC
+            )
 
     async def Prewarm(
         self, request: router_pb2.PrewarmRequest, context: grpc.aio.ServicerContext

@@ -59,10 +59,10 @@ async def test_metrics_endpoint_exposes_the_documented_series(
         assert wanted in metrics.get(name, {}), f"{name}{labels} missing: {metrics.get(name)}"
         return metrics[name][wanted]
 
-    requests = {"rpc": "Complete", "backend": backend, "branch": "home", "status": "OK"}
-    assert value("prefix_sidecar_requests_total", **requests) == 1
-    assert value("prefix_sidecar_decision_seconds_count", rpc="Complete") == 1
-    assert value("prefix_sidecar_ttft_seconds_count", backend=backend) == 1
+    requests = {"front": "grpc", "rpc": "Complete", "backend": backend, "branch": "home"}
+    assert value("prefix_sidecar_requests_total", **requests, status="OK") == 1
+    assert value("prefix_sidecar_decision_seconds_count", front="grpc", rpc="Complete") == 1
+    assert value("prefix_sidecar_ttft_seconds_count", front="grpc", backend=backend) == 1
     assert value("prefix_sidecar_in_flight", backend=backend) == 0
     assert value("prefix_sidecar_prompt_tokens_total", prefix="rules") == usage.prompt_tokens
     assert value("prefix_sidecar_cached_tokens_total", prefix="rules") == usage.cached_tokens > 0

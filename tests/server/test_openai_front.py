@@ -546,10 +546,16 @@ async def test_http_requests_count_tokens_and_log_like_grpc_calls(
                 await reply.read()
         scrape = sidecar.metrics.render().decode()
         assert sidecar.pool.backends[pod].in_flight == 0
+    # The gRPC path's series, told apart by front="http" (and rpc=http_*).
     assert (
-        f'prefix_sidecar_requests_total{{backend="{pod}",branch="home",rpc="http_completions",'
-        'status="OK"} 2.0'
+        f'prefix_sidecar_requests_total{{backend="{pod}",branch="home",front="http",'
+        'rpc="http_completions",status="OK"} 2.0'
     ) in scrape
+    assert (
+        'prefix_sidecar_decision_seconds_count{front="http",rpc="http_completions"} 2.0'
+    ) in scrape
+    assert f'prefix_sidecar_ttft_seconds_count{{backend="{pod}",front="http"}} 2.0' in scrape
+    assert 'front="grpc"' not in scrape
     # Usage from the stream's last event and from the end of the whole answer: 5 + 5.
     assert 'prefix_sidecar_completion_tokens_total{prefix="-"} 10.0' in scrape
     lines = [r.getMessage() for r in caplog.records if r.name == "sidecar.requests"]
