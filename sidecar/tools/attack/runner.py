@@ -121,6 +121,9 @@ class Probe:
     latencies: list[float] = field(default_factory=list)  # every call, answered or not
     errors: list[str] = field(default_factory=list)
     answered: list[float] = field(default_factory=list)  # the calls that succeeded
+    # Cleared while the membership changes: a call sent then with the old prompt could land on
+    # the hostile pod (a fast pod never ends its stream) and stall the probe for its timeout.
+    running: asyncio.Event = field(default_factory=asyncio.Event)
 
     def reset(self) -> tuple[list[float], list[str]]:
         taken = self.latencies, self.errors
@@ -135,6 +138,7 @@ async def _probe(stub: Any, probe: Probe, every_s: float = 0.05) -> None:
 
     turn = 0
     while True:
+        await probe.running.wait()
         started = time.perf_counter()
         try:
             if turn % 2 == 0:
@@ -297,6 +301,7 @@ async def run(short: bool, only: list[str] | None = None, progress: Any = print)
             stub = router_pb2_grpc.RouterStub(channel)
             await _wait_members(stub, {harness.healthy})
             probe = Probe(prompt=await _prompt_for(stub, harness.healthy, "probe"))
+            probe.running.set()
             probing = asyncio.create_task(_probe(stub, probe))
             baseline_rss = rss_bytes(pid)
             for scenario in scenarios(short):
@@ -339,12 +344,14 @@ async def _scenario(
     if scenario.kind == "pod":
         hostile = harness.pods[scenario.pod]
         members.add(hostile)
+        probe.running.clear()
         harness.set_members(sorted(members))
         await _wait_members(stub, members)
         attack_options["prompt"] = await _prompt_for(stub, hostile, scenario.name)
         # The probe measures another caller's latency: its key must stay on the healthy pod
         # now that the hostile one is a member too (pod ports, so ring places, vary by run).
         probe.prompt = await _prompt_for(stub, harness.healthy, f"probe-{scenario.name}")
+        probe.running.set()
     hits_before = await _recorder_hits(harness.pods["recorder"])
     # before: 1 s of probing
     probe.reset()
