@@ -27,10 +27,14 @@ _check: contextvars.ContextVar[Callable[[], Awaitable[object]] | None] = context
 )
 
 
+def deadline_spent(remaining: float | None) -> bool:
+    """Whether a call with `remaining` seconds left (None: no deadline) is out of time."""
+    return remaining is not None and remaining < DEADLINE_SLACK_S
+
+
 def ended_status(context: grpc.aio.ServicerContext) -> str:
     """The status of a call its caller ended: the deadline's, or a cancel."""
-    remaining = context.time_remaining()
-    if remaining is not None and remaining < DEADLINE_SLACK_S:
+    if deadline_spent(context.time_remaining()):
         return grpc.StatusCode.DEADLINE_EXCEEDED.name
     return grpc.StatusCode.CANCELLED.name
 

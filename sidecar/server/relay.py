@@ -26,6 +26,7 @@ from sidecar.membership.health import HealthMonitor
 from sidecar.membership.pool import BackendPool
 from sidecar.metrics import FRONT_GRPC, Metrics
 from sidecar.server.abort import RpcAbort
+from sidecar.server.caller import deadline_spent
 from sidecar.server.chunks import delta_chunks
 from sidecar.upstream.body import SplicedBody
 from sidecar.upstream.client import UpstreamClient, UpstreamError, UpstreamStream
@@ -33,10 +34,6 @@ from sidecar.upstream.sse import Delta, clip, usage_counts
 from sidecar.v1 import router_pb2
 
 logger = logging.getLogger("sidecar.requests")
-
-# Less time than this left after the last attempt means the deadline ended the request.
-DEADLINE_SLACK_S = 0.01
-
 
 # gRPC's default max_receive_message_length on the client side.
 CLIENT_RECEIVE_LIMIT = 4 * 1024 * 1024
@@ -186,8 +183,7 @@ class Relay:
                     self.health.record_failure(backend, exc.message)
                 if sent_first:
                     outcome.status = "PARTIAL"
-                    remaining = time_remaining()
-                    expired = remaining is not None and remaining < DEADLINE_SLACK_S
+                    expired = deadline_spent(time_remaining())
                     raise RpcAbort(
                         grpc.StatusCode.DEADLINE_EXCEEDED
                         if expired
@@ -220,8 +216,7 @@ class Relay:
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 "the deadline expired before any pod could be tried",
             )
-        remaining = time_remaining()
-        if remaining is not None and remaining < DEADLINE_SLACK_S:
+        if deadline_spent(time_remaining()):
             # The last attempt's timeouts were the caller's deadline: say so, whichever
             # timer (ours or aiohttp's) fired first.
             raise RpcAbort(
