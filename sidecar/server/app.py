@@ -220,11 +220,14 @@ class Sidecar(AsyncService):
         """Drain and release; safe after a partial start and when called again."""
         grace = self.config.grace_s if grace_s is None else grace_s
         self.readiness.drain()
-        await self.health_servicer.enter_graceful_shutdown()
-        # Both doors drain at once: the shutdown takes one grace period, not two.
-        stopping = [self.server.stop(grace)] if self.server is not None else []
+        # Both doors drain at once: the shutdown takes one grace period, not two. The gRPC
+        # server stops taking calls before health says NOT_SERVING (open calls such as that
+        # Watch still finish), so a caller who acts on NOT_SERVING gets UNAVAILABLE, never a
+        # call accepted and then cancelled by the stop.
+        stopping = [asyncio.ensure_future(self.server.stop(grace))] if self.server else []
         if self.openai is not None:
-            stopping.append(self.openai.stop())  # its grace: config grace_s
+            stopping.append(asyncio.ensure_future(self.openai.stop()))  # grace: config grace_s
+        await self.health_servicer.enter_graceful_shutdown()
         await asyncio.gather(*stopping)
         tasks = [*self._tasks, *self._warming.values()]
         self._tasks.clear()
