@@ -46,7 +46,6 @@ from sidecar.routing.router import Router
 from sidecar.server import caller, memory
 from sidecar.server.handlers import SERVICE, add_router_servicer
 from sidecar.server.openai_front import OpenAIFront
-from sidecar.server.openai_relay import ByteRelay
 from sidecar.server.probes import Readiness, probe_routes
 from sidecar.server.relay import Relay, RelayPolicy
 from sidecar.server.servicer import RouterServicer
@@ -294,19 +293,11 @@ class Sidecar(AsyncService):
         )
 
     async def _start_openai(self) -> None:
-        relay = ByteRelay(
-            self.client.session,
-            self.pool,
-            self.health,
-            self.metrics,
-            self.relay.policy,
-            self.config.connect_timeout_s,
-        )
         self.openai = OpenAIFront(
             self.config,
             self.router,
             self.store,
-            relay,
+            self.relay,
             self.pool,
             self.metrics,
             self.readiness,

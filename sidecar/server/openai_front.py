@@ -27,10 +27,10 @@ from sidecar.metrics import FRONT_HTTP, Metrics
 from sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
 from sidecar.routing.router import Decision, NoBackendError, Router
 from sidecar.server.openai_body import FrontError, bad_request, parse_request
-from sidecar.server.openai_relay import RETRY_AFTER_S, ByteRelay
+from sidecar.server.openai_relay import BACKEND_HEADER, RETRY_AFTER_S, forward
 from sidecar.server.openai_splice import splice_prefix
 from sidecar.server.probes import Readiness
-from sidecar.server.relay import RelayOutcome
+from sidecar.server.relay import Relay, RelayOutcome
 from sidecar.server.request_log import record_outcome
 from sidecar.server.trace_context import (
     REQUEST_ID,
@@ -72,7 +72,7 @@ class OpenAIFront:
         config: Config,
         router: Router,
         store: PrefixStore,
-        relay: ByteRelay,
+        relay: Relay,
         pool: BackendPool,
         metrics: Metrics,
         readiness: Readiness,
@@ -191,7 +191,8 @@ class OpenAIFront:
         trace = _trace_context(request)
         outcome = RelayOutcome()
         try:
-            return await self.relay.forward(
+            return await forward(
+                self.relay,
                 request,
                 decision,
                 path,
@@ -256,7 +257,7 @@ class OpenAIFront:
         headers.pop("Content-Type")
         for backend in serving[: self.config.max_attempts]:
             try:
-                async with self.relay.session.get(
+                async with self.relay.client.session.get(
                     backend + "/v1/models",
                     headers=headers,
                     timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S),
@@ -269,7 +270,7 @@ class OpenAIFront:
                         continue  # longer than any model list: not a model list
                     answer = web.Response(status=response.status, body=body)
                     answer.content_type = response.content_type
-                    answer.headers["x-prefix-sidecar-backend"] = backend
+                    answer.headers[BACKEND_HEADER] = backend
                     return answer
             except (TimeoutError, aiohttp.ClientError):
                 continue

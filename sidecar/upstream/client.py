@@ -36,6 +36,12 @@ DRAIN_MAX_BYTES = 64 * 1024
 MAX_ERROR_BYTES = 1024
 
 
+def retryable_status(status: int) -> bool:
+    """Whether another pod may succeed where this status failed: overloaded (429) or broken
+    (5xx). Any other 4xx is the caller's request."""
+    return status == 429 or status >= 500
+
+
 class UpstreamError(Exception):
     """A pod could not serve the request. `retryable`: another pod may succeed."""
 
@@ -198,12 +204,37 @@ class UpstreamClient:
         `headers` are added to the request; they cannot replace the client's own
         (Content-Type, Accept, User-Agent, Authorization). `raw_events` keeps each event's
         JSON text in the deltas."""
+        response = await self.post(
+            backend,
+            path,
+            body,
+            self._with_own(headers) if headers else self._headers,
+            timeout_s=timeout_s,
+        )
+        if response.status != 200:
+            raise await self.refusal(backend, response)
+        return UpstreamStream(
+            backend, response, chat, self._redact, self._recycle, raw_events=raw_events
+        )
+
+    async def post(
+        self,
+        backend: str,
+        path: str,
+        body: bytes | SplicedBody,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float | None,
+    ) -> aiohttp.ClientResponse:
+        """POST `body` with exactly `headers` and return the response once its headers are
+        in, whatever its status but a redirect; UpstreamError (retryable) when the pod cannot
+        be reached or answers 3xx. Both fronts send through here."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
         try:
             response = await self.session.post(
                 backend + path,
                 data=body,
-                headers=self._with_own(headers) if headers else self._headers,
+                headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
             )
@@ -231,18 +262,18 @@ class UpstreamClient:
                 retryable=True,
                 status=response.status,
             )
-        if response.status != 200:
-            message = clip(self._redact(await _error_message(response)))
-            response.release()
-            retryable = response.status == 429 or response.status >= 500
-            raise UpstreamError(
-                backend,
-                f"HTTP {response.status}: {message}",
-                retryable=retryable,
-                status=response.status,
-            )
-        return UpstreamStream(
-            backend, response, chat, self._redact, self._recycle, raw_events=raw_events
+        return response
+
+    async def refusal(self, backend: str, response: aiohttp.ClientResponse) -> UpstreamError:
+        """The error of a pod that answered neither 200 nor 3xx, in its own (redacted, clipped)
+        words; its connection is released. Retryable for a 429 or a 5xx."""
+        message = clip(self._redact(await _error_message(response)))
+        response.release()
+        return UpstreamError(
+            backend,
+            f"HTTP {response.status}: {message}",
+            retryable=retryable_status(response.status),
+            status=response.status,
         )
 
     def _with_own(self, headers: Mapping[str, str]) -> CIMultiDict[str]:
