@@ -225,7 +225,7 @@ class Sidecar(AsyncService):
         # call accepted and then cancelled by the stop.
         stopping = [asyncio.ensure_future(self.server.stop(grace))] if self.server else []
         if self.openai is not None:
-            stopping.append(asyncio.ensure_future(self.openai.stop()))  # grace: config grace_s
+            stopping.append(asyncio.ensure_future(self.openai.stop(grace)))
         await self.health_servicer.enter_graceful_shutdown()
         await asyncio.gather(*stopping)
         tasks = [*self._tasks, *self._warming.values()]
