@@ -13,6 +13,7 @@ body's end. A caller that leaves cancels the handler, which closes the pod's con
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -26,12 +27,15 @@ from sidecar.routing.router import Decision
 from sidecar.server.openai_body import FrontError
 from sidecar.server.openai_usage import UsageTail
 from sidecar.server.relay import Relay, RelayOutcome
-from sidecar.upstream.client import UpstreamClient, UpstreamError, retryable_status
+from sidecar.upstream.client import UpstreamClient, UpstreamError, error_words, retryable_status
+from sidecar.upstream.lean_http import LeanAnswer, PodHTTPError
+from sidecar.upstream.sse import clip
 
 logger = logging.getLogger("sidecar.requests")
 
 # A 4xx body the caller gets back: vLLM's errors are a few hundred bytes.
 MAX_ERROR_BODY = 64 * 1024
+ERROR_BODY_TIMEOUT_S = 2.0
 # Seconds a caller is told to wait when no pod could take its request.
 RETRY_AFTER_S = 1
 BACKEND_HEADER = "x-prefix-sidecar-backend"
@@ -70,9 +74,36 @@ class BrokenAnswer(Exception):
         self.backend = backend
 
 
+class _AiohttpAnswer:
+    """An aiohttp response read as LeanAnswer is: for `https://` pods."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers: Mapping[str, str] = response.headers  # case-insensitive
+        self.done = False
+
+    async def read(self) -> bytes:
+        try:
+            data = await self._response.content.readany()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise PodHTTPError(f"the answer broke: {exc.__class__.__name__}") from None
+        except TimeoutError:  # the request's total timeout
+            raise PodHTTPError("the upstream timeout expired mid-answer") from None
+        self.done = not data
+        return data
+
+    def close(self) -> None:
+        if self.done:
+            self._response.release()  # read to its end: the connection is reused
+        else:
+            self._response.close()  # the pod's request ends now
+
+
 class ByteExchange:
     """One request's attempts (Relay.attempts' Exchange): the body as the caller wrote it,
-    the answer as the pod writes it."""
+    the answer as the pod writes it. `http://` pods through the lean client, `https://`
+    ones through the aiohttp session."""
 
     def __init__(
         self, client: UpstreamClient, path: str, body: bytes, headers: Mapping[str, str]
@@ -81,59 +112,84 @@ class ByteExchange:
         self.path = path
         self.body = body
         self.headers = headers
-        self.response: aiohttp.ClientResponse | None = None
+        self.answer: LeanAnswer | _AiohttpAnswer | None = None
         self.usage = UsageTail()
         self._backend = ""
-        self._ended = False
         self._refusal: PodRefusal | None = None
 
     async def first(self, backend: str, attempt: int, timeout_s: float) -> list[bytes]:
         self._backend = backend
-        self.response = response = await self.client.post(
-            backend, self.path, self.body, self.headers, timeout_s=timeout_s
-        )
-        status = response.status
+        self.answer = answer = await self._send(backend, timeout_s)
+        status = answer.status
         if status != 200:
+            body = await self._error_body()
             if retryable_status(status):
-                raise await self.client.refusal(backend, response)
-            body = await _read_bounded(response, MAX_ERROR_BODY)
-            self._refusal = PodRefusal(backend, status, body, _passed(response))
+                words = clip(self.client.redact(error_words(body, f"HTTP {status}")))
+                raise UpstreamError(
+                    backend, f"HTTP {status}: {words}", retryable=True, status=status
+                )
+            self._refusal = PodRefusal(backend, status, body, _passed(answer.headers))
             raise UpstreamError(backend, f"HTTP {status}", retryable=False, status=status)
         data = await self._read()
         if not data:
             raise UpstreamError(backend, "the pod answered 200 with an empty body", retryable=True)
         return [data]
 
+    async def _send(self, backend: str, timeout_s: float) -> LeanAnswer | _AiohttpAnswer:
+        lean = self.client.lean
+        if not lean.serves(backend):
+            response = await self.client.post(
+                backend, self.path, self.body, self.headers, timeout_s=timeout_s
+            )
+            return _AiohttpAnswer(response)
+        try:
+            answer = await lean.post(
+                backend, self.path, self.body, self.headers, timeout_s=timeout_s
+            )
+        except PodHTTPError as exc:
+            raise UpstreamError(
+                backend, str(exc), retryable=True, connection_failure=exc.connection_failure
+            ) from None
+        if 300 <= answer.status < 400:
+            answer.close()
+            raise UpstreamError(
+                backend,
+                f"HTTP {answer.status}: the sidecar does not follow redirects from a pod",
+                retryable=True,
+                status=answer.status,
+            )
+        return answer
+
+    async def _error_body(self) -> bytes:
+        """At most MAX_ERROR_BODY bytes of a (short) error answer, in at most
+        ERROR_BODY_TIMEOUT_S; the rest is not read."""
+        assert self.answer is not None
+        parts: list[bytes] = []
+        size = 0
+        with contextlib.suppress(TimeoutError, PodHTTPError):
+            async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
+                while size < MAX_ERROR_BODY and (data := await self.answer.read()):
+                    parts.append(data)
+                    size += len(data)
+        return b"".join(parts)[:MAX_ERROR_BODY]
+
     async def next(self) -> list[bytes] | None:
         data = await self._read()
-        if not data:
-            self._ended = True
-            return None
-        return [data]
+        return [data] if data else None
 
     async def _read(self) -> bytes:
-        assert self.response is not None
+        assert self.answer is not None
         try:
-            data = await self.response.content.readany()
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            raise UpstreamError(
-                self._backend, f"stream broke: {exc.__class__.__name__}", retryable=True
-            ) from None
-        except TimeoutError:  # the request's total timeout
-            raise UpstreamError(
-                self._backend, "the upstream timeout expired mid-answer", retryable=True
-            ) from None
+            data = await self.answer.read()
+        except PodHTTPError as exc:
+            raise UpstreamError(self._backend, f"stream broke: {exc}", retryable=True) from None
         self.usage.feed(data)
         return data
 
     def close(self) -> None:
-        response, self.response = self.response, None
-        if response is not None:
-            if self._ended:
-                response.release()  # read to its end: the connection is reused
-            else:
-                response.close()  # the pod's request ends now
-        self._ended = False
+        answer, self.answer = self.answer, None
+        if answer is not None:
+            answer.close()  # an answer read whole keeps its connection; else the pod stops
 
     def broken(self, backend: str, exc: UpstreamError, expired: bool) -> BaseException:
         return BrokenAnswer(backend, exc)
@@ -154,8 +210,8 @@ class ByteExchange:
         )
 
     def passed_headers(self) -> tuple[tuple[str, str], ...]:
-        assert self.response is not None
-        return _passed(self.response)
+        assert self.answer is not None
+        return _passed(self.answer.headers)
 
 
 async def forward(
@@ -222,20 +278,9 @@ def _label(
     answer.headers[BRANCH_HEADER] = str(decision.branch)
 
 
-def _passed(response: aiohttp.ClientResponse) -> tuple[tuple[str, str], ...]:
-    headers = response.headers
-    return tuple((name, headers[name]) for name in PASSED_HEADERS if name in headers)
-
-
-async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """At most `limit` bytes of a (short) error body; the rest is not read."""
-    parts: list[bytes] = []
-    size = 0
-    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-        while size < limit and (data := await response.content.read(limit - size)):
-            parts.append(data)
-            size += len(data)
-    return b"".join(parts)
+def _passed(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    found = ((name, headers.get(name.lower())) for name in PASSED_HEADERS)
+    return tuple((name, value) for name, value in found if value is not None)
 
 
 def _error_event(backend: str, exc: BaseException) -> bytes:

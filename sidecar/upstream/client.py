@@ -26,6 +26,7 @@ from multidict import CIMultiDict
 
 from sidecar import __version__
 from sidecar.upstream.body import SplicedBody
+from sidecar.upstream.lean_http import LeanHTTP
 from sidecar.upstream.sse import POD_ERROR_CHARS, Delta, SSEDecoder, SSEProtocolError, clip
 
 READ_CHUNK = 64 * 1024
@@ -166,6 +167,10 @@ class UpstreamClient:
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
         self._draining: set[asyncio.Task[None]] = set()
+        # The HTTP front's pod requests to http:// pods (sidecar.upstream.lean_http).
+        self.lean = LeanHTTP(
+            connect_timeout_s=connect_timeout_s, per_backend=per_backend_connections
+        )
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -188,6 +193,7 @@ class UpstreamClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        self.lean.close()
 
     async def open(
         self,
@@ -296,6 +302,8 @@ class UpstreamClient:
         reach callers or logs through the pod's words."""
         return text.replace(self._api_key, "[redacted]") if self._api_key else text
 
+    redact = _redact
+
     async def get_json(self, backend: str, path: str, timeout_s: float) -> Any:
         async with self.session.get(
             backend + path,
@@ -339,6 +347,12 @@ async def _error_message(response: aiohttp.ClientResponse) -> str:
         raw = await asyncio.wait_for(response.content.read(64 * 1024), timeout=2.0)
     except (TimeoutError, aiohttp.ClientError):
         return reason
+    return error_words(raw, reason)
+
+
+def error_words(raw: bytes, reason: str) -> str:
+    """What a pod's error body says: vLLM's {"message": ...} or {"error": {"message": ...}},
+    else its text, else `reason`."""
     text = raw.decode("utf-8", "replace").strip()
     try:
         data = json.loads(text)
