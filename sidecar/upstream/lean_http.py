@@ -53,8 +53,10 @@ class LeanAnswer:
         status: int,
         headers: dict[str, str],
         deadline: float,
+        slot: asyncio.Semaphore,
     ) -> None:
         self._pool = pool
+        self._slot = slot
         self._backend = backend
         self._reader, self._writer = connection
         self.status = status
@@ -127,6 +129,7 @@ class LeanAnswer:
         if not self._open:
             return
         self._open = False
+        self._slot.release()
         if self.done and self._delimited and self._reusable:
             self._pool.give_back(self._backend, (self._reader, self._writer))
         else:
@@ -134,7 +137,8 @@ class LeanAnswer:
 
 
 class LeanHTTP:
-    """Keep-alive connections per pod, at most `per_backend` open to each."""
+    """Keep-alive connections per pod: at most `per_backend` answers open at once to each
+    (more requests wait for one to close), and no more idle connections than that."""
 
     def __init__(self, *, connect_timeout_s: float, per_backend: int) -> None:
         self._connect_timeout_s = connect_timeout_s
@@ -164,13 +168,20 @@ class LeanHTTP:
             if len(self._slots) > 4096:  # pods come and go: keep the table bounded
                 self._slots.clear()
             slots = self._slots[backend] = asyncio.Semaphore(self._per_backend)
-        async with slots:
+        async with asyncio.timeout_at(deadline):
+            await slots.acquire()  # held by the answer until it is closed
+        try:
             reused = self._take_idle(backend)
             if reused is not None:
                 with contextlib.suppress(_StaleConnection):
-                    return await self._exchange(backend, reused, request, deadline, again=True)
+                    return await self._exchange(
+                        backend, reused, request, deadline, slots, again=True
+                    )
             connection = await self._connect(backend, deadline)
-            return await self._exchange(backend, connection, request, deadline, again=False)
+            return await self._exchange(backend, connection, request, deadline, slots, again=False)
+        except BaseException:
+            slots.release()
+            raise
 
     async def _exchange(
         self,
@@ -178,6 +189,7 @@ class LeanHTTP:
         connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
         request: list[bytes],
         deadline: float,
+        slot: asyncio.Semaphore,
         *,
         again: bool,
     ) -> LeanAnswer:
@@ -202,7 +214,7 @@ class LeanHTTP:
             raise
         try:
             status, answer_headers = _parse_head(head)
-            return LeanAnswer(self, backend, connection, status, answer_headers, deadline)
+            return LeanAnswer(self, backend, connection, status, answer_headers, deadline, slot)
         except PodHTTPError:
             writer.transport.abort()
             raise

@@ -236,3 +236,19 @@ async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_on
             answer.close()
     assert connections == 2  # the second request went again on a new connection
     lean.close()
+
+
+async def test_answers_open_to_one_pod_are_bounded() -> None:
+    lean = LeanHTTP(connect_timeout_s=2.0, per_backend=1)
+    async with aiohttp_pod() as (pod, seen):
+        first = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
+        second = asyncio.ensure_future(lean.post(pod, "/whole", b"", {}, timeout_s=5))
+        await asyncio.sleep(0.2)
+        assert not second.done() and len(seen) == 1  # waits for the first answer's close
+        await read_all(first)
+        first.close()
+        answer = await asyncio.wait_for(second, 5)
+        await read_all(answer)
+        answer.close()
+        assert seen[0] is seen[1]  # and took its connection
+    lean.close()
