@@ -5,12 +5,12 @@ failover rule, deadline, load counts and metrics, with front="http"); this modul
 differs. The body goes as the caller wrote it; a 200 answer comes back byte for byte, read
 in the pieces the pod's socket gives, through the lean HTTP/1.1 client for `http://` pods
 (sidecar.upstream.lean_http: aiohttp's client cost up to a millisecond more to the first
-byte) and the aiohttp session for `https://` ones. A 4xx other than 429 is the caller's request: it goes
-back as the pod wrote it, without failover. After the first byte, a broken pod stream ends
-with an SSE error event (vLLM's shape) and no [DONE], so no client takes a cut answer for a
-whole one; a whole JSON answer cannot carry an error, so its connection is closed before the
-body's end. A caller that leaves cancels the handler, which closes the pod's connection
-(vLLM aborts the request).
+byte) and the aiohttp session for `https://` ones. A 4xx other than 429 is the caller's
+request: it goes back as the pod wrote it, without failover. After the first byte, a broken
+pod stream ends with an SSE error event (vLLM's shape) and no [DONE], so no client takes a
+cut answer for a whole one; a whole JSON answer cannot carry an error, so its connection is
+closed before the body's end. A caller that leaves cancels the handler, which closes the
+pod's connection (vLLM aborts the request).
 """
 
 from __future__ import annotations

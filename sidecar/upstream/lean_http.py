@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 READ_PIECE = 64 * 1024
 MAX_HEAD = 64 * 1024
 MAX_TRAILER_LINES = 64
+MAX_INTERIM = 4  # 1xx answers skipped before the real one
 IDLE_S = 4.0
 
 
@@ -198,6 +199,10 @@ class LeanHTTP:
             async with asyncio.timeout_at(deadline):
                 writer.writelines(request)
                 head = await reader.readuntil(b"\r\n\r\n")
+                for _ in range(MAX_INTERIM):  # a 1xx is not the answer: the next head is
+                    if not head.startswith(b"HTTP/1.1 1"):
+                        break
+                    head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             writer.transport.abort()
             if again and (not isinstance(exc, asyncio.IncompleteReadError) or not exc.partial):

@@ -252,3 +252,18 @@ async def test_answers_open_to_one_pod_are_bounded() -> None:
         answer.close()
         assert seen[0] is seen[1]  # and took its connection
     lean.close()
+
+
+async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.5)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+        assert answer.status == 200 and await read_all(answer) == b"ok"
+        answer.close()
+    lean.close()
