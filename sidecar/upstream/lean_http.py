@@ -278,7 +278,10 @@ class LeanHTTP:
         lines = [b"POST ", path.encode("ascii"), b" HTTP/1.1\r\nHost: ", netloc]
         lines.append(b"\r\nContent-Length: %d\r\n" % len(body))
         for name, value in headers.items():
-            lines += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+            # A caller's header that latin-1 cannot hold reaches the pod with `?` (its key is
+            # then wrong, and the pod's 401 says so) rather than failing the request here.
+            encoded = value.encode("latin-1", "replace")
+            lines += (name.encode("latin-1", "replace"), b": ", encoded, b"\r\n")
         lines.append(b"\r\n")
         return [b"".join(lines), body]
 

@@ -267,3 +267,23 @@ async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
         assert answer.status == 200 and await read_all(answer) == b"ok"
         answer.close()
     lean.close()
+
+
+async def test_a_header_latin1_cannot_hold_is_sent_replaced_not_raised() -> None:
+    got: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        got.append(head)
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        headers = {"Authorization": "Bearer k\udcff\u4e2d"}
+        answer = await lean.post(pod, "/v1/completions", b"{}", headers, timeout_s=5)
+        assert answer.status == 401
+        answer.close()
+    assert b"Authorization: Bearer k??\r\n" in got[0]
+    lean.close()
