@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "hop": "sidecar.tools.bench.hop",
     "soak": "sidecar.tools.bench.soak",
     "real": "sidecar.tools.bench.real",
+    "plan-check": "sidecar.tools.plan.check",
 }
 
 

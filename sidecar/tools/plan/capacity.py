@@ -8,11 +8,12 @@ ceil(peak / that rate); TTFT at the planned load; replicas per prefix; yuan per 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sidecar.tools.cost import daily_cost
+from sidecar.tools.cost import CostParams, daily_cost
 from sidecar.tools.plan import queueing
 from sidecar.tools.plan.scenario import Prefix, Scenario, ScenarioError
 
@@ -79,6 +80,12 @@ def service_mix(scenario: Scenario, kind: str) -> queueing.ServiceMix:
             add(cold, p.share * (1 - hit))
     total = sum(weights)
     return queueing.ServiceMix(tuple(times), tuple(w / total for w in weights))
+
+
+def idle_p99_ms(scenario: Scenario, kind: str) -> float:
+    """The TTFT p99 of an idle pod: no fleet size does better."""
+    mix = service_mix(scenario, kind)
+    return (mix.quantile(0.99) + scenario.pod.overhead_ms / 1e3) * 1e3
 
 
 def own_tokens(scenario: Scenario, kind: str) -> float:
@@ -160,8 +167,7 @@ def plan_column(
                 f"prefill_tps for the slowest 1 % of requests), and more pods do not make one "
                 f"prefill faster"
             )
-        name, bound = min(limits.items(), key=lambda kv: kv[1])
-        binding = name if rate >= BINDING_SHARE * bound else "SLO"
+        binding = _binding(queue, mix, rate, slo_ms, limits, kv_slots < pod.max_running, samples)
         need = math.ceil(t.peak_rps / rate - 1e-9)
         new_fleet = pods or max(1, need)
         sized = (
@@ -206,11 +212,29 @@ def plan_column(
     return result
 
 
-def _cost_params(scenario: Scenario):  # type: ignore[no-untyped-def]
+def _binding(
+    queue: queueing.PodQueue,
+    mix: queueing.ServiceMix,
+    rate: float,
+    slo_ms: float,
+    limits: dict[str, float],
+    kv_limited: bool,
+    samples: int,
+) -> str:
+    """What stops the rate at the SLO from being higher. The running limit (decode slots,
+    or KV when it holds fewer requests) binds when lifting it raises that rate by over 10 %;
+    otherwise prefill binds when the rate is within 10 % of prefill saturation, else the SLO
+    itself (the prefill queue's wait)."""
+    unlimited = dataclasses.replace(queue, running_limit=10**9)
+    free = queueing.max_rate_at_slo(unlimited, mix, slo_ms / 1e3, samples=samples)
+    if free > rate * (2 - BINDING_SHARE):
+        return "KV" if kv_limited else "decode"
+    return "prefill" if rate >= BINDING_SHARE * limits["prefill"] else "SLO"
+
+
+def _cost_params(scenario: Scenario) -> CostParams:
     """docs/mission.md's price model (sidecar.tools.cost) on this traffic: it is linear in
     prefix tokens, so the mean prefix at the token-weighted hit rate is exact."""
-    import dataclasses
-
     t = scenario.traffic
     return dataclasses.replace(
         scenario.prices,

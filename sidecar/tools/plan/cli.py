@@ -25,6 +25,8 @@ from sidecar.tools.plan.scenario import (
     validate,
 )
 
+NO_CACHE_SLACK = 1.25
+
 # flag -> (section, field, type, help)
 _FLAGS: list[tuple[str, str, str, type, str]] = [
     ("--peak-rps", "traffic", "peak_rps", float, "peak requests per second"),
@@ -145,8 +147,8 @@ def plan(
 ) -> tuple[Scenario, list[capacity.Column]]:
     """Both columns; with `measure`, the sidecar's hit rate and replicas come from the
     routing core run over the fleet the first pass sized."""
-    no_cache = capacity.plan_column(scenario, capacity.NO_CACHE, samples=samples)
     sidecar = capacity.plan_column(scenario, capacity.SIDECAR, samples=samples)
+    no_cache = plan_no_cache(scenario, samples)
     if measure:
         from sidecar.tools.plan.measure import measure as run_measure
 
@@ -167,6 +169,27 @@ def plan(
             scenario, capacity.SIDECAR, replicas=measured.replicas, samples=samples
         )
     return scenario, [no_cache, sidecar]
+
+
+def plan_no_cache(scenario: Scenario, samples: int) -> capacity.Column:
+    """The no-cache column at its SLO; when no fleet can meet it (a cold prefill alone is
+    slower), at NO_CACHE_SLACK x its idle p99 instead, and the report says so."""
+    try:
+        return capacity.plan_column(scenario, capacity.NO_CACHE, samples=samples)
+    except capacity.Unreachable:
+        if scenario.traffic.no_cache_slo_ms is not None:
+            raise
+    idle = capacity.idle_p99_ms(scenario, capacity.NO_CACHE)
+    relaxed = dataclasses.replace(
+        scenario,
+        traffic=dataclasses.replace(scenario.traffic, no_cache_slo_ms=NO_CACHE_SLACK * idle),
+    )
+    column = capacity.plan_column(relaxed, capacity.NO_CACHE, samples=samples)
+    column.notes.append(
+        f"no fleet meets {scenario.traffic.slo_ms:,.0f} ms without a cache (an idle pod's p99 "
+        f"is {idle:,.0f} ms); sized to {NO_CACHE_SLACK:g} x that (--no-cache-slo-ms sets it)"
+    )
+    return column
 
 
 def run(args: argparse.Namespace) -> int:

@@ -178,3 +178,52 @@ def max_rate_at_slo(
         else:
             high = middle
     return low
+
+
+def evaluate_fleet(
+    queue: PodQueue,
+    mix: ServiceMix,
+    rates: list[float],
+    *,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """TTFT p50 and p99 (s) over a fleet whose pods take `rates` (uneven under bounded load):
+    each pod's queue on its own, the requests pooled in proportion to the pods' rates."""
+    total = sum(rates)
+    pooled: list[float] = []
+    for index, rate in enumerate(rates):
+        if rate <= 0:
+            continue
+        one = evaluate(queue, mix, rate, samples=10, seed=seed)  # stability only
+        if not one.stable:
+            return math.inf, math.inf
+        count = max(1_000, round(samples * rate / total))
+        pooled += _ttfts(queue, mix, rate, count, seed + index)
+    extra = queue.overhead_s
+    return percentile(pooled, 50) + extra, percentile(pooled, 99) + extra
+
+
+def max_fleet_rate_at_slo(
+    queue: PodQueue,
+    mix: ServiceMix,
+    shares: list[float],
+    slo_s: float,
+    *,
+    samples: int = DEFAULT_SAMPLES,
+    tolerance: float = 0.005,
+) -> float:
+    """The highest fleet rate, split by `shares`, whose pooled TTFT p99 is within `slo_s`."""
+    limit, _ = stability_limit(queue, mix)
+    high = limit / max(shares)
+    low = 0.0
+    if mix.quantile(0.99) + queue.overhead_s > slo_s:
+        return 0.0
+    while high - low > tolerance * high:
+        middle = (low + high) / 2
+        _, p99 = evaluate_fleet(queue, mix, [middle * s for s in shares], samples=samples)
+        if p99 <= slo_s:
+            low = middle
+        else:
+            high = middle
+    return low
