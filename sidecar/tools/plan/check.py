@@ -1,26 +1,27 @@
 """`prefix-sidecar bench plan-check`: the planner's prediction against `bench fleet`, measured.
 
 One small emulated fleet, one trace, two policies (round_robin and the sidecar,
-prefix_affinity), two loads each: four `bench fleet` runs. For each run the planner gets the
-same pod (built from the emulator's config by plan.emulator_model, so they cannot drift),
-the same prefix mix, the hit rate per prefix and the per-pod load split that run measured,
-and predicts:
-- TTFT p99 at the run's load (pooled over the pods, each an M/G/c queue at its own rate);
+prefix_affinity), two loads each: four `bench fleet` runs. For each run the planner's fleet
+model (plan.fleet_sim: the real router and policy over the run's own pod URLs and prefix
+texts, so the same ring and homes, feeding one M/G/c queue per pod) gets the same pod (built
+from the emulator's config by plan.emulator_model, so they cannot drift), the same prefix
+mix and the hit rate per prefix the run measured, and predicts:
+- TTFT p99 at the run's load;
 - QPS per pod at the SLO, with the SLO set to the p99 the run measured: the run shows that
   the fleet carries its load per pod at that p99, the planner says how much it could carry.
 The TTFT the caller sees includes the hop outside the pods (client, sidecar, Python on a
-shared box), which the pod model does not have: it is measured once, as the sidecar's p50
-at the low load minus the model's p50 there, and added to every prediction (reported).
+shared box), which the pod model does not have: a fifth run, the sidecar at 10 % load where
+nothing queues, measures it as its p50 minus the model's p50; it is added to every
+prediction and printed.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import math
+import json
 from typing import Any
 
-from sidecar.tools.plan import queueing
+from sidecar.tools.plan import fleet_sim
 from sidecar.tools.plan.capacity import SIDECAR, service_mix
 from sidecar.tools.plan.emulator_model import pod_from_emulator
 from sidecar.tools.plan.scenario import Prefix, Routing, Scenario, Traffic
@@ -55,29 +56,9 @@ def fleet_args(args: argparse.Namespace, policy: str, rate: float) -> argparse.N
     return parsed
 
 
-def predict(
-    scenario: Scenario, shares: list[float], rate: float, slo_s: float, samples: int
-) -> dict[str, float]:
-    """Pooled TTFT p50/p99 at `rate` split by `shares`, and the QPS per pod at `slo_s`."""
-    from sidecar.tools.plan.capacity import own_tokens
-
-    pod, t = scenario.pod, scenario.traffic
-    mix = service_mix(scenario, SIDECAR)
-    decode_s = max(0, t.output_tokens - 1) / pod.decode_tps
-    resident = sum(p.tokens for p in t.prefixes)
-    kv_slots = math.floor((pod.kv_tokens - resident) / own_tokens(scenario, SIDECAR))
-    queue = queueing.PodQueue(
-        pod.prefill_slots, min(pod.max_running, kv_slots), decode_s, pod.overhead_ms / 1e3
-    )
-    p50, p99 = queueing.evaluate_fleet(queue, mix, [rate * s for s in shares], samples=samples)
-    at_slo = queueing.max_fleet_rate_at_slo(queue, mix, shares, slo_s, samples=samples)
-    return {"p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3, "qps_per_pod_at_slo": at_slo / len(shares)}
-
-
-def scenario_of(
-    report: dict[str, Any], policy: str, args: argparse.Namespace, overhead_ms: float
-) -> Scenario:
-    from sidecar.tools.bench.fleet import run_bench  # noqa: F401 (the same module's pod)
+def scenario_of(report: dict[str, Any], policy: str, overhead_ms: float) -> Scenario:
+    """The run as a planning scenario: its pod (the emulator's config, through
+    pod_from_emulator), its prefix mix, and the hit rate per prefix it measured."""
     from sidecar.tools.emulator import EmulatorConfig
 
     emulator = report["emulator"]
@@ -88,14 +69,12 @@ def scenario_of(
         decode_tps=emulator["decode_tps"],
         max_running=emulator["max_running"],
     )
-    result = report["results"][policy]
-    by_prefix = result["hit_rate_by_prefix"]
+    by_prefix = report["results"][policy]["hit_rate_by_prefix"]
+    total = sum(p["weight"] for p in report["prefixes"])
     prefixes = tuple(
-        Prefix(p["name"], p["tokens"], p["weight"], by_prefix.get(p["name"], 1.0))
+        Prefix(p["name"], p["tokens"], p["weight"] / total, by_prefix.get(p["name"], 1.0))
         for p in report["prefixes"]
     )
-    total = sum(p.share for p in prefixes)
-    prefixes = tuple(Prefix(p.name, p.tokens, p.share / total, p.hit_rate) for p in prefixes)
     return Scenario(
         name=f"plan-check {policy}",
         traffic=Traffic(
@@ -110,65 +89,141 @@ def scenario_of(
     )
 
 
+def predict(
+    scenario: Scenario,
+    report: dict[str, Any],
+    policy: str,
+    rate: float,
+    slo_s: float | None,
+    requests: int,
+) -> dict[str, float]:
+    """The fleet model at `rate`: TTFT p50/p99 and the load split; with `slo_s`, also the
+    QPS per pod at that SLO."""
+    from sidecar.tools.workload.trace import mega_sale_prefixes
+
+    params = report["params"]
+    texts = [
+        p.text
+        for p in mega_sale_prefixes(
+            params["prefixes"],
+            hot_tokens=params["hot_tokens"],
+            tail_tokens=params["tail_tokens"],
+            zipf=params["zipf"],
+            seed=params["seed"],
+        )
+    ]
+    urls = list(report["results"][policy]["load"]["per_pod"])
+    replicas = {p["name"]: p["replicas"] for p in report["prefixes"]}
+    budget = report["home_kv_budget_tokens"]
+    pods = len(urls)
+    run = fleet_sim.simulate(
+        scenario, pods, rate, replicas, policy=policy, requests=requests, budget=budget,
+        urls=urls, texts=texts,
+    )  # fmt: skip
+    out = {
+        "p50_ms": run.p(50) * 1e3,
+        "p99_ms": run.p(99) * 1e3,
+        "max_over_mean": run.max_over_mean,
+    }
+    if slo_s is not None:
+        pod = scenario.pod
+        mix = service_mix(scenario, SIDECAR)
+        decode_s = max(0, scenario.traffic.output_tokens - 1) / pod.decode_tps
+        upper = pods * min(pod.prefill_slots / mix.mean, pod.max_running / (mix.mean + decode_s))
+        at_slo = fleet_sim.max_rate_at_slo(
+            scenario, pods, replicas, slo_s, policy=policy, requests=requests, upper=upper,
+            budget=budget, urls=urls, texts=texts,
+        )  # fmt: skip
+        out["qps_per_pod_at_slo"] = at_slo / pods
+    return out
+
+
 async def run_check(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     from sidecar.tools.bench.fleet import run_bench
 
     capacity = 1.0 / (0.012 + 200 / args.prefill_tps)
+    # The hop outside the pods, once, at a load where nobody queues: p50 minus the model's.
+    idle_rate = args.idle * capacity * args.pods
+    progress(f"bench fleet: hop calibration, prefix_affinity at {idle_rate:.2f} req/s")
+    idle = await run_bench(fleet_args(args, "prefix_affinity", idle_rate), progress)
+    idle.pop("ttft_samples_ms", None)
+    hop_ms = hop_of(idle, args)
     loads = [args.low * capacity * args.pods, args.high * capacity * args.pods]
-    runs: list[dict[str, Any]] = []
+    rows = []
     for policy in POLICIES:
         for rate in loads:
             progress(f"bench fleet: {policy} at {rate:.2f} req/s on {args.pods} pods")
             report = await run_bench(fleet_args(args, policy, rate), progress)
-            runs.append({"policy": policy, "rate": rate, "report": report})
-    # The hop outside the pods: the sidecar's low-load p50 over the model's p50 there.
-    calibration = runs[2]
-    scenario = scenario_of(calibration["report"], "prefix_affinity", args, 0.0)
-    shares = _shares(calibration["report"], "prefix_affinity")
-    bare = predict(scenario, shares, calibration["rate"], 10.0, args.samples)
-    measured_p50 = calibration["report"]["results"]["prefix_affinity"]["ttft_ms"]["p50"]
-    overhead_ms = max(0.0, measured_p50 - bare["p50_ms"])
-    rows = []
-    for run in runs:
-        result = run["report"]["results"][run["policy"]]
-        scenario = scenario_of(run["report"], run["policy"], args, overhead_ms)
-        shares = _shares(run["report"], run["policy"])
-        slo_ms = result["ttft_ms"]["p99"]
-        guess = predict(scenario, shares, run["rate"], slo_ms / 1e3, args.samples)
-        measured_qps = run["rate"] / args.pods
-        row = {
-            "policy": run["policy"],
-            "rate": run["rate"],
-            "utilisation": run["rate"] / args.pods / capacity,
-            "hit_rate": result["hit_rate"],
-            "max_over_mean": result["load"]["max_over_mean"],
-            "measured_p50_ms": result["ttft_ms"]["p50"],
-            "measured_p99_ms": slo_ms,
-            "timeouts": result["errors"].get("TTFT_TIMEOUT", 0),
-            "predicted_p50_ms": guess["p50_ms"],
-            "predicted_p99_ms": guess["p99_ms"],
-            "p99_ratio": guess["p99_ms"] / slo_ms,
-            "measured_qps_per_pod_at_slo": measured_qps,
-            "predicted_qps_per_pod_at_slo": guess["qps_per_pod_at_slo"],
-            "qps_ratio": guess["qps_per_pod_at_slo"] / measured_qps,
-        }
-        row["met"] = (
-            all(abs(row[k] - 1.0) <= TOLERANCE for k in ("p99_ratio", "qps_ratio"))
-            and not result["ttft_ms"]["lower_bound"]
-        )
-        rows.append(row)
+            report.pop("ttft_samples_ms", None)
+            rows.append(compare(report, policy, rate, hop_ms, args, capacity))
     return {
         "params": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
         "warm_capacity_per_pod": capacity,
-        "overhead_ms": overhead_ms,
+        "hop_ms": hop_ms,
+        "calibration": idle,
         "rows": rows,
     }
 
 
-def _shares(report: dict[str, Any], policy: str) -> list[float]:
-    loads = list(report["results"][policy]["load"]["per_pod"].values())
-    total = sum(loads)
-    return [load / total for load in loads] if total else [1 / len(loads)] * len(loads)
+def hop_of(idle: dict[str, Any], args: argparse.Namespace) -> float:
+    rate = idle["params"]["rate"]
+    bare = predict(scenario_of(idle, "prefix_affinity", 0.0), idle, "prefix_affinity", rate, None,
+                   args.requests)  # fmt: skip
+    return max(0.0, idle["results"]["prefix_affinity"]["ttft_ms"]["p50"] - bare["p50_ms"])
+
+
+def compare(
+    report: dict[str, Any],
+    policy: str,
+    rate: float,
+    hop_ms: float,
+    args: argparse.Namespace,
+    capacity: float,
+) -> dict[str, Any]:
+    """One run, measured and predicted side by side."""
+    result = report["results"][policy]
+    slo_ms = result["ttft_ms"]["p99"]
+    guess = predict(
+        scenario_of(report, policy, hop_ms), report, policy, rate, slo_ms / 1e3, args.requests
+    )
+    measured_qps = rate / args.pods
+    row: dict[str, Any] = {
+        "policy": policy,
+        "rate": rate,
+        "utilisation": rate / args.pods / capacity,
+        "hit_rate": result["hit_rate"],
+        "max_over_mean": result["load"]["max_over_mean"],
+        "predicted_max_over_mean": guess["max_over_mean"],
+        "measured_p50_ms": result["ttft_ms"]["p50"],
+        "measured_p99_ms": slo_ms,
+        "timeouts": result["errors"].get("TTFT_TIMEOUT", 0),
+        "predicted_p50_ms": guess["p50_ms"],
+        "predicted_p99_ms": guess["p99_ms"],
+        "p99_ratio": guess["p99_ms"] / slo_ms,
+        "measured_qps_per_pod_at_slo": measured_qps,
+        "predicted_qps_per_pod_at_slo": guess["qps_per_pod_at_slo"],
+        "qps_ratio": guess["qps_per_pod_at_slo"] / measured_qps,
+    }
+    row["met"] = (
+        all(abs(row[k] - 1.0) <= TOLERANCE for k in ("p99_ratio", "qps_ratio"))
+        and not result["ttft_ms"]["lower_bound"]
+    )
+    row["bench"] = report
+    return row
+
+
+def replay(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The predictions again, for the bench runs a saved plan-check JSON holds (no fleet)."""
+    with open(path, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    capacity = saved["warm_capacity_per_pod"]
+    args.pods = saved["params"]["pods"]
+    hop_ms = hop_of(saved["calibration"], args)
+    rows = [
+        compare(row["bench"], row["policy"], row["rate"], hop_ms, args, capacity)
+        for row in saved["rows"]
+    ]
+    return {**saved, "hop_ms": hop_ms, "rows": rows, "replayed_from": path}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -178,17 +233,20 @@ def render(report: dict[str, Any]) -> str:
         f"({p['hot_tokens']:,} + {p['tail_tokens']:,}-token tail), prefill {p['prefill_tps']:,.0f} "
         f"tok/s, KV {p['kv_tokens']:,}, time x{p['time_scale']:g}; warm capacity "
         f"{report['warm_capacity_per_pod']:.2f} req/s per pod",
-        f"hop outside the pods (sidecar low-load p50 - model p50): {report['overhead_ms']:.1f} ms, "
-        "added to every prediction",
+        f"hop outside the pods (client, sidecar, a shared box): {report['hop_ms']:.0f} ms, the "
+        f"p50 at {100 * report['params']['idle']:g} % load minus the model's; added to every "
+        "prediction",
         "",
-        f"{'policy':<16}{'req/s':>7}{'util':>6}{'hit':>8}{'max/mean':>9}"
+        f"{'policy':<16}{'req/s':>7}{'util':>6}{'hit':>8}{'max/mean':>9}{'p50 meas':>9}"
+        f"{'pred':>6}"
         f"{'p99 meas':>10}{'p99 pred':>10}{'ratio':>7}"
         f"{'QPS/pod@SLO meas':>18}{'pred':>7}{'ratio':>7}  within 25 %",
     ]
     for r in report["rows"]:
         lines.append(
             f"{r['policy']:<16}{r['rate']:>7.2f}{100 * r['utilisation']:>5.0f}%"
-            f"{r['hit_rate']:>8.4f}{r['max_over_mean']:>9.2f}{r['measured_p99_ms']:>10,.0f}{r['predicted_p99_ms']:>10,.0f}"
+            f"{r['hit_rate']:>8.4f}{r['max_over_mean']:>9.2f}{r['measured_p50_ms']:>9,.0f}"
+            f"{r['predicted_p50_ms']:>6,.0f}{r['measured_p99_ms']:>10,.0f}{r['predicted_p99_ms']:>10,.0f}"
             f"{r['p99_ratio']:>7.2f}{r['measured_qps_per_pod_at_slo']:>18.2f}"
             f"{r['predicted_qps_per_pod_at_slo']:>7.2f}{r['qps_ratio']:>7.2f}  "
             + ("MET" if r["met"] else "NOT MET")
@@ -212,13 +270,15 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add("--tail-tokens", type=int, default=1_000)
     add("--kv-tokens", type=int, default=150_000)
     add("--prefill-tps", type=float, default=1_000.0, help="slow pods: the hop is small beside")
+    add("--idle", type=float, default=0.1, help="the hop calibration's load (0.1)")
     add("--low", type=float, default=0.5, help="low load, fraction of warm capacity (0.5)")
     add("--high", type=float, default=0.8, help="high load, fraction of warm capacity (0.8)")
     add("--duration", type=float, default=150.0, help="modelled s per run (150)")
     add("--warmup", type=float, default=20.0)
     add("--time-scale", type=float, default=3.0)
-    add("--samples", type=int, default=40_000)
+    add("--requests", type=int, default=20_000, help="simulated requests per model run")
     add("--seed", type=int, default=0)
+    add("--replay", metavar="JSON", help="recompute the predictions of a saved run, no fleet")
     add("--quick", action="store_true", help="seconds, for tests (numbers not meaningful)")
     add_json_option(parser)
     parser.set_defaults(func=run)
@@ -226,14 +286,14 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.quick:
-        args.duration, args.warmup, args.time_scale, args.samples = 20.0, 4.0, 10.0, 5_000
+        args.duration, args.warmup, args.time_scale, args.requests = 20.0, 4.0, 10.0, 4_000
     if not (0 < args.low < args.high < 1):
         print("prefix-sidecar bench plan-check: need 0 < --low < --high < 1", flush=True)
         return 2
-    report = run_and_report(
-        "bench plan-check", run_check(args, progress_printer("plan-check")), render, args.json
+    measure: Any = (
+        (lambda: replay(args.replay, args))
+        if args.replay
+        else run_check(args, progress_printer("plan-check"))
     )
+    report = run_and_report("bench plan-check", measure, render, args.json)
     return 130 if report is None else 0
-
-
-__all__ = ["asyncio", "register", "run"]

@@ -152,18 +152,12 @@ def plan(
     if measure:
         from sidecar.tools.plan.measure import measure as run_measure
 
-        hold = (sidecar.p50_ms / 1e3) + max(
-            0, scenario.traffic.output_tokens - 1
-        ) / scenario.pod.decode_tps
-        measured = run_measure(scenario, sidecar.pods, sidecar.replicas, hold)
+        measured = run_measure(scenario, sidecar.pods, sidecar.replicas)
         scenario = scenario.with_hit_rates(
             measured.hit_rates,
             measured.token_hit_rate,
-            f"--measure: routing core, {sidecar.pods} pods, {measured.requests:,} requests, "
+            f"--measure: routing core, {sidecar.pods} pods, {len(measured.ttfts_s):,} requests, "
             f"max/mean load {measured.max_over_mean:.2f}",
-        )
-        scenario = dataclasses.replace(
-            scenario, routing=dataclasses.replace(scenario.routing, miss="whole")
         )
         sidecar = capacity.plan_column(
             scenario, capacity.SIDECAR, replicas=measured.replicas, samples=samples
