@@ -21,6 +21,7 @@ import heapq
 import math
 import random
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar.config import build_config
@@ -118,8 +119,11 @@ def simulate(
     budget: int | None = None,
     urls: list[str] | None = None,
     texts: list[str] | None = None,
+    hop_s: Sequence[float] = (),
 ) -> FleetRun:
-    """`requests` Poisson arrivals at `rate` req/s over `pods` pods, routed by `policy`."""
+    """`requests` Poisson arrivals at `rate` req/s over `pods` pods, routed by `policy`.
+    `hop_s`: measured delays outside the pods; each TTFT gets one, drawn at random (the
+    hop and the pod's queue are independent), instead of the pod's constant overhead_ms."""
     t, pod = scenario.traffic, scenario.pod
     decode_s = max(0, t.output_tokens - 1) / pod.decode_tps
     base = pod.prefill_overhead_ms / 1e3
@@ -139,6 +143,7 @@ def simulate(
     slots = [[0.0] * running for _ in urls]  # per pod: when each running slot frees
     last_admit = [0.0] * pods
     rng = random.Random(f"plan-fleet-{seed}")
+    hop_rng = random.Random(f"plan-hop-{seed}")
     shares = [p.share for p in t.prefixes]
     choices = range(len(t.prefixes))
     ends: list[tuple[float, str]] = []
@@ -174,7 +179,8 @@ def simulate(
         heapq.heappush(slots[i], end + decode_s)
         heapq.heappush(ends, (end + decode_s, backend))
         if n >= warm_up:
-            ttfts.append(end - now + pod.overhead_ms / 1e3)
+            extra = hop_rng.choice(hop_s) if hop_s else pod.overhead_ms / 1e3
+            ttfts.append(end - now + extra)
             loads[i] += 1
             seen[which] += 1
             hits[which] += hit
@@ -225,6 +231,7 @@ def max_rate_at_slo(
     budget: int | None = None,
     urls: list[str] | None = None,
     texts: list[str] | None = None,
+    hop_s: Sequence[float] = (),
     tolerance: float = 0.01,
 ) -> float:
     """The highest fleet rate whose TTFT p99 is within `slo_s` (bisection, up to `upper`)."""
@@ -241,6 +248,7 @@ def max_rate_at_slo(
             budget=budget,
             urls=urls,
             texts=texts,
+            hop_s=hop_s,
         )
         if run.p(99) <= slo_s:
             low = middle
