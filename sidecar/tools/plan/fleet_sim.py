@@ -120,6 +120,7 @@ def simulate(
     urls: list[str] | None = None,
     texts: list[str] | None = None,
     hop_s: Sequence[float] = (),
+    warm_up: int | None = None,
 ) -> FleetRun:
     """`requests` Poisson arrivals at `rate` req/s over `pods` pods, routed by `policy`.
     `hop_s`: measured delays outside the pods; each TTFT gets one, drawn at random (the
@@ -148,7 +149,8 @@ def simulate(
     choices = range(len(t.prefixes))
     ends: list[tuple[float, str]] = []
     now = 0.0
-    warm_up = int(requests * WARMUP_FRACTION)
+    if warm_up is None:  # the first requests find empty queues: not the steady state
+        warm_up = int(requests * WARMUP_FRACTION)
     loads = [0] * pods
     hits = [0] * len(t.prefixes)
     seen = [0] * len(t.prefixes)
