@@ -13,6 +13,7 @@ import pytest
 
 from tests.tools.plan.conftest import run_cli
 
+
 @pytest.mark.slow  # ~45 s: five fleet runs
 def test_quick_plan_check_and_replay(tmp_path: Path) -> None:
     path = tmp_path / "check.json"
