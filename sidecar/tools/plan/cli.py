@@ -159,6 +159,10 @@ def plan(
             f"--measure: routing core, {sidecar.pods} pods, {len(measured.ttfts_s):,} requests, "
             f"max/mean load {measured.max_over_mean:.2f}",
         )
+        # a routed request finds its prefix resident or not: whole misses
+        scenario = dataclasses.replace(
+            scenario, routing=dataclasses.replace(scenario.routing, miss="whole")
+        )
         sidecar = capacity.plan_column(
             scenario, capacity.SIDECAR, replicas=measured.replicas, samples=samples
         )
