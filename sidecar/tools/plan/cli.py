@@ -25,8 +25,6 @@ from sidecar.tools.plan.scenario import (
     validate,
 )
 
-NO_CACHE_SLACK = 1.25
-
 # flag -> (section, field, type, help)
 _FLAGS: list[tuple[str, str, str, type, str]] = [
     ("--peak-rps", "traffic", "peak_rps", float, "peak requests per second"),
@@ -163,29 +161,38 @@ def plan(
         scenario = dataclasses.replace(
             scenario, routing=dataclasses.replace(scenario.routing, miss="whole")
         )
+        first_pods = sidecar.pods
         sidecar = capacity.plan_column(
             scenario, capacity.SIDECAR, replicas=measured.replicas, samples=samples
+        )
+        sidecar.notes.append(
+            f"fleet model (the real router feeding each pod's queue, {first_pods} pods at the "
+            f"peak): TTFT p50 {measured.p(50) * 1e3:,.0f} ms, p99 {measured.p(99) * 1e3:,.0f} "
+            f"ms, max/mean load {measured.max_over_mean:.2f}"
         )
     return scenario, [no_cache, sidecar]
 
 
 def plan_no_cache(scenario: Scenario, samples: int) -> capacity.Column:
-    """The no-cache column at its SLO; when no fleet can meet it (a cold prefill alone is
-    slower), at NO_CACHE_SLACK x its idle p99 instead, and the report says so."""
+    """The no-cache column at its SLO. When no fleet can meet it (a cold prefill alone is
+    slower), it gets the same slack over its idle p99 as the SLO gives the sidecar column
+    (SLO / the sidecar's idle p99), and the report says so."""
     try:
         return capacity.plan_column(scenario, capacity.NO_CACHE, samples=samples)
     except capacity.Unreachable:
         if scenario.traffic.no_cache_slo_ms is not None:
             raise
     idle = capacity.idle_p99_ms(scenario, capacity.NO_CACHE)
+    slack = scenario.traffic.slo_ms / capacity.idle_p99_ms(scenario, capacity.SIDECAR)
     relaxed = dataclasses.replace(
         scenario,
-        traffic=dataclasses.replace(scenario.traffic, no_cache_slo_ms=NO_CACHE_SLACK * idle),
+        traffic=dataclasses.replace(scenario.traffic, no_cache_slo_ms=slack * idle),
     )
     column = capacity.plan_column(relaxed, capacity.NO_CACHE, samples=samples)
     column.notes.append(
         f"no fleet meets {scenario.traffic.slo_ms:,.0f} ms without a cache (an idle pod's p99 "
-        f"is {idle:,.0f} ms); sized to {NO_CACHE_SLACK:g} x that (--no-cache-slo-ms sets it)"
+        f"is {idle:,.0f} ms); sized to {slack:.2f} x that, the slack the SLO gives the sidecar "
+        f"column over its idle p99 (--no-cache-slo-ms sets it)"
     )
     return column
 

@@ -1,8 +1,9 @@
 """`--plot FILE`: GPUs needed and TTFT p99 against the hit rate (the sidecar column, one PNG).
 
 Where no fleet meets the SLO at a hit rate (every request's uncached part alone takes
-longer), the point is sized as the no-cache column is, to 1.25 x an idle pod's p99, and
-drawn hollow: the curve runs from no cache (hit rate 0) to a perfect cache.
+longer), the point is sized as the no-cache column is, to the scenario's slack (SLO / the
+sidecar column's idle p99) x that hit rate's idle p99, and drawn hollow: the curve runs
+from no cache (hit rate 0) to a perfect cache.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from sidecar.tools.plan import capacity
 from sidecar.tools.plan.scenario import Scenario
 
 HIT_RATES = (0.0, 0.25, 0.5, 0.7, 0.8, 0.9, 0.95, 0.964, 0.98, 0.99, 1.0)
-RELAXED = 1.25
+MIN_SLACK = 1.25  # when the scenario's own SLO gives less (or none)
 
 
 def sweep(scenario: Scenario, samples: int) -> list[tuple[float, float, float, bool]]:
     """(hit rate, GPUs, TTFT p99 ms at peak, whether the SLO itself was met)."""
     points = []
+    slack = max(
+        MIN_SLACK, scenario.traffic.slo_ms / capacity.idle_p99_ms(scenario, capacity.SIDECAR)
+    )
     prefixes = tuple(dataclasses.replace(p, hit_rate=None) for p in scenario.traffic.prefixes)
     for rate in HIT_RATES:
         at = dataclasses.replace(
@@ -31,7 +35,7 @@ def sweep(scenario: Scenario, samples: int) -> list[tuple[float, float, float, b
             column = capacity.plan_column(at, capacity.SIDECAR, samples=samples)
         except capacity.Unreachable:
             met = False
-            slo = RELAXED * capacity.idle_p99_ms(at, capacity.SIDECAR)
+            slo = slack * capacity.idle_p99_ms(at, capacity.SIDECAR)
             at = dataclasses.replace(at, traffic=dataclasses.replace(at.traffic, slo_ms=slo))
             column = capacity.plan_column(at, capacity.SIDECAR, samples=samples)
         points.append((rate, float(column.gpus), column.p99_ms, met))
@@ -69,7 +73,7 @@ def plot(scenario: Scenario, path: str, *, samples: int = 20_000) -> None:
     gpus_axis.set_title(
         f"plan ({scenario.name}): {t.peak_rps:,.0f} req/s, TTFT p99 SLO {t.slo_ms:,.0f} ms "
         f"(dotted), {scenario.routing.miss} misses\nhollow: no fleet meets the SLO at that "
-        f"hit rate; sized to {RELAXED:g} x an idle pod's p99 instead"
+        f"hit rate; sized with the SLO's slack over an idle pod's p99 instead"
     )
     gpus_axis.grid(True, which="both", alpha=0.3)
     figure.tight_layout()

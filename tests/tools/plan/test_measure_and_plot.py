@@ -79,6 +79,7 @@ def test_cli_measure(tmp_path: Path) -> None:
     sidecar = data["columns"][1]
     assert sidecar["replicas"]["rules"] >= 1
     assert 0.5 <= data["token_hit_rate"] <= 1.0
+    assert any(n.startswith("fleet model (the real router") for n in sidecar["notes"])
 
 
 def test_cli_plot_writes_a_png(tmp_path: Path) -> None:
