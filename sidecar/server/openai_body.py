@@ -57,6 +57,9 @@ class FrontRequest:
     model: str | None
     route_text: str  # the prompt, or the first message's text
     stream: bool
+    # A chat's routing structure (routing contract 8d): its system messages and first user
+    # message as (role, text), in order.
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 def parse_request(raw: bytes, *, chat: bool) -> FrontRequest:
@@ -77,7 +80,33 @@ def parse_request(raw: bytes, *, chat: bool) -> FrontRequest:
     if not isinstance(stream, bool) and stream is not None:
         raise bad_request("stream must be a boolean", "stream")
     route_text = _first_message_text(data) if chat else _prompt_text(data)
-    return FrontRequest(model, route_text, bool(stream))
+    messages = _route_messages(data["messages"]) if chat else ()
+    return FrontRequest(model, route_text, bool(stream), messages)
+
+
+def _route_messages(messages: list[Any]) -> tuple[tuple[str, str], ...]:
+    """The system messages and the first user message, as (role, text); the pod validates
+    the rest."""
+    found: list[tuple[str, str]] = []
+    user = False
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "system" or (role == "user" and not user):
+            user = user or role == "user"
+            found.append((role, _content_text(message.get("content"))))
+    return tuple(found)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
 
 
 def _prompt_text(data: dict[str, Any]) -> str:

@@ -173,7 +173,10 @@ class OpenAIFront:
         try:
             decision: Decision
             if entry is None:
-                decision = self.router.for_prompt(parsed.route_text)
+                if chat:
+                    decision = self.router.for_chat(list(parsed.messages))
+                else:
+                    decision = self.router.for_prompt(parsed.route_text)
             else:
                 decision = self.router.for_prefix(entry)
                 raw = splice_prefix(raw, entry.json_bytes, chat=chat)
