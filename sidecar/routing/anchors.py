@@ -30,8 +30,6 @@ with `min_fanout` 2 a sidecar needs two distinct continuations of a block to see
 
 from __future__ import annotations
 
-from sidecar import _core
-
 # Routing contract 8: every sidecar of a fleet must hash the same blocks.
 BLOCK_BYTES = 64  # vLLM's 16-token block at ~4 bytes per token (the emulator's exactly)
 LEARN_BLOCKS = 128  # anchors are learnt in the first 8 KB of a prompt

@@ -4,8 +4,10 @@ Every unregistered request gets a FAMILY key (what a tenant's or a template's re
 share) and a SESSION key (what one conversation keeps across its turns, and what differs
 between conversations of one family):
 
-- a chat (messages): family = key of its system messages, session = key of its first user
-  message under that family. Structure tells where the stable part ends; nothing is learnt.
+- a chat (messages): its messages are chained like blocks (`message_keys`); family = the
+  first message's key; session = the key of the message after the anchor: the deepest learnt
+  branch (a few-shot template's last example, whose queries differ), else the last leading
+  system message (structure: a session keeps its first user message across turns).
 - a raw prompt: its chained block keys (`_core.chain_keys`); family = the first block's
   key; session = the key of the block right after the prompt's learnt anchor (the branch
   point where the family's prompts diverge, `AnchorTable`). With no anchor learnt yet the
@@ -29,13 +31,14 @@ from sidecar import _core
 from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
 
 HOME_SPREAD = 2.0  # pods per "fair share" of traffic a family's home set gets (8c)
+LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
 
 
 class OrganicKeys(NamedTuple):
     family: int
     session: int
     share: float  # the family's share of this sidecar's recent unregistered requests
-    anchor: int  # the anchor's block depth (raw prompts), -1 for none or for a chat
+    anchor: int  # the anchor's depth in blocks (a prompt) or messages (a chat); -1: none
 
 
 def home_size(share: float, members: int, spread: float = HOME_SPREAD) -> int:
@@ -43,28 +46,29 @@ def home_size(share: float, members: int, spread: float = HOME_SPREAD) -> int:
     return min(members, max(1, math.ceil(spread * share * float(members))))
 
 
-def chat_family(system: Iterable[str]) -> int:
-    """Contract 8d: key(utf8(s_1) || 0x00 || utf8(s_2) || 0x00 ...) over the system
-    messages' texts in order; 0 (key of nothing) for a chat without one."""
-    data = b"".join(text.encode("utf-8") + b"\x00" for text in system)
-    return _core.route_key(data)
-
-
-def session_key(family: int, text: str) -> int:
-    """Contract 8d: key(le64(family) || utf8(first user message))."""
-    return _core.route_key(family.to_bytes(8, "little") + text.encode("utf-8"))
-
-
-def chat_parts(messages: Iterable[tuple[str, str]]) -> tuple[list[str], str | None]:
-    """(the system messages' texts, the first user message's text or None)."""
-    system: list[str] = []
-    user: str | None = None
+def message_keys(messages: Iterable[tuple[str, str]], limit: int) -> list[int]:
+    """Contract 8d: chained keys of a chat's first `limit` messages, as blocks are chained:
+    m_i = key(le64(m_{i-1}) || utf8(role) || 0x00 || utf8(content)), m_{-1} = 0."""
+    keys: list[int] = []
+    parent = 0
+    route_key = _core.route_key
     for role, content in messages:
-        if role == "system":
-            system.append(content)
-        elif role == "user" and user is None:
-            user = content
-    return system, user
+        if len(keys) == limit:
+            break
+        data = parent.to_bytes(8, "little") + role.encode("utf-8") + b"\x00"
+        parent = route_key(data + content.encode("utf-8"))
+        keys.append(parent)
+    return keys
+
+
+def leading_system(messages: Iterable[tuple[str, str]]) -> int:
+    """How many messages open the chat with role system: its structural anchor."""
+    count = 0
+    for role, _ in messages:
+        if role != "system":
+            break
+        count += 1
+    return count
 
 
 class OrganicRouter:
@@ -74,11 +78,20 @@ class OrganicRouter:
         self.table = table
         self.spread = spread
 
-    def for_chat(self, messages: Iterable[tuple[str, str]]) -> OrganicKeys:
-        system, user = chat_parts(messages)
-        family = chat_family(system)
-        session = family if user is None else session_key(family, user)
-        return OrganicKeys(family, session, self.table.count(family), -1)
+    def for_chat(self, messages: list[tuple[str, str]]) -> OrganicKeys:
+        """A chat's keys: its messages are its blocks. The anchor is the deepest learnt
+        branch among its first LEARN_MESSAGES messages (a few-shot template's last example),
+        else its last leading system message (a tenant's system prompt)."""
+        chain = message_keys(messages, LEARN_MESSAGES + 1)
+        if not chain:
+            return OrganicKeys(0, 0, self.table.count(0), -1)
+        table = self.table
+        table.learn(chain, LEARN_MESSAGES)
+        anchor = table.anchor(chain[:LEARN_MESSAGES])
+        if anchor < 0:
+            anchor = leading_system(messages) - 1
+        session = chain[anchor + 1] if anchor + 1 < len(chain) else chain[max(anchor, 0)]
+        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor)
 
     def for_prompt(self, data: bytes) -> OrganicKeys | None:
         """The prompt's keys, or None when it is shorter than one block (it then routes on
