@@ -57,6 +57,9 @@ from sidecar.tools.workload.driver import CHANNEL_OPTIONS
 
 SCHEME_SETTING = "unregistered_routing"  # the routing helper's flag; "window" = today's key
 RADIX_EVICTION_INTERVAL_S = 1.0  # real seconds; sgl-router's default is 120
+# The central router posts straight to the pods, so on an HTTP path it sends what it sends on
+# the gRPC path of the same body: that run is shown under both.
+RADIX_TWIN = {"http-complete": "grpc-complete", "http-chat": "grpc-chat"}
 
 
 def scheme_flag_exists() -> bool:
@@ -201,6 +204,11 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             for path in paths:
                 runs[path] = {}
                 for name in names:
+                    twin = RADIX_TWIN.get(path)
+                    if name == "radix" and twin in runs and "radix" in runs[twin]:
+                        # No sidecar, no front: the same run as on the twin path (same body).
+                        runs[path][name] = runs[twin][name]
+                        continue
                     r = await run_one(
                         path, name, args, fleet.urls, trace, ceilings, session, socket_dir
                     )

@@ -1,0 +1,285 @@
+"""`prefix-sidecar bench organic`: the trace, the oracle (hand-computed), the radix-tree
+baseline, and the bench end to end (real emulator pods, real sidecar processes)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.tools.bench.organic import policy_names
+from sidecar.tools.bench.organic_driver import PATHS, bucket_percentile, metric_samples
+from sidecar.tools.bench.organic_oracle import Ceiling, hit_rate, oracle
+from sidecar.tools.bench.organic_radix import (
+    ApproximateRadixTree,
+    CacheAwareRouter,
+    shared_length,
+)
+from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace
+
+ROOT = Path(__file__).resolve().parents[3]
+BLOCK = 64  # bytes of one 16-token block at 4 bytes per token
+
+# --- the oracle: hand-computed ---------------------------------------------------------------
+
+
+def test_oracle_first_sight_is_a_miss_and_a_repeat_keeps_its_last_token_uncached() -> None:
+    three_blocks = "a" * (3 * BLOCK)  # 48 tokens, 3 full blocks
+    assert oracle([three_blocks, three_blocks]) == [Ceiling(48, 0), Ceiling(48, 32)]
+
+
+def test_oracle_counts_leading_shared_blocks_only() -> None:
+    base = "a" * (3 * BLOCK)
+    longer = base + "b" * BLOCK  # 4 blocks, the first 3 seen
+    first_only = "a" * BLOCK + "c" * (2 * BLOCK)  # shares block 0 only
+    middle_only = "c" * BLOCK + "a" * (2 * BLOCK)  # block 1 bytes equal base's, chain differs
+    partial = "a" * 100  # 25 tokens: one full block, a partial one never cached
+    got = oracle([base, longer, first_only, middle_only, partial])
+    assert [c.cached_tokens for c in got] == [0, 48, 16, 0, 16]
+    assert [c.prompt_tokens for c in got] == [48, 64, 48, 48, 25]
+    assert hit_rate(got) == pytest.approx(80 / 233)
+
+
+def test_oracle_order_matters_the_longer_prompt_first_serves_the_shorter() -> None:
+    short, long = "x" * (2 * BLOCK), "x" * (4 * BLOCK)
+    assert [c.cached_tokens for c in oracle([long, short])] == [0, 16]  # 2 blocks, cap (32-1)//16
+    assert [c.cached_tokens for c in oracle([short, long])] == [0, 32]
+    assert hit_rate([]) == 0.0
+
+
+# --- the trace ---------------------------------------------------------------------------------
+
+SMALL = TraceParams(seed=3, duration_s=20.0, tenants=5, templates=3)
+
+
+def test_trace_is_seeded_and_tagged() -> None:
+    one, two = build_trace(SMALL), build_trace(SMALL)
+    assert [r.prompt for r in one.requests] == [r.prompt for r in two.requests]
+    other = build_trace(TraceParams(seed=4, duration_s=20.0, tenants=5, templates=3))
+    assert [r.prompt for r in other.requests] != [r.prompt for r in one.requests]
+    counts = one.counts()
+    assert set(counts) == set(CLASSES) and all(counts[k] > 0 for k in CLASSES)
+    assert [r.seq for r in one.requests] == list(range(len(one.requests)))
+    assert all(300 <= len(s) <= 3000 for s in one.system_prompts)
+    nominal = [r.nominal_at for r in one.requests]
+    assert nominal == sorted(nominal)
+
+
+def test_session_turns_extend_the_previous_prompt_and_the_oracle_sees_it() -> None:
+    trace = build_trace(SMALL)
+    ceilings = oracle([r.prompt for r in trace.requests])
+    sessions = [f for f in trace.flows if f.requests[0].kind == "session"]
+    assert sessions
+    for flow in sessions:
+        assert SMALL.min_turns <= len(flow.requests) <= SMALL.max_turns
+        assert flow.requests[0].messages[0] == ("system", trace.system_prompts[flow.requests[0].owner])
+        for previous, turn in zip(flow.requests, flow.requests[1:], strict=False):
+            assert turn.prompt.startswith(previous.prompt)  # + answer + a new user message
+            assert SMALL.min_gap_s <= turn.gap_s <= SMALL.max_gap_s
+            assert turn.messages[: len(previous.messages)] == previous.messages
+            whole_blocks = len(previous.prompt.encode()) // BLOCK  # a cut last token differs
+            assert ceilings[turn.seq].cached_tokens >= 16 * whole_blocks
+
+
+def test_fewshot_requests_share_their_template_block() -> None:
+    trace = build_trace(SMALL)
+    fewshot = [r for r in trace.requests if r.kind == "fewshot"]
+    assert fewshot
+    for request in fewshot:
+        template = trace.template_blocks[request.owner]
+        shared = template.removesuffix("<|im_start|>assistant\n")
+        assert request.prompt.startswith(shared)
+        assert request.messages[-1][0] == "user"
+
+
+def test_trace_params_refuse_nonsense() -> None:
+    for bad in (
+        TraceParams(duration_s=0),
+        TraceParams(tenants=0),
+        TraceParams(min_turns=5, max_turns=4),
+        TraceParams(tenant_rate=0, fewshot_rate=0, session_rate=0),
+        TraceParams(min_gap_s=3, max_gap_s=1),
+    ):
+        with pytest.raises(ValueError):
+            build_trace(bad)
+
+
+# --- the radix-tree baseline -------------------------------------------------------------------
+
+
+def test_shared_length_across_chunks() -> None:
+    text = "q" * 200 + "x"
+    assert shared_length(text, 0, "q" * 200 + "y") == 200
+    assert shared_length(text, 10, "q" * 500) == 190
+    assert shared_length("abc", 0, "") == 0
+    assert shared_length("abc", 3, "abc") == 0
+
+
+def test_tree_matches_splits_and_counts_characters_per_worker() -> None:
+    clock = iter(range(100)).__next__
+    tree = ApproximateRadixTree(clock=lambda: float(clock()))
+    tree.insert("hello world", "a")
+    tree.insert("hello there", "b")  # splits "hello world" after "hello "
+    assert tree.prefix_match("hello world, again") == (11, "a")
+    assert tree.prefix_match("hello there") == (11, "b")
+    assert tree.prefix_match("hello") == (5, "b")  # both went through: the latest wins
+    assert tree.prefix_match("goodbye") == (0, None)
+    assert tree.tenant_chars == {"a": 11, "b": 11}
+    tree.insert("hello world", "b")
+    assert tree.tenant_chars == {"a": 11, "b": 16}
+    assert tree.smallest_tenant(["b", "a"]) == "a"
+
+
+def test_eviction_drops_a_workers_least_recently_used_leaves_first() -> None:
+    now = [0.0]
+    tree = ApproximateRadixTree(clock=lambda: now[0])
+    for at, text in enumerate(("sys-A old-turn", "sys-A new-turn", "sys-B")):
+        now[0] = float(at)
+        tree.insert(text, "w")
+    tree.insert("sys-A new-turn", "v")
+    assert tree.tenant_chars["w"] == len("sys-") + len("A ") + len("old-turn") + len(
+        "new-turn"
+    ) + len("B")
+    evicted = tree.evict_tenant_by_size(tree.tenant_chars["w"] - 1)
+    assert evicted == len("old-turn")  # the oldest leaf, not the newer turn
+    assert tree.prefix_match("sys-A old-turn") == (len("sys-A "), "v")  # v touched it last
+    assert tree.prefix_match("sys-A new-turn")[0] == len("sys-A new-turn")
+    assert tree.evict_tenant_by_size(len("sys-A new-turn")) == len("new-turn")  # w's, not v's
+    assert tree.tenant_chars == {"w": len("sys-A B"), "v": len("sys-A new-turn")}
+    assert tree.prefix_match("sys-A new-turn") == (len("sys-A new-turn"), "v")
+    assert tree.prefix_match("sys-B") == (len("sys-B"), "w")
+    assert tree.evict_tenant_by_size(0) == len("sys-A B") + len("sys-A new-turn")
+    assert tree.tenant_chars == {"w": 0, "v": 0} and not tree.root.children
+
+
+def test_router_follows_the_match_above_the_threshold_else_the_emptiest_worker() -> None:
+    router = CacheAwareRouter(["p0", "p1", "p2"], cache_threshold=0.5)
+    first = router.select("system prompt of tenant one; question 1")
+    assert first == "p0"  # all empty: the first worker
+    second = router.select("another tenant entirely")
+    assert second == "p1"  # no match: the emptiest worker, p0 holds text now
+    assert router.select("system prompt of tenant one; question 2") == "p0"  # > 50 % match
+    assert router.select("system prompt of tenant two, quite different text") == "p2"
+    assert (router.cache_picks, router.smallest_picks, router.balanced_picks) == (1, 3, 0)
+
+
+def test_router_balances_when_load_is_imbalanced_by_both_thresholds() -> None:
+    router = CacheAwareRouter(["p0", "p1"], balance_abs=2, balance_rel=1.5)
+    assert router.select("shared prefix one") == "p0"
+    for _ in range(3):
+        router.started("p0")
+    assert router.select("shared prefix one again") == "p1"  # 3 - 0 > 2 and 3 > 0 x 1.5
+    assert router.balanced_picks == 1
+    router.finished("p0")
+    assert router.select("shared prefix one again!") in {"p0", "p1"}
+    assert router.balanced_picks == 1  # 2 - 0 is not > 2: back to the tree
+    with pytest.raises(ValueError):
+        CacheAwareRouter([])
+
+
+def test_router_evicts_on_its_interval() -> None:
+    now = [0.0]
+    router = CacheAwareRouter(
+        ["p0"], max_tree_chars=10, eviction_interval_s=5.0, clock=lambda: now[0]
+    )
+    router.select("x" * 50)
+    now[0] = 4.0
+    router.select("y" * 50)
+    assert router.evicted_chars == 0
+    now[0] = 5.0
+    router.select("z" * 5)
+    assert router.evicted_chars == 100 and router.tree.tenant_chars["p0"] == 5
+
+
+# --- the metrics helpers -------------------------------------------------------------------
+
+
+def test_decision_histogram_percentiles_are_bucket_bounds() -> None:
+    text = (
+        "# TYPE prefix_sidecar_decision_seconds histogram\n"
+        'prefix_sidecar_decision_seconds_bucket{front="grpc",le="1e-05",rpc="Chat"} 90.0\n'
+        'prefix_sidecar_decision_seconds_bucket{front="grpc",le="5e-05",rpc="Chat"} 99.0\n'
+        'prefix_sidecar_decision_seconds_bucket{front="grpc",le="+Inf",rpc="Chat"} 100.0\n'
+        'prefix_sidecar_decision_seconds_count{front="grpc",rpc="Chat"} 100.0\n'
+        'prefix_sidecar_decision_seconds_sum{front="grpc",rpc="Chat"} 0.001\n'
+    )
+    samples = metric_samples(text, "prefix_sidecar_decision_seconds_bucket")
+    buckets = {float(labels["le"]): value for labels, value in samples}
+    assert bucket_percentile(buckets, 50) == 1e-5
+    assert bucket_percentile(buckets, 99) == 5e-5
+    assert bucket_percentile(buckets, 100) == math.inf
+    assert math.isnan(bucket_percentile({}, 50))
+
+
+# --- end to end ----------------------------------------------------------------------------
+
+
+def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar.cli", "bench", "organic", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _check_run(run: dict, requests: int) -> None:
+    assert run["requests"] == requests
+    assert run["answered"] == requests, run["errors"]
+    assert run["prompt_tokens_mismatched"] == 0  # the pods count tokens as the oracle does
+    assert 0.0 < run["hit_rate"] <= run["ceiling"] * 1.05
+    for kind in CLASSES:
+        assert 0.0 <= run["classes"][kind]["fraction"] <= 1.05
+    assert 0 < run["ttft_ms"]["p50"] <= run["ttft_ms"]["p99"]
+    assert sum(run["load"]["per_pod"].values()) == requests
+    assert run["load"]["max_over_mean"] >= 1.0
+    assert run["decision_us"]["p50"] > 0
+
+
+def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
+    report_path = tmp_path / "organic.json"
+    done = _bench(
+        "--quick", "--paths", "grpc-complete", "--policies", "window,radix", "--json",
+        str(report_path), timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(report_path.read_text())
+    runs = report["paths"]["grpc-complete"]
+    assert {"window", "window_x2", "radix"} <= set(runs)
+    requests = report["trace"]["requests"]
+    for run in runs.values():
+        _check_run(run, requests)
+    assert runs["radix"]["decision_us"]["bucketed"] is False
+    assert runs["window_x2"]["sidecars"] == 2
+    assert 0 < report["ceiling"]["hit_rate"] < 1
+    assert "radix" in done.stdout and "oracle ceiling" in done.stdout
+
+
+@pytest.mark.slow
+def test_quick_every_path_and_policy(tmp_path: Path) -> None:
+    report_path = tmp_path / "organic.json"
+    done = _bench("--quick", "--json", str(report_path), timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(report_path.read_text())
+    assert list(report["paths"]) == list(PATHS)
+    expected = set(policy_names(2, True))
+    requests = report["trace"]["requests"]
+    for runs in report["paths"].values():
+        assert set(runs) >= expected
+        for run in runs.values():
+            _check_run(run, requests)
+    assert report["targets"] and all(isinstance(t["met"], bool) for t in report["targets"])
+
+
+def test_bad_arguments_are_refused() -> None:
+    done = _bench("--paths", "grpc-nope", timeout=30)
+    assert done.returncode == 2 and "--paths has grpc-nope" in done.stderr
+    done = _bench("--policies", "sglang", timeout=30)
+    assert done.returncode == 2 and "--policies has sglang" in done.stderr
+    done = _bench("--tenant-rate", "0", "--fewshot-rate", "0", "--session-rate", "0", timeout=30)
+    assert done.returncode == 2 and "at least one rate" in done.stderr
