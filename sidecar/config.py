@@ -299,6 +299,14 @@ class Config:
         "organic routing: a family's home set is ceil(spread x its share x pods) pods",
         check=above(0.0),
     )
+    # Organic requests are small next to a registered fat prefix: a spill costs a session's
+    # history at most, while a hot pod's queue costs every request behind it, so their
+    # floor is lower than load_cap_floor (which stays for registered prefixes).
+    organic_load_cap_floor: int = setting(
+        8,
+        "organic routing: the floor under every pod's cap (min_cap) for unregistered requests",
+        check=at_least(0, " (0 = no floor)"),
+    )
     organic_table_blocks: int = setting(
         32768,
         "organic routing: block keys remembered per generation (two generations; ~8 MB at the "

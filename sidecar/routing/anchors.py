@@ -9,10 +9,11 @@ distinct successor. A block with at least `min_fanout` distinct successors is an
 a tenant's system prompt end (its sessions and one-shot questions branch there), a few-shot
 template's end (its queries branch there).
 
-The anchor of a prompt is the DEEPEST anchor on its path: a few-shot template under a
-tenant's system prompt anchors at the template, not at the tenant. Branches inside one
-session need `min_fanout` different continuations of the same history, which a chat does
-not make (each turn extends the previous one).
+The anchor of a prompt is the SHALLOWEST anchor on its path: where its family's requests
+first go separate ways. Deeper branches exist by chance (two questions that open with the
+same words share a block more) and a sidecar learns them or not depending on its sample, so
+routing on them would split sessions and make sidecars disagree; the shallowest is the
+structure every sidecar sees. (Each turn of a chat extends the previous one: no branch.)
 
 Family shares (the request share of each family, routing contract 8c) are counted here too.
 
@@ -36,6 +37,9 @@ LEARN_BLOCKS = 128  # anchors are learnt in the first 8 KB of a prompt
 MIN_FANOUT = 2
 MAX_BLOCKS = 32_768
 SHARE_WINDOW = 4_096
+# Shares count as if at least this many requests were seen: a sidecar that just started has
+# seen too little to spread anyone (its first request would otherwise be a family at 100 %).
+SHARE_FLOOR = 100
 
 
 class AnchorTable:
@@ -80,7 +84,9 @@ class AnchorTable:
 
     @property
     def max_entries(self) -> int:
-        return 2 * self.max_blocks + self.max_fanout + 2 * self.max_families
+        """The bound: a generation of `seen` turns over after the prompt that fills it."""
+        seen = 2 * (self.max_blocks + LEARN_BLOCKS)
+        return seen + self.max_fanout + 2 * self.max_families
 
     def _successor(self, block: int) -> int | None:
         found = self._seen.get(block)
@@ -135,10 +141,10 @@ class AnchorTable:
             fanout[parent] = count + 1
 
     def anchor(self, chain: list[int]) -> int:
-        """The depth of the deepest anchor on the prompt's path, or -1 when it has none."""
+        """The depth of the shallowest anchor on the prompt's path, or -1 when it has none."""
         fanout, least = self._fanout, self.min_fanout
-        for depth in range(len(chain) - 1, -1, -1):
-            if fanout.get(chain[depth], 0) >= least:
+        for depth, block in enumerate(chain):
+            if fanout.get(block, 0) >= least:
                 return depth
         return -1
 
@@ -147,7 +153,8 @@ class AnchorTable:
         families = self._families
         families[family] = count = families.get(family, 0) + 1
         self._requests += 1
-        share = (count + self._families_old.get(family, 0)) / (self._requests + self._requests_old)
+        seen = max(SHARE_FLOOR, self._requests + self._requests_old)
+        share = (count + self._families_old.get(family, 0)) / seen
         if self._requests >= self.share_window or len(families) >= self.max_families:
             self._families_old, self._requests_old = families, self._requests
             self._families, self._requests = {}, 0

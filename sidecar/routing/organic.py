@@ -5,13 +5,15 @@ share) and a SESSION key (what one conversation keeps across its turns, and what
 between conversations of one family):
 
 - a chat (messages): its messages are chained like blocks (`message_keys`); family = the
-  first message's key; session = the key of the message after the anchor: the deepest learnt
+  first message's key; session = the key of the message after the anchor: the first learnt
   branch (a few-shot template's last example, whose queries differ), else the last leading
   system message (structure: a session keeps its first user message across turns).
 - a raw prompt: its chained block keys (`_core.chain_keys`); family = the first block's
-  key; session = the key of the block right after the prompt's learnt anchor (the branch
-  point where the family's prompts diverge, `AnchorTable`). With no anchor learnt yet the
-  session key is the family's, so a new family stays on one pod until it branches.
+  key; session = the chain key two blocks past the prompt's learnt anchor (the branch
+  point where the family's prompts diverge, `AnchorTable`), or its last block's if it is
+  shorter: it covers 65 bytes or more past the branch, the same at every turn. With no
+  anchor learnt yet the session key is the family's: a new family stays on one pod until
+  it branches.
 
 The family's share of recent requests sizes its home set: `home_size` pods, the first of
 preference(family) (contract 8c), so a hot tenant spreads over several pods and a rare one
@@ -32,6 +34,7 @@ from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
 
 HOME_SPREAD = 2.0  # pods per "fair share" of traffic a family's home set gets (8c)
 LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
+SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
 
 
 class OrganicKeys(NamedTuple):
@@ -41,9 +44,12 @@ class OrganicKeys(NamedTuple):
     anchor: int  # the anchor's depth in blocks (a prompt) or messages (a chat); -1: none
 
 
+MIN_HOMES = 1
+
+
 def home_size(share: float, members: int, spread: float = HOME_SPREAD) -> int:
     """Contract 8c: min(N, max(1, ceil(spread * share * N))), in doubles in that order."""
-    return min(members, max(1, math.ceil(spread * share * float(members))))
+    return min(members, max(MIN_HOMES, math.ceil(spread * share * float(members))))
 
 
 def message_keys(messages: Iterable[tuple[str, str]], limit: int) -> list[int]:
@@ -79,7 +85,7 @@ class OrganicRouter:
         self.spread = spread
 
     def for_chat(self, messages: list[tuple[str, str]]) -> OrganicKeys:
-        """A chat's keys: its messages are its blocks. The anchor is the deepest learnt
+        """A chat's keys: its messages are its blocks. The anchor is the shallowest learnt
         branch among its first LEARN_MESSAGES messages (a few-shot template's last example),
         else its last leading system message (a tenant's system prompt)."""
         chain = message_keys(messages, LEARN_MESSAGES + 1)
@@ -106,7 +112,9 @@ class OrganicRouter:
         if anchor < 0:
             session = family
         elif anchor + 1 < len(chain):
-            session = chain[anchor + 1]
+            # The block after the anchor may hold only a few bytes past the branch (the
+            # shared "Turn 0: " of every session, say); the one after that holds 65 or more.
+            session = chain[min(anchor + SESSION_BLOCKS, len(chain) - 1)]
         else:
             # The prompt ends inside the block after its anchor: key its tail.
             tail = data[(anchor + 1) * BLOCK_BYTES : (anchor + 2) * BLOCK_BYTES]

@@ -64,6 +64,7 @@ class Router:
         unregistered_routing: str,  # "organic" (routing contract 8) or "window"
         organic_home_spread: float,
         organic_table_blocks: int,
+        organic_load_cap_floor: int,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -86,6 +87,7 @@ class Router:
             if unregistered_routing == "organic"
             else None
         )
+        self.organic_load_cap_floor = organic_load_cap_floor
         if self._placing:
             pool.watch(lambda _table: self._place_homes())
             store.watch(self._place_homes)
@@ -110,6 +112,7 @@ class Router:
             unregistered_routing=config.unregistered_routing,
             organic_home_spread=config.organic_home_spread,
             organic_table_blocks=config.organic_table_blocks,
+            organic_load_cap_floor=config.organic_load_cap_floor,
         )
 
     def _place_homes(self) -> None:
@@ -165,10 +168,13 @@ class Router:
             )
         assert self.organic is not None
         home = self.organic.homes(ring, keys)
-        backend, branch = self.policy.select(table, Pick(keys.session, 1, (home,)))
-        # Failover: the chosen pod, the session's home pod, then the session key's order.
+        # The spill walks the family's preference order: its home set first, where the
+        # family's shared head is warm; a spilled session keeps spilling to one pod.
+        pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor)
+        backend, branch = self.policy.select(table, pick)
+        # Failover: the chosen pod, the session's home pod, then the family's order.
         preference = [backend]
-        for member in (ring.members[home], *ring.preference(keys.session, self.max_attempts)):
+        for member in (ring.members[home], *ring.preference(keys.family, self.max_attempts)):
             if member not in preference and len(preference) < self.max_attempts:
                 preference.append(member)
         return Decision(

@@ -565,7 +565,8 @@ def organic_vectors() -> dict[str, Any]:
         for data, block, most, why in CHAIN_CASES
     ]
     homes = []
-    for spec in (RING_A, RING_B):
+    rings: list[dict[str, Any]] = [RING_A, RING_B]
+    for spec in rings:
         points = ring_points(spec["members"], spec["weights"], spec["vnodes"])
         for family in SESSION_FAMILIES:
             for size in sorted({1, 2, 3, len(spec["members"])}):
