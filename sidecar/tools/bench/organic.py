@@ -240,6 +240,14 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         },
         "paths": runs,
     }
+    span = max(r.nominal_at for r in trace.requests)
+    config = pod_config(args)
+    prefill_s = sum(
+        config.prefill_overhead_s + (c.prompt_tokens - c.cached_tokens) / config.prefill_tps
+        for c in ceilings
+    )
+    report["utilisation_at_ceiling"] = prefill_s / (span * args.pods) if span > 0 else 0.0
+    report["distinct_prompt_tokens"] = sum(c.prompt_tokens - c.cached_tokens for c in ceilings)
     report["targets"] = evaluate_targets(report)
     report["wall_s"] = time.perf_counter() - started
     return report
@@ -292,53 +300,54 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add(
         "--kv-tokens",
         type=_positive(int, "--kv-tokens"),
-        default=24_000,
-        help="KV cache of each pod, tokens (default 24,000: a pod holds about a quarter of "
-        "the trace's live working set, so placement matters)",
+        default=12_000,
+        help="KV cache of each pod, tokens (default %(default)s: the 4 pods together hold "
+        "about half of the trace's distinct prompt tokens, so placement matters)",
     )
     add(
         "--prefill-tps",
         type=_positive(float, "--prefill-tps"),
-        default=16_000.0,
-        help="each pod's prefill tokens per modelled second (default 16,000)",
+        default=2_000.0,
+        help="each pod's prefill tokens per modelled second (default %(default)s: slower "
+        "than the fleet bench's pod, so that a moderate request rate loads it)",
     )
     add(
         "--time-scale",
         type=_positive(float, "--time-scale"),
-        default=10.0,
-        help="modelled seconds per real second (default 10)",
+        default=8.0,
+        help="modelled seconds per real second (default %(default)s)",
     )
     add(
         "--duration",
         type=_positive(float, "--duration"),
-        default=60.0,
-        help="modelled seconds in which flows start (default 60; sessions run on)",
+        default=48.0,
+        help="modelled seconds in which flows start (default %(default)s; sessions run on)",
     )
     add("--tenants", type=_positive(int, "--tenants"), default=24)
     add(
         "--templates",
         type=_positive(int, "--templates"),
         default=6,
-        help="few-shot templates (default 6)",
+        help="few-shot templates (default %(default)s)",
     )
     add("--zipf", type=float, default=1.0, help="popularity exponent of tenants and templates")
     add(
         "--tenant-rate",
         type=_rate,
-        default=4.0,
-        help="one-shot tenant requests per modelled second (default 4)",
+        default=6.0,
+        help="one-shot tenant requests per modelled second (default %(default)s)",
     )
     add(
         "--fewshot-rate",
         type=_rate,
-        default=3.0,
-        help="few-shot requests per modelled second (default 3)",
+        default=4.5,
+        help="few-shot requests per modelled second (default %(default)s)",
     )
     add(
         "--session-rate",
         type=_rate,
-        default=0.7,
-        help="sessions started per modelled second, 4-10 turns each (default 0.7)",
+        default=1.05,
+        help="sessions started per modelled second, 4-10 turns each (default %(default)s)",
     )
     add(
         "--max-tokens",
@@ -371,8 +380,8 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
 
 
 def _apply_quick(args: argparse.Namespace) -> None:
-    args.pods, args.sidecars, args.kv_tokens = 2, 2, 12_000
-    args.duration, args.time_scale = 6.0, 10.0
+    args.pods, args.sidecars = 2, 2
+    args.duration, args.time_scale = 6.0, 20.0
     args.tenants, args.templates = 6, 3
 
 

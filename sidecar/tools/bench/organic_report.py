@@ -192,6 +192,9 @@ def render(report: dict[str, Any]) -> str:
         f"tokens each), {trace['requests']} requests ({classes}), "
         f"time x{params['time_scale']:g}, seed {params['seed']}"
         + ("  [--quick]" if params["quick"] else ""),
+        f"pod: prefill {params['prefill_tps']:,.0f} tokens/s, mean prefill utilisation at the "
+        f"ceiling {100 * report['utilisation_at_ceiling']:.0f} %; distinct prompt tokens "
+        f"{report['distinct_prompt_tokens']:,} vs {params['pods'] * params['kv_tokens']:,} of KV",
         f"oracle ceiling: {report['ceiling']['hit_rate']:.4f} ("
         + ", ".join(f"{k} {v:.4f}" for k, v in report["ceiling"]["classes"].items())
         + ")",

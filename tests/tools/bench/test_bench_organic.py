@@ -76,7 +76,10 @@ def test_session_turns_extend_the_previous_prompt_and_the_oracle_sees_it() -> No
     assert sessions
     for flow in sessions:
         assert SMALL.min_turns <= len(flow.requests) <= SMALL.max_turns
-        assert flow.requests[0].messages[0] == ("system", trace.system_prompts[flow.requests[0].owner])
+        assert flow.requests[0].messages[0] == (
+            "system",
+            trace.system_prompts[flow.requests[0].owner],
+        )
         for previous, turn in zip(flow.requests, flow.requests[1:], strict=False):
             assert turn.prompt.startswith(previous.prompt)  # + answer + a new user message
             assert SMALL.min_gap_s <= turn.gap_s <= SMALL.max_gap_s
@@ -244,8 +247,14 @@ def _check_run(run: dict, requests: int) -> None:
 def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
     report_path = tmp_path / "organic.json"
     done = _bench(
-        "--quick", "--paths", "grpc-complete", "--policies", "window,radix", "--json",
-        str(report_path), timeout=60,
+        "--quick",
+        "--paths",
+        "grpc-complete",
+        "--policies",
+        "window,radix",
+        "--json",
+        str(report_path),
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(report_path.read_text())
