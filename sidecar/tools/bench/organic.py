@@ -153,6 +153,7 @@ async def run_one(
             "p50": bucket_percentile(buckets, 50) * 1e6,
             "p99": bucket_percentile(buckets, 99) * 1e6,
             "bucketed": True,
+            "top_bucket_us": max((b for b in buckets if math.isfinite(b)), default=0.0) * 1e6,
         }
     after = await pod_requests(session, urls)
     summary = summarize(
@@ -307,20 +308,20 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add(
         "--prefill-tps",
         type=_positive(float, "--prefill-tps"),
-        default=2_000.0,
+        default=1_500.0,
         help="each pod's prefill tokens per modelled second (default %(default)s: slower "
         "than the fleet bench's pod, so that a moderate request rate loads it)",
     )
     add(
         "--time-scale",
         type=_positive(float, "--time-scale"),
-        default=8.0,
+        default=6.0,
         help="modelled seconds per real second (default %(default)s)",
     )
     add(
         "--duration",
         type=_positive(float, "--duration"),
-        default=48.0,
+        default=45.0,
         help="modelled seconds in which flows start (default %(default)s; sessions run on)",
     )
     add("--tenants", type=_positive(int, "--tenants"), default=24)
@@ -334,25 +335,25 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add(
         "--tenant-rate",
         type=_rate,
-        default=6.0,
+        default=4.0,
         help="one-shot tenant requests per modelled second (default %(default)s)",
     )
     add(
         "--fewshot-rate",
         type=_rate,
-        default=4.5,
+        default=3.0,
         help="few-shot requests per modelled second (default %(default)s)",
     )
     add(
         "--session-rate",
         type=_rate,
-        default=1.05,
+        default=0.7,
         help="sessions started per modelled second, 4-10 turns each (default %(default)s)",
     )
     add(
         "--max-tokens",
         type=_positive(int, "--max-tokens"),
-        default=16,
+        default=4,
         help="tokens each answer streams (the next turn's answer text is the trace's own)",
     )
     add(

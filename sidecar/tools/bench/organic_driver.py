@@ -226,7 +226,7 @@ async def post_streamed(
                         deadline.reschedule(None)
                     data = line[6:].strip()
                     if data == b"[DONE]":
-                        break
+                        continue  # read on to the end of the body: the connection is reused
                     usage = json.loads(data).get("usage")
                     if usage:
                         result.prompt_tokens = int(usage.get("prompt_tokens", 0))

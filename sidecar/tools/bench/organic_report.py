@@ -177,10 +177,13 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
-def _us(value: float, bucketed: bool) -> str:
-    if not math.isfinite(value):
+def _us(value: float, decision: dict[str, Any]) -> str:
+    if math.isnan(value):
         return "-"
-    return ("<=" if bucketed else "") + (f"{value:.0f}" if value >= 10 else f"{value:.1f}")
+    if math.isinf(value):  # beyond the histogram's last finite bucket
+        return f">{decision.get('top_bucket_us', 0):.0f}"
+    text = f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+    return ("<=" if decision["bucketed"] else "") + text
 
 
 def render(report: dict[str, Any]) -> str:
@@ -217,7 +220,7 @@ def render(report: dict[str, Any]) -> str:
                 f"{c['tenant']['fraction']:>8.3f}{c['session']['fraction']:>8.3f}"
                 f"{c['fewshot']['fraction']:>8.3f}{r['ttft_ms']['p50']:>8,.0f}{p99:>9}"
                 f"{r['load']['max_over_mean']:>9.2f}{r['load']['in_flight_max_over_mean']:>7.2f}"
-                f"{_us(d['p50'], d['bucketed']):>9}{_us(d['p99'], d['bucketed']):>9}"
+                f"{_us(d['p50'], d):>9}{_us(d['p99'], d):>9}"
                 f"{sum(r['errors'].values()):>5}"
             )
     lines += [
