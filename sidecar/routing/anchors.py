@@ -19,10 +19,11 @@ Family shares (the request share of each family, routing contract 8c) are counte
 
 Bounds (docs/organic-routing.md): `seen` is two generations of at most `max_blocks` entries
 each (a full generation becomes the previous one, the older is dropped: LRU-like at
-generation granularity); `fanout` holds at most `max_blocks // 8` branch points (when full,
-the half with the most successors is kept); family counts are two generations of at most
-`share_window` requests and `max_blocks // 8` families. About 100 bytes per entry in CPython:
-the defaults (32,768) bound the table near 8 MB.
+generation granularity, and O(1): no pause on the request path); branch points are two
+generations of at most `max_blocks // 8` (a branch point's count is carried into the new
+generation when it branches again, so an anchor in use lives on); family counts are two
+generations of at most `share_window` requests and `max_blocks // 8` families. About 100
+bytes per entry in CPython: the defaults (32,768) bound the table near 8 MB.
 
 K sidecars that see the same traffic statistics learn the same anchors: a branch point is a
 property of the traffic (where prompts diverge), found by each sidecar from its own sample;
@@ -66,7 +67,9 @@ class AnchorTable:
         # chain key -> its first successor's chain key (0: none seen yet), two generations.
         self._seen: dict[int, int] = {}
         self._seen_old: dict[int, int] = {}
-        self._fanout: dict[int, int] = {}  # branch point -> distinct successors (>= 2)
+        # branch point -> distinct successors (>= 2), two generations as `seen`.
+        self._fanout: dict[int, int] = {}
+        self._fanout_old: dict[int, int] = {}
         self._families: dict[int, int] = {}
         self._families_old: dict[int, int] = {}
         self._requests = 0
@@ -78,6 +81,7 @@ class AnchorTable:
             len(self._seen)
             + len(self._seen_old)
             + len(self._fanout)
+            + len(self._fanout_old)
             + len(self._families)
             + len(self._families_old)
         )
@@ -86,7 +90,7 @@ class AnchorTable:
     def max_entries(self) -> int:
         """The bound: a generation of `seen` turns over after the prompt that fills it."""
         seen = 2 * (self.max_blocks + LEARN_BLOCKS)
-        return seen + self.max_fanout + 2 * self.max_families
+        return seen + 2 * (self.max_fanout + self.max_families)
 
     def _successor(self, block: int) -> int | None:
         found = self._seen.get(block)
@@ -132,19 +136,20 @@ class AnchorTable:
         fanout = self._fanout
         count = fanout.get(parent)
         if count is None:
-            if len(fanout) >= self.max_fanout:
-                # Keep the half with the most successors (ties: the larger key), deterministic.
-                kept = sorted(fanout.items(), key=lambda item: (item[1], item[0]), reverse=True)
-                self._fanout = fanout = dict(kept[: self.max_fanout // 2])
-            fanout[parent] = 2
-        else:
-            fanout[parent] = count + 1
+            count = self._fanout_old.get(parent, 1)  # carried over: an anchor in use lives on
+        fanout[parent] = count + 1
+        if len(fanout) >= self.max_fanout:
+            self._fanout_old = fanout  # O(1): no pause on the request path
+            self._fanout = {}
 
     def anchor(self, chain: list[int]) -> int:
         """The depth of the shallowest anchor on the prompt's path, or -1 when it has none."""
-        fanout, least = self._fanout, self.min_fanout
+        fanout, old, least = self._fanout, self._fanout_old, self.min_fanout
         for depth, block in enumerate(chain):
-            if fanout.get(block, 0) >= least:
+            count = fanout.get(block)
+            if count is None:
+                count = old.get(block)
+            if count is not None and count >= least:
                 return depth
         return -1
 
@@ -162,4 +167,5 @@ class AnchorTable:
 
     def fanout(self, block: int) -> int:
         """Distinct successors seen after `block` (0 or 1: not a branch point)."""
-        return self._fanout.get(block, 0)
+        count = self._fanout.get(block)
+        return self._fanout_old.get(block, 0) if count is None else count

@@ -92,7 +92,8 @@ class OrganicRouter:
         if not chain:
             return OrganicKeys(0, 0, self.table.count(0), -1)
         table = self.table
-        table.learn(chain, LEARN_MESSAGES)
+        anchor = table.anchor(chain[:LEARN_MESSAGES])
+        table.learn(chain, LEARN_MESSAGES if anchor < 0 else anchor + 2)
         anchor = table.anchor(chain[:LEARN_MESSAGES])
         if anchor < 0:
             anchor = leading_system(messages) - 1
@@ -106,7 +107,11 @@ class OrganicRouter:
         if not chain:
             return None
         table = self.table
-        table.learn(chain, LEARN_BLOCKS)
+        anchor = table.anchor(chain[:LEARN_BLOCKS])
+        # A family with an anchor records its prompts only up to the session key's block:
+        # deeper blocks cannot make a shallower anchor, and recording them would churn the
+        # table (and its dict resizes) with every session's history.
+        table.learn(chain, LEARN_BLOCKS if anchor < 0 else anchor + SESSION_BLOCKS + 1)
         family = chain[0]
         anchor = table.anchor(chain[:LEARN_BLOCKS])
         if anchor < 0:

@@ -160,7 +160,7 @@ def test_the_table_stays_bounded_under_churn() -> None:
         data = rng.choice(heads) + rng.randbytes(200)
         table.learn(_core.chain_keys(data, BLOCK_BYTES, LEARN_BLOCKS + 1), LEARN_BLOCKS)
         assert len(table) <= table.max_entries
-    assert table.max_entries == 2 * (512 + LEARN_BLOCKS) + 64 + 2 * 64
+    assert table.max_entries == 2 * (512 + LEARN_BLOCKS) + 2 * (64 + 64)
 
 
 def test_an_anchor_is_where_prompts_branch() -> None:
