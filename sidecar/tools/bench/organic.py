@@ -208,7 +208,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                     twin = RADIX_TWIN.get(path)
                     if name == "radix" and twin in runs and "radix" in runs[twin]:
                         # No sidecar, no front: the same run as on the twin path (same body).
-                        runs[path][name] = runs[twin][name]
+                        runs[path][name] = {**runs[twin][name], "same_run_as": twin}
                         continue
                     r = await run_one(
                         path, name, args, fleet.urls, trace, ceilings, session, socket_dir

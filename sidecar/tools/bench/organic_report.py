@@ -215,8 +215,9 @@ def render(report: dict[str, Any]) -> str:
             c = r["classes"]
             d = r["decision_us"]
             p99 = (">" if r["ttft_ms"]["lower_bound"] else "") + f"{r['ttft_ms']['p99']:,.0f}"
+            shown = name + ("*" if "same_run_as" in r else "")
             lines.append(
-                f"{path:<14}{name:<14}{r['hit_rate']:>7.4f}{r['fraction']:>7.3f}"
+                f"{path:<14}{shown:<14}{r['hit_rate']:>7.4f}{r['fraction']:>7.3f}"
                 f"{c['tenant']['fraction']:>8.3f}{c['session']['fraction']:>8.3f}"
                 f"{c['fewshot']['fraction']:>8.3f}{r['ttft_ms']['p50']:>8,.0f}{p99:>9}"
                 f"{r['load']['max_over_mean']:>9.2f}{r['load']['in_flight_max_over_mean']:>7.2f}"
@@ -230,6 +231,7 @@ def render(report: dict[str, Any]) -> str:
         "TTFT modelled ms; max/mean = requests per pod; flight = max/mean of mean in-flight; "
         "decision in us",
         "(<= : sidecar histogram bucket bound; radix: exact, in the bench process, no hop)",
+        "* the same run as on the gRPC path of the same body (the radix router has no front)",
         "",
         "targets (as measured in this run)",
     ]
