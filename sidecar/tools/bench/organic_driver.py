@@ -274,6 +274,7 @@ def central_sender(
     """The central router: decide here (timed), then POST straight to the chosen pod."""
 
     async def send(request: OrganicRequest, result: Result) -> None:
+        router.evict_if_due()
         started = time.perf_counter_ns()
         pod = router.select(request.prompt)
         decisions_ns.append(time.perf_counter_ns() - started)

@@ -189,11 +189,15 @@ class CacheAwareRouter:
         self.evicted_chars = 0
         self._last_eviction = clock()
 
-    def select(self, text: str) -> str:
+    def evict_if_due(self) -> None:
+        """The periodic eviction; sgl-router runs it on a background thread, off the
+        request path, so the caller runs it outside the decision it times."""
         now = self.clock()
         if now - self._last_eviction >= self.eviction_interval_s:
             self._last_eviction = now
             self.evicted_chars += self.tree.evict_tenant_by_size(self.max_tree_chars)
+
+    def select(self, text: str) -> str:
         highest, lowest = max(self.loads.values()), min(self.loads.values())
         if highest - lowest > self.balance_abs and highest > lowest * self.balance_rel:
             chosen = min(self.workers, key=lambda w: self.loads[w])

@@ -191,10 +191,15 @@ def test_router_evicts_on_its_interval() -> None:
     )
     router.select("x" * 50)
     now[0] = 4.0
+    router.evict_if_due()
     router.select("y" * 50)
     assert router.evicted_chars == 0
     now[0] = 5.0
+    router.evict_if_due()
+    # whole leaves go, the least recently used first, until at most 10 characters are left
+    assert router.evicted_chars == 100 and router.tree.tenant_chars["p0"] == 0
     router.select("z" * 5)
+    router.evict_if_due()  # not due again until 10.0
     assert router.evicted_chars == 100 and router.tree.tenant_chars["p0"] == 5
 
 
