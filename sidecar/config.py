@@ -295,7 +295,7 @@ class Config:
         check=AT_LEAST_ONE,
     )
     organic_home_spread: float = setting(
-        2.0,
+        3.0,
         "organic routing: a family's home set is ceil(spread x its share x pods) pods",
         check=above(0.0),
     )

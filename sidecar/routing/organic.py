@@ -32,7 +32,7 @@ from typing import NamedTuple
 from sidecar import _core
 from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
 
-HOME_SPREAD = 2.0  # pods per "fair share" of traffic a family's home set gets (8c)
+HOME_SPREAD = 3.0  # pods per "fair share" of traffic a family's home set gets (8c)
 LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
 SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
 
