@@ -38,6 +38,8 @@ from sidecar.v1 import router_pb2, router_pb2_grpc
 
 PATHS = ("grpc-complete", "grpc-chat", "http-complete", "http-chat")
 TIMEOUT = "TTFT_TIMEOUT"
+STREAM_TIMEOUT = "STREAM_TIMEOUT"  # the first token came, the end did not
+STREAM_TIMEOUT_FACTOR = 2.0  # a whole stream may take this many first-token timeouts
 BACKEND_HEADER = "x-prefix-sidecar-backend"
 
 
@@ -147,18 +149,20 @@ def grpc_sender(
         result.sidecar = _pick(request.seq, len(stubs))
         stub = stubs[result.sidecar]
         call: Any
+        whole_call_s = STREAM_TIMEOUT_FACTOR * first_token_timeout_s  # grpc's own deadline
         if path == "grpc-complete":
-            call = stub.Complete(
-                router_pb2.CompleteRequest(
-                    input=request.prompt, max_tokens=max_tokens, temperature=0.0
-                )
+            message: Any = router_pb2.CompleteRequest(
+                input=request.prompt, max_tokens=max_tokens, temperature=0.0
             )
+            started = time.perf_counter()
+            call = stub.Complete(message, timeout=whole_call_s)
         else:
             messages = [router_pb2.ChatMessage(role=r, content=c) for r, c in request.messages]
-            call = stub.Chat(
-                router_pb2.ChatRequest(messages=messages, max_tokens=max_tokens, temperature=0.0)
+            message = router_pb2.ChatRequest(
+                messages=messages, max_tokens=max_tokens, temperature=0.0
             )
-        started = time.perf_counter()
+            started = time.perf_counter()
+            call = stub.Chat(message, timeout=whole_call_s)
         try:
             chunk = await asyncio.wait_for(call.read(), first_token_timeout_s)
             while chunk is not grpc.aio.EOF:
@@ -223,7 +227,10 @@ async def post_streamed(
                         continue
                     if math.isnan(result.ttft_s):
                         result.ttft_s = time.perf_counter() - started
-                        deadline.reschedule(None)
+                        deadline.reschedule(  # the rest of the stream is bounded too
+                            asyncio.get_running_loop().time()
+                            + (STREAM_TIMEOUT_FACTOR - 1) * first_token_timeout_s
+                        )
                     data = line[6:].strip()
                     if data == b"[DONE]":
                         continue  # read on to the end of the body: the connection is reused
@@ -236,7 +243,7 @@ async def post_streamed(
             finally:
                 response.release()
     except TimeoutError:
-        result.error = TIMEOUT
+        result.error = TIMEOUT if math.isnan(result.ttft_s) else STREAM_TIMEOUT
     except (aiohttp.ClientError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
 

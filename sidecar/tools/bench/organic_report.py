@@ -177,6 +177,10 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
+def _ratio_text(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
 def _us(value: float, decision: dict[str, Any]) -> str:
     if math.isnan(value):
         return "-"
@@ -220,7 +224,7 @@ def render(report: dict[str, Any]) -> str:
                 f"{path:<14}{shown:<14}{r['hit_rate']:>7.4f}{r['fraction']:>7.3f}"
                 f"{c['tenant']['fraction']:>8.3f}{c['session']['fraction']:>8.3f}"
                 f"{c['fewshot']['fraction']:>8.3f}{r['ttft_ms']['p50']:>8,.0f}{p99:>9}"
-                f"{r['load']['max_over_mean']:>9.2f}{r['load']['in_flight_max_over_mean']:>7.2f}"
+                f"{r['load']['max_over_mean']:>9.2f}{_ratio_text(r['load']['in_flight_max_over_mean']):>7}"
                 f"{_us(d['p50'], d):>9}{_us(d['p99'], d):>9}"
                 f"{sum(r['errors'].values()):>5}"
             )
