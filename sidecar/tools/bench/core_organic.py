@@ -82,7 +82,7 @@ def organic_decisions(quick: bool, seed: int) -> dict[str, Any]:
         for t in range(32)
     ]
     warm = _prompts(rng, systems, 300 if quick else 2000)
-    measured = _prompts(rng, systems, 300 if quick else 3000)
+    measured = _prompts(rng, systems, 1000 if quick else 3000)  # a p99 of 10+ tail values
     result: dict[str, Any] = {"prompt_bytes": PROMPT_BYTES, "pods": PODS, "calls": len(measured)}
     for routing in ("organic", "window"):
         router = _router(pods, routing)
