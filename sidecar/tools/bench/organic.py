@@ -83,6 +83,15 @@ def policy_names(sidecars: int, with_scheme: bool) -> list[str]:
     return names
 
 
+def previous_turns(trace: OrganicTrace) -> list[int]:
+    """For each request, the seq of its flow's previous turn (-1 for a first turn)."""
+    before = [-1] * len(trace.requests)
+    for flow in trace.flows:
+        for earlier, later in zip(flow.requests, flow.requests[1:], strict=False):
+            before[later.seq] = earlier.seq
+    return before
+
+
 def pod_config(args: argparse.Namespace) -> EmulatorConfig:
     return EmulatorConfig(
         time_scale=args.time_scale,
@@ -164,6 +173,7 @@ async def run_one(
         pod_requests={url: after[url] - before[url] for url in urls},
         in_flight=sampler.means(),
         decision_us=decision,
+        previous_turn=previous_turns(trace),
     )
     summary["sidecars"] = sidecars
     summary["wall_s"] = time.perf_counter() - started

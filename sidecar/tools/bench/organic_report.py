@@ -43,7 +43,9 @@ def summarize(
     pod_requests: dict[str, int],
     in_flight: dict[str, float],
     decision_us: dict[str, Any],
+    previous_turn: Sequence[int] = (),
 ) -> dict[str, Any]:
+    """`previous_turn[seq]`: the seq of the same session's previous turn, or -1."""
     prompt = sum(c.prompt_tokens for c in ceilings)
     ceiling_hit = _ratio(sum(c.cached_tokens for c in ceilings), prompt)
     hit = _ratio(sum(r.cached_tokens for r in results if r.ok), prompt)
@@ -74,6 +76,12 @@ def summarize(
         for r, c in zip(results, ceilings, strict=True)
         if r.ok and r.prompt_tokens != c.prompt_tokens
     )
+    followed = [
+        (results[before], r)
+        for r, before in zip(results, previous_turn, strict=False)
+        if before >= 0 and r.ok and results[before].ok
+    ]
+    moved = sum(1 for before, r in followed if before.backend != r.backend)
     loads = list(pod_requests.values())
     flights = list(in_flight.values())
     mean_load = sum(loads) / len(loads) if loads else 0.0
@@ -87,6 +95,8 @@ def summarize(
         "ceiling": ceiling_hit,
         "fraction": _ratio(hit, ceiling_hit),
         "classes": classes,
+        # session turns answered by another pod than the turn before (both answered)
+        "session_turns_moved": _ratio(moved, len(followed)),
         "ttft_ms": {
             "p50": percentile(ttft_ms, 50),
             "p99": percentile(ttft_ms, 99),
@@ -211,7 +221,7 @@ def render(report: dict[str, Any]) -> str:
     header = (
         f"{'path':<14}{'policy':<14}{'hit':>7}{'/ceil':>7}{'tenant':>8}{'session':>8}"
         f"{'fewshot':>8}{'p50 ms':>8}{'p99 ms':>9}{'max/mean':>9}{'flight':>7}"
-        f"{'dec p50':>9}{'dec p99':>9}{'err':>5}"
+        f"{'dec p50':>9}{'dec p99':>9}{'moved':>7}{'err':>5}"
     )
     lines.append(header)
     for path, runs in report["paths"].items():
@@ -226,6 +236,7 @@ def render(report: dict[str, Any]) -> str:
                 f"{c['fewshot']['fraction']:>8.3f}{r['ttft_ms']['p50']:>8,.0f}{p99:>9}"
                 f"{r['load']['max_over_mean']:>9.2f}{_ratio_text(r['load']['in_flight_max_over_mean']):>7}"
                 f"{_us(d['p50'], d):>9}{_us(d['p99'], d):>9}"
+                f"{_ratio_text(r['session_turns_moved']):>7}"
                 f"{sum(r['errors'].values()):>5}"
             )
     lines += [
@@ -233,7 +244,8 @@ def render(report: dict[str, Any]) -> str:
         "hit = cached / prompt tokens (pods' usage); /ceil and the class columns: fraction of "
         "the oracle ceiling;",
         "TTFT modelled ms; max/mean = requests per pod; flight = max/mean of mean in-flight; "
-        "decision in us",
+        "decision in us;",
+        "moved = share of session turns answered by another pod than the turn before",
         "(<= : sidecar histogram bucket bound; radix: exact, in the bench process, no hop)",
         "* the same run as on the gRPC path of the same body (the radix router has no front)",
         "",

@@ -11,14 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.tools.bench.organic import policy_names
-from sidecar.tools.bench.organic_driver import PATHS, bucket_percentile, metric_samples
+from sidecar.tools.bench.organic import policy_names, previous_turns
+from sidecar.tools.bench.organic_driver import (
+    PATHS,
+    TIMEOUT,
+    Result,
+    bucket_percentile,
+    metric_samples,
+)
 from sidecar.tools.bench.organic_oracle import Ceiling, hit_rate, oracle
 from sidecar.tools.bench.organic_radix import (
     ApproximateRadixTree,
     CacheAwareRouter,
     shared_length,
 )
+from sidecar.tools.bench.organic_report import summarize
 from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -201,6 +208,51 @@ def test_router_evicts_on_its_interval() -> None:
     router.select("z" * 5)
     router.evict_if_due()  # not due again until 10.0
     assert router.evicted_chars == 100 and router.tree.tenant_chars["p0"] == 5
+
+
+# --- the report's arithmetic ------------------------------------------------------------
+
+
+def test_summary_fractions_moves_and_censored_timeouts() -> None:
+    ceilings = [Ceiling(100, 0), Ceiling(200, 160), Ceiling(300, 240), Ceiling(100, 80)]
+    results = [
+        Result(0, "session", backend="a", ttft_s=0.1, prompt_tokens=100, cached_tokens=0),
+        Result(1, "session", backend="a", ttft_s=0.2, prompt_tokens=200, cached_tokens=160),
+        Result(2, "session", backend="b", ttft_s=0.3, prompt_tokens=300, cached_tokens=120),
+        Result(3, "tenant", error=TIMEOUT),
+    ]
+    summary = summarize(
+        results,
+        ceilings,
+        time_scale=10.0,
+        timeout_s=2.0,
+        pod_requests={"a": 2, "b": 1},
+        in_flight={"a": 1.5, "b": 0.5},
+        decision_us={"p50": 1.0, "p99": 2.0, "bucketed": False},
+        previous_turn=[-1, 0, 1, -1],
+    )
+    assert summary["hit_rate"] == pytest.approx(280 / 700)
+    assert summary["ceiling"] == pytest.approx(480 / 700)
+    assert summary["fraction"] == pytest.approx(280 / 480)
+    assert summary["classes"]["session"]["fraction"] == pytest.approx(280 / 400)
+    assert summary["classes"]["tenant"]["hit_rate"] == 0.0  # timed out: nothing cached
+    assert math.isnan(summary["classes"]["fewshot"]["fraction"])  # no such requests
+    assert summary["session_turns_moved"] == pytest.approx(1 / 2)
+    assert summary["ttft_ms"]["p50"] == pytest.approx(2000.0)  # 1, 2, 3 s and 20 s censored
+    assert summary["ttft_ms"]["p99"] == pytest.approx(20_000.0)
+    assert summary["ttft_ms"]["lower_bound"] is True
+    assert summary["load"]["max_over_mean"] == pytest.approx(2 / 1.5)
+    assert summary["load"]["in_flight_max_over_mean"] == pytest.approx(1.5)
+    assert summary["errors"] == {TIMEOUT: 1}
+
+
+def test_previous_turns_follow_each_flow() -> None:
+    trace = build_trace(SMALL)
+    before = previous_turns(trace)
+    for flow in trace.flows:
+        assert before[flow.requests[0].seq] == -1
+        for earlier, later in zip(flow.requests, flow.requests[1:], strict=False):
+            assert before[later.seq] == earlier.seq < later.seq
 
 
 # --- the metrics helpers -------------------------------------------------------------------
