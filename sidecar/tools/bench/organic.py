@@ -174,6 +174,7 @@ async def run_one(
         in_flight=sampler.means(),
         decision_us=decision,
         previous_turn=previous_turns(trace),
+        warmup_s=args.warmup,
     )
     summary["sidecars"] = sidecars
     summary["wall_s"] = time.perf_counter() - started
@@ -283,14 +284,17 @@ def _positive(kind: type, name: str) -> Any:
     return parse
 
 
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a rate wants a number, got {text!r}") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"a rate must be >= 0, got {text}")
-    return value
+def _non_negative(name: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} wants a number, got {text!r}") from None
+        if not 0 <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
+        return value
+
+    return parse
 
 
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
@@ -334,6 +338,13 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         default=45.0,
         help="modelled seconds in which flows start (default %(default)s; sessions run on)",
     )
+    add(
+        "--warmup",
+        type=_non_negative("--warmup"),
+        default=10.0,
+        help="modelled seconds at the start left out of the TTFT percentiles (default "
+        "%(default)s; hit rates and loads cover the whole run)",
+    )
     add("--tenants", type=_positive(int, "--tenants"), default=24)
     add(
         "--templates",
@@ -344,19 +355,19 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add("--zipf", type=float, default=1.0, help="popularity exponent of tenants and templates")
     add(
         "--tenant-rate",
-        type=_rate,
+        type=_non_negative("--tenant-rate"),
         default=4.0,
         help="one-shot tenant requests per modelled second (default %(default)s)",
     )
     add(
         "--fewshot-rate",
-        type=_rate,
+        type=_non_negative("--fewshot-rate"),
         default=3.0,
         help="few-shot requests per modelled second (default %(default)s)",
     )
     add(
         "--session-rate",
-        type=_rate,
+        type=_non_negative("--session-rate"),
         default=0.7,
         help="sessions started per modelled second, 4-10 turns each (default %(default)s)",
     )
@@ -392,7 +403,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
 
 def _apply_quick(args: argparse.Namespace) -> None:
     args.pods, args.sidecars = 2, 2
-    args.duration, args.time_scale = 6.0, 20.0
+    args.duration, args.time_scale, args.warmup = 6.0, 20.0, 1.0
     args.tenants, args.templates = 6, 3
 
 
@@ -416,6 +427,9 @@ def run(args: argparse.Namespace) -> int:
             f"choose from {', '.join(sorted(policies))}",
             file=sys.stderr,
         )
+        return 2
+    if args.warmup >= args.duration:
+        print("prefix-sidecar bench organic: --warmup must be < --duration", file=sys.stderr)
         return 2
     try:
         TraceParams(

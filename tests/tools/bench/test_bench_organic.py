@@ -215,12 +215,15 @@ def test_router_evicts_on_its_interval() -> None:
 
 def test_summary_fractions_moves_and_censored_timeouts() -> None:
     ceilings = [Ceiling(100, 0), Ceiling(200, 160), Ceiling(300, 240), Ceiling(100, 80)]
+    cached = [0, 160, 120]
     results = [
-        Result(0, "session", backend="a", ttft_s=0.1, prompt_tokens=100, cached_tokens=0),
-        Result(1, "session", backend="a", ttft_s=0.2, prompt_tokens=200, cached_tokens=160),
-        Result(2, "session", backend="b", ttft_s=0.3, prompt_tokens=300, cached_tokens=120),
-        Result(3, "tenant", error=TIMEOUT),
+        Result(0, "session", backend="a", sent_at=0.0, ttft_s=0.9, prompt_tokens=100),
+        Result(1, "session", backend="a", sent_at=0.2, ttft_s=0.2, prompt_tokens=200),
+        Result(2, "session", backend="b", sent_at=0.3, ttft_s=0.3, prompt_tokens=300),
+        Result(3, "tenant", sent_at=0.4, error=TIMEOUT),
     ]
+    for result, tokens in zip(results, cached, strict=False):
+        result.cached_tokens = tokens
     summary = summarize(
         results,
         ceilings,
@@ -230,6 +233,7 @@ def test_summary_fractions_moves_and_censored_timeouts() -> None:
         in_flight={"a": 1.5, "b": 0.5},
         decision_us={"p50": 1.0, "p99": 2.0, "bucketed": False},
         previous_turn=[-1, 0, 1, -1],
+        warmup_s=1.0,  # modelled: the first request (sent at 0 s) is left out of TTFT
     )
     assert summary["hit_rate"] == pytest.approx(280 / 700)
     assert summary["ceiling"] == pytest.approx(480 / 700)
@@ -238,9 +242,12 @@ def test_summary_fractions_moves_and_censored_timeouts() -> None:
     assert summary["classes"]["tenant"]["hit_rate"] == 0.0  # timed out: nothing cached
     assert math.isnan(summary["classes"]["fewshot"]["fraction"])  # no such requests
     assert summary["session_turns_moved"] == pytest.approx(1 / 2)
-    assert summary["ttft_ms"]["p50"] == pytest.approx(2000.0)  # 1, 2, 3 s and 20 s censored
+    assert summary["ttft_ms"]["requests"] == 3  # 2 s, 3 s and the timeout censored at 20 s
+    assert summary["ttft_ms"]["p50"] == pytest.approx(3000.0)
     assert summary["ttft_ms"]["p99"] == pytest.approx(20_000.0)
     assert summary["ttft_ms"]["lower_bound"] is True
+    assert summary["ttft_ms_all"]["requests"] == 4
+    assert summary["ttft_ms_all"]["p50"] == pytest.approx(3000.0)  # 2, 3, 9, 20 s
     assert summary["load"]["max_over_mean"] == pytest.approx(2 / 1.5)
     assert summary["load"]["in_flight_max_over_mean"] == pytest.approx(1.5)
     assert summary["errors"] == {TIMEOUT: 1}
