@@ -269,8 +269,8 @@ def render(report: dict[str, Any]) -> str:
         "",
         "hit = cached / prompt tokens (pods' usage); /ceil and the class columns: fraction of "
         "the oracle ceiling;",
-        f"TTFT modelled ms, sent after the {params['warmup']:g} s warm-up; max/mean = requests per pod; flight = max/mean of mean in-flight; "
-        "decision in us;",
+        f"TTFT modelled ms, sent after the {params['warmup']:g} s warm-up; max/mean = requests "
+        "per pod; flight = max/mean of mean in-flight; decision in us;",
         "moved = share of session turns answered by another pod than the turn before",
         "(<= : sidecar histogram bucket bound; radix: exact, in the bench process, no hop)",
         "* the same run as on the gRPC path of the same body (the radix router has no front)",
