@@ -35,6 +35,7 @@ from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
 HOME_SPREAD = 3.0  # pods per "fair share" of traffic a family's home set gets (8c)
 LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
 SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
+FIRST_BLOCKS = 64  # blocks hashed first (4 KB): enough when the anchor is among them
 
 
 class OrganicKeys(NamedTuple):
@@ -103,11 +104,19 @@ class OrganicRouter:
     def for_prompt(self, data: bytes) -> OrganicKeys | None:
         """The prompt's keys, or None when it is shorter than one block (it then routes on
         its window key, as before)."""
-        chain = _core.chain_keys(data, BLOCK_BYTES, LEARN_BLOCKS + 1)
+        # Most anchors sit in the first 4 KB: hash those first, the rest only when needed
+        # (the result is the same as hashing LEARN_BLOCKS + 1 blocks at once).
+        chain = _core.chain_keys(data, BLOCK_BYTES, FIRST_BLOCKS)
         if not chain:
             return None
         table = self.table
-        anchor = table.anchor(chain[:LEARN_BLOCKS])
+        anchor = table.anchor(chain)
+        if len(chain) == FIRST_BLOCKS and (
+            anchor < 0 or anchor + SESSION_BLOCKS + 2 > FIRST_BLOCKS
+        ):
+            chain = _core.chain_keys(data, BLOCK_BYTES, LEARN_BLOCKS + 1)
+            if anchor < 0:
+                anchor = table.anchor(chain[:LEARN_BLOCKS])
         # A family with an anchor records its prompts only up to the session key's block:
         # deeper blocks cannot make a shallower anchor, and recording them would churn the
         # table (and its dict resizes) with every session's history.

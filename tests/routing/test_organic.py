@@ -251,3 +251,28 @@ def test_no_ring_is_no_backend(make_router: MakeRouter) -> None:
     router = make_router(BackendPool(), PrefixStore())
     with pytest.raises(NoBackendError):
         router.for_chat([("system", "x" * 100), ("user", "y")])
+
+
+def test_hashing_the_first_4_kb_first_decides_as_hashing_it_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """for_prompt hashes 64 blocks, then the rest only when the anchor is not among them:
+    the same keys as a router that hashes LEARN_BLOCKS + 1 at once, system prompts of
+    0.3-7 KB (anchors on both sides of 4 KB), new families and repeats included."""
+    rng = random.Random(9)
+    systems = [prose(rng, rng.randint(300, 7000)) for _ in range(12)]
+    prompts = []
+    for _ in range(1500):
+        system = rng.choice(systems)
+        tail = prose(rng, rng.randint(1, 3000)) if rng.random() < 0.9 else ""
+        prompts.append(render([("system", system), ("user", tail)]).encode())
+    prompts += [rng.randbytes(rng.randint(0, 9000)) for _ in range(200)]
+    rng.shuffle(prompts)
+    staged, whole = organic.OrganicRouter(AnchorTable()), organic.OrganicRouter(AnchorTable())
+    for data in prompts:
+        head = data[: (LEARN_BLOCKS + 1) * BLOCK_BYTES]
+        expected = None
+        with monkeypatch.context() as patch:
+            patch.setattr(organic, "FIRST_BLOCKS", LEARN_BLOCKS + 1)
+            expected = whole.for_prompt(head)
+        assert staged.for_prompt(head) == expected
