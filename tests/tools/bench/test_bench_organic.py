@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from sidecar.tools.bench.organic import policy_names, previous_turns
@@ -18,6 +19,7 @@ from sidecar.tools.bench.organic_driver import (
     Result,
     bucket_percentile,
     metric_samples,
+    post_streamed,
 )
 from sidecar.tools.bench.organic_oracle import Ceiling, hit_rate, oracle
 from sidecar.tools.bench.organic_radix import (
@@ -27,6 +29,8 @@ from sidecar.tools.bench.organic_radix import (
 )
 from sidecar.tools.bench.organic_report import summarize
 from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace
+from sidecar.tools.emulator import EmulatorConfig
+from sidecar.tools.emulator.app import run_emulator
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 64  # bytes of one 16-token block at 4 bytes per token
@@ -56,6 +60,34 @@ def test_oracle_order_matters_the_longer_prompt_first_serves_the_shorter() -> No
     assert [c.cached_tokens for c in oracle([long, short])] == [0, 16]  # 2 blocks, cap (32-1)//16
     assert [c.cached_tokens for c in oracle([short, long])] == [0, 32]
     assert hit_rate([]) == 0.0
+
+
+async def test_one_big_pod_fed_in_order_serves_exactly_the_ceiling() -> None:
+    """The oracle is the emulator's own accounting: one pod that never evicts, sent the
+    trace one request at a time in nominal order, reports every request's ceiling, on the
+    chat body (the pod renders the messages) and on the raw prompt alike."""
+    trace = build_trace(TraceParams(seed=5, duration_s=6.0, tenants=4, templates=2))
+    ceilings = oracle([r.prompt for r in trace.requests])
+    assert any(c.cached_tokens for c in ceilings)
+    config = EmulatorConfig(time_scale=1000.0, kv_tokens=4_000_000)
+    for chat in (True, False):
+        async with run_emulator(config) as url, aiohttp.ClientSession() as session:
+            for request, ceiling in zip(trace.requests, ceilings, strict=True):
+                result = Result(request.seq, request.kind)
+                await post_streamed(
+                    session,
+                    url,
+                    request,
+                    result,
+                    chat=chat,
+                    max_tokens=1,
+                    first_token_timeout_s=10.0,
+                )
+                assert result.ok, result.error
+                assert (result.prompt_tokens, result.cached_tokens) == (
+                    ceiling.prompt_tokens,
+                    ceiling.cached_tokens,
+                ), (chat, request.seq)
 
 
 # --- the trace ---------------------------------------------------------------------------------
