@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.routing.organic import LEARN_MESSAGES
+
 # What of a caller's text may reach an error message.
 QUOTE_CHARS = 80
 
@@ -57,8 +59,8 @@ class FrontRequest:
     model: str | None
     route_text: str  # the prompt, or the first message's text
     stream: bool
-    # A chat's routing structure (routing contract 8d): its system messages and first user
-    # message as (role, text), in order.
+    # A chat's messages as (role, text), the first LEARN_MESSAGES + 1: what organic routing
+    # chains (routing contract 8d).
     messages: tuple[tuple[str, str], ...] = ()
 
 
@@ -85,15 +87,13 @@ def parse_request(raw: bytes, *, chat: bool) -> FrontRequest:
 
 
 def _route_messages(messages: list[Any]) -> tuple[tuple[str, str], ...]:
-    """The system messages and the first user message, as (role, text); the pod validates
-    the rest."""
+    """The messages organic routing chains, as (role, text): the first LEARN_MESSAGES + 1,
+    as the Chat RPC gives them, so both fronts key a chat alike. The pod validates them."""
     found: list[tuple[str, str]] = []
-    user = False
-    for message in messages:
-        role = message.get("role") if isinstance(message, dict) else None
-        if role == "system" or (role == "user" and not user):
-            user = user or role == "user"
-            found.append((role, _content_text(message.get("content"))))
+    for message in messages[: LEARN_MESSAGES + 1]:
+        item = message if isinstance(message, dict) else {}
+        role = item.get("role")
+        found.append((role if isinstance(role, str) else "", _content_text(item.get("content"))))
     return tuple(found)
 
 
