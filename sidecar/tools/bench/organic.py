@@ -317,7 +317,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         type=_positive(int, "--kv-tokens"),
         default=12_000,
         help="KV cache of each pod, tokens (default %(default)s: the 4 pods together hold "
-        "about half of the trace's distinct prompt tokens, so placement matters)",
+        "about two thirds of the trace's distinct prompt tokens, so placement matters)",
     )
     add(
         "--prefill-tps",
