@@ -25,8 +25,10 @@ from sidecar._core_py import (
     BRANCH_HOME,
     BRANCH_SPILL,
     DEFAULT_VNODES,
+    MAX_BLOCK_BYTES,
     _check_members,
     _utf8,
+    check_chain_args,
     check_homes,
     check_key,
     check_pick_args,
@@ -67,6 +69,53 @@ def route_key(data):
     finally:
         PyBuffer_Release(&view)
     return result
+
+
+def chain_keys(data, block_bytes, max_blocks):
+    """Chained keys of the full blocks of `data` (routing contract 8a), vLLM style:
+    c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, for the first min(len // B, max_blocks)
+    blocks. One pass in C: a 32 KB prompt in 64-byte blocks is ~512 short hashes."""
+    cdef Py_buffer view
+    cdef size_t block, count, i, j
+    cdef uint64_t parent = 0
+    cdef char *buffer
+    cdef const char *base
+    if type(data) is not bytes or type(block_bytes) is not int or type(max_blocks) is not int:
+        check_chain_args(data, block_bytes, max_blocks)
+    if not 1 <= block_bytes <= MAX_BLOCK_BYTES or max_blocks < 0:
+        check_chain_args(data, block_bytes, max_blocks)
+    if isinstance(data, memoryview) and not data.c_contiguous:
+        data = bytes(data)
+    block = <size_t>block_bytes
+    cdef uint64_t *out = NULL
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        count = <size_t>view.len // block
+        if <object>count > max_blocks:
+            count = <size_t>max_blocks
+        if count == 0:
+            return []
+        buffer = <char *>malloc(8 + block)
+        out = <uint64_t *>malloc(count * sizeof(uint64_t))
+        if buffer == NULL or out == NULL:
+            free(buffer)
+            free(out)
+            raise MemoryError()
+        base = <const char *>view.buf
+        with nogil:
+            for i in range(count):
+                for j in range(8):  # le64(parent), whatever the machine's byte order
+                    buffer[j] = <char>((parent >> (8 * j)) & 0xFF)
+                memcpy(buffer + 8, base + i * block, block)
+                parent = _hash(buffer, 8 + block)
+                out[i] = parent
+        free(buffer)
+        try:
+            return [out[i] for i in range(count)]
+        finally:
+            free(out)
+    finally:
+        PyBuffer_Release(&view)
 
 
 def prefix_id(text):
@@ -449,6 +498,48 @@ cdef class Ring:
         finally:
             free(seen)
         return self.members[least], BRANCH_FALLBACK
+
+    def session_home(self, family, homes, session):
+        """The index of the first member of preference(session, N) that is one of
+        preference(family, homes) (routing contract 8b): consistent hashing of the session
+        key restricted to the family's home set, so growing the set moves few sessions."""
+        if isinstance(homes, bool) or not isinstance(homes, int):
+            raise TypeError(f"homes must be an int, got {type(homes).__name__}")
+        if homes < 1:
+            raise ValueError(f"homes is {homes}; a home set has at least 1 member")
+        cdef uint64_t f = _as_key(family)
+        cdef uint64_t k = _as_key(session)
+        cdef uint32_t want = self._count if homes > self._count else <uint32_t>homes
+        cdef uint32_t given[64]
+        cdef uint32_t *home = given
+        cdef uint8_t *marked
+        cdef uint32_t found, i
+        cdef size_t position
+        if want == self._count:
+            return self._owners[self._start(k)]  # every member is home: the session's owner
+        if want > 64:
+            home = <uint32_t *>malloc(want * sizeof(uint32_t))
+            if home == NULL:
+                raise MemoryError()
+        marked = <uint8_t *>calloc(self._count, 1)
+        if marked == NULL:
+            if home != given:
+                free(home)
+            raise MemoryError()
+        try:
+            found = self._walk(self._start(f), want, home)
+            for i in range(found):
+                marked[home[i]] = 1
+            position = self._start(k)
+            while not marked[self._owners[position]]:
+                position += 1
+                if position == self._size:
+                    position = 0
+            return self._owners[position]
+        finally:
+            free(marked)
+            if home != given:
+                free(home)
 
     def shares(self):
         """The exact fraction of the 2**64 key space each member owns."""

@@ -34,6 +34,9 @@ MAX_POINTS = 1 << 24
 # Loads are int64 (the Cython twin reads them as array('q')); their total + 1 must fit too.
 MAX_TOTAL_LOAD = (1 << 63) - 2
 
+# Organic routing (routing contract section 8): block chain hashing of unregistered prompts.
+MAX_BLOCK_BYTES = 1 << 16
+
 BRANCH_HOME = "home"
 BRANCH_SPILL = "spill"
 BRANCH_FALLBACK = "fallback"
@@ -56,6 +59,39 @@ def prefix_id(text: str) -> str:
 def prefix_route_key(text: str) -> int:
     """A prefix's route key: key() of its UTF-8 bytes."""
     return route_key(_utf8(text, "prefix_route_key"))
+
+
+def check_chain_args(data: object, block_bytes: object, max_blocks: object) -> None:
+    """Validate chain_keys' arguments (both twins raise the first error alike)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"chain_keys() needs bytes, got {type(data).__name__}; encode text as UTF-8 first"
+        )
+    if isinstance(block_bytes, bool) or not isinstance(block_bytes, int):
+        raise TypeError(f"block_bytes must be an int, got {type(block_bytes).__name__}")
+    if not 1 <= block_bytes <= MAX_BLOCK_BYTES:
+        raise ValueError(f"block_bytes is {block_bytes}; it must be in 1..{MAX_BLOCK_BYTES}")
+    if isinstance(max_blocks, bool) or not isinstance(max_blocks, int):
+        raise TypeError(f"max_blocks must be an int, got {type(max_blocks).__name__}")
+    if max_blocks < 0:
+        raise ValueError(f"max_blocks is {max_blocks}; it must be >= 0")
+
+
+def chain_keys(data: bytes, block_bytes: int, max_blocks: int) -> list[int]:
+    """Chained keys of the full blocks of `data` (routing contract 8a), vLLM style:
+    c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, for the first min(len // B, max_blocks)
+    blocks. Two prompts share c_i only if they share their first (i + 1) * B bytes."""
+    check_chain_args(data, block_bytes, max_blocks)
+    raw = bytes(data)
+    count = min(len(raw) // block_bytes, max_blocks)
+    keys: list[int] = []
+    parent = 0
+    hash64 = mmh3.hash64
+    for start in range(0, count * block_bytes, block_bytes):
+        block = parent.to_bytes(8, "little") + raw[start : start + block_bytes]
+        parent = int(hash64(block, seed=0, signed=False)[0])
+        keys.append(parent)
+    return keys
 
 
 def _utf8(text: str, where: str) -> bytes:
@@ -351,6 +387,23 @@ class Ring:
             if loads[member] < loads[least]:
                 least = member
         return self.members[least], BRANCH_FALLBACK
+
+    def session_home(self, family: int, homes: int, session: int) -> int:
+        """The index of the first member of preference(session, N) that is one of
+        preference(family, homes) (routing contract 8b): consistent hashing of the session
+        key restricted to the family's home set, so growing the set moves few sessions."""
+        if isinstance(homes, bool) or not isinstance(homes, int):
+            raise TypeError(f"homes must be an int, got {type(homes).__name__}")
+        if homes < 1:
+            raise ValueError(f"homes is {homes}; a home set has at least 1 member")
+        check_key(family)
+        check_key(session)
+        home = set(self._walk(family, homes))
+        owners = self._owners
+        position = self._start(session)
+        while owners[position] not in home:
+            position = (position + 1) % len(owners)
+        return owners[position]
 
     def shares(self) -> dict[str, float]:
         """The exact fraction of the 2**64 key space each member owns."""

@@ -33,13 +33,10 @@ class PrefixAffinity:
     def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
         ring = table.ring
         assert ring is not None
-        key, replicas, homes = pick
+        key, replicas, homes, min_cap = pick
+        floor = self.load_cap_floor if min_cap is None else min_cap
         if homes:
-            member, branch = ring.pick_among(
-                key, table.loads, homes, self.load_factor, self.load_cap_floor
-            )
+            member, branch = ring.pick_among(key, table.loads, homes, self.load_factor, floor)
         else:
-            member, branch = ring.pick(
-                key, table.loads, replicas, self.load_factor, self.load_cap_floor
-            )
+            member, branch = ring.pick(key, table.loads, replicas, self.load_factor, floor)
         return member, _BRANCHES[branch]

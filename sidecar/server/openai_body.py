@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.prefixes import PrefixEntry, PrefixStore
+from sidecar.routing.organic import LEARN_MESSAGES
 
 # What of a caller's text may reach an error message.
 QUOTE_CHARS = 80
@@ -70,9 +71,12 @@ class FrontRequest:
     model: str | None
     route_text: str  # the prompt, or the first message's text; its head when `matched`
     stream: bool
+    # A chat's messages as (role, text), the first LEARN_MESSAGES + 1: what organic routing
+    # chains (routing contract 8d).
+    messages: tuple[tuple[str, str], ...] = ()
     # Whether the registered prefixes were already matched on the body's bytes: `prefix`
     # is then the longest one the route text starts with (None: none does), and
-    # `route_text` at least its first route-window bytes (enough for the route key).
+    # `route_text` at least its first `window` bytes (what the router reads of a prompt).
     matched: bool = False
     prefix: PrefixEntry | None = None
 
@@ -122,8 +126,10 @@ def parse_request(
         if _MARK in request.route_text:  # the text was one of a message's content parts
             return _read(_loads(raw), chat)
         return request  # the route text is elsewhere in the body, and was read whole
+    if prefix is None and chat:
+        return _read(_loads(raw), chat)  # an unregistered chat routes on its messages
     head = "" if prefix is not None else _decoded_head(raw, start, end, window)
-    return FrontRequest(request.model, head, request.stream, True, prefix)
+    return FrontRequest(request.model, head, request.stream, matched=True, prefix=prefix)
 
 
 def _route_string(raw: bytes, chat: bool) -> int | None:
@@ -220,7 +226,31 @@ def _read(data: Any, chat: bool) -> FrontRequest:
     if not isinstance(stream, bool) and stream is not None:
         raise bad_request("stream must be a boolean", "stream")
     route_text = _first_message_text(data) if chat else _prompt_text(data)
-    return FrontRequest(model, route_text, bool(stream))
+    messages = _route_messages(data["messages"]) if chat else ()
+    return FrontRequest(model, route_text, bool(stream), messages)
+
+
+def _route_messages(messages: list[Any]) -> tuple[tuple[str, str], ...]:
+    """The messages organic routing chains, as (role, text): the first LEARN_MESSAGES + 1,
+    as the Chat RPC gives them, so both fronts key a chat alike. The pod validates them."""
+    found: list[tuple[str, str]] = []
+    for message in messages[: LEARN_MESSAGES + 1]:
+        item = message if isinstance(message, dict) else {}
+        role = item.get("role")
+        found.append((role if isinstance(role, str) else "", _content_text(item.get("content"))))
+    return tuple(found)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
 
 
 def _prompt_text(data: dict[str, Any]) -> str:

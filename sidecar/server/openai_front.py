@@ -217,13 +217,13 @@ class OpenAIFront:
             raw,
             chat=chat,
             store=self.store if entry is None else None,
-            window=self.router.route_window_bytes,
+            window=self.router.head_bytes,
         )
         if len(raw) > YIELD_ABOVE_BYTES:
             await asyncio.sleep(0)
         try:
             if entry is None:
-                decision, decision_ns = self._route(parsed)
+                decision, decision_ns = self._route(parsed, chat)
             else:
                 decision = self.router.for_prefix(entry)
                 decision_ns = decision.decision_ns
@@ -268,13 +268,15 @@ class OpenAIFront:
                 front=FRONT_HTTP,
             )
 
-    def _route(self, parsed: FrontRequest) -> tuple[Decision, int]:
+    def _route(self, parsed: FrontRequest, chat: bool) -> tuple[Decision, int]:
         """The router's decision for the prompt, and its time in ns. A prompt matched where
         it lies in the body routes as its prefix; without one, its head routes as the whole
         prompt would (the route key reads only the route window, and no prefix matches a
         head of a prompt that none matches)."""
         if parsed.matched and parsed.prefix is not None:
             decision = self.router.for_prefix(parsed.prefix)
+        elif chat:
+            decision = self.router.for_chat(list(parsed.messages))
         else:
             decision = self.router.for_prompt(parsed.route_text)
         return decision, decision.decision_ns
