@@ -231,6 +231,26 @@ async def forward(
     `outcome` gets the pod, the attempts, the status, the TTFT and the usage. A streamed
     answer's first byte has the first-token budget; a whole answer's (headers come when it
     is done) has the request's."""
+    try:
+        return await _send(relay, request, decision, path, body, headers, stream, outcome)
+    except ConnectionError:
+        # The caller left between the handler's cancellation and our write (its transport
+        # closing, the cancel not yet delivered): nobody to answer, and no server error.
+        outcome.status = "CANCELLED"
+        logger.info("the caller left before its answer was written")
+        return web.Response(status=499)  # aiohttp finds the transport gone and drops it
+
+
+async def _send(
+    relay: Relay,
+    request: web.BaseRequest,
+    decision: Decision,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    stream: bool,
+    outcome: RelayOutcome,
+) -> web.StreamResponse:
     exchange = ByteExchange(relay.client, path, body, headers)
     parts = relay.attempts(
         decision.preference,
