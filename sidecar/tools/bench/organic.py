@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import grpc
 
+from sidecar.tools.bench.argtypes import non_negative, positive
 from sidecar.tools.bench.organic_driver import (
     PATHS,
     InFlightSampler,
@@ -271,32 +272,6 @@ def _class_ceiling(trace: OrganicTrace, ceilings: list[Ceiling], kind: str) -> f
     return sum(c.cached_tokens for c in mine) / tokens if tokens else 0.0
 
 
-def _positive(kind: type, name: str) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} wants a number, got {text!r}") from None
-        if value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
-        return value
-
-    return parse
-
-
-def _non_negative(name: str) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} wants a number, got {text!r}") from None
-        if not 0 <= value < math.inf:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
-        return value
-
-    return parse
-
-
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = bench_subparsers.add_parser(
         "organic",
@@ -305,81 +280,81 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--pods", type=_positive(int, "--pods"), default=4)
+    add("--pods", type=positive(int, "--pods"), default=4)
     add(
         "--sidecars",
-        type=_positive(int, "--sidecars"),
+        type=positive(int, "--sidecars"),
         default=4,
         help="K, the sidecar processes of the _xK runs (default 4)",
     )
     add(
         "--kv-tokens",
-        type=_positive(int, "--kv-tokens"),
+        type=positive(int, "--kv-tokens"),
         default=12_000,
         help="KV cache of each pod, tokens (default %(default)s: the 4 pods together hold "
         "about two thirds of the trace's distinct prompt tokens, so placement matters)",
     )
     add(
         "--prefill-tps",
-        type=_positive(float, "--prefill-tps"),
+        type=positive(float, "--prefill-tps"),
         default=1_500.0,
         help="each pod's prefill tokens per modelled second (default %(default)s: slower "
         "than the fleet bench's pod, so that a moderate request rate loads it)",
     )
     add(
         "--time-scale",
-        type=_positive(float, "--time-scale"),
+        type=positive(float, "--time-scale"),
         default=6.0,
         help="modelled seconds per real second (default %(default)s)",
     )
     add(
         "--duration",
-        type=_positive(float, "--duration"),
+        type=positive(float, "--duration"),
         default=45.0,
         help="modelled seconds in which flows start (default %(default)s; sessions run on)",
     )
     add(
         "--warmup",
-        type=_non_negative("--warmup"),
+        type=non_negative("--warmup"),
         default=10.0,
         help="modelled seconds at the start left out of the TTFT percentiles (default "
         "%(default)s; hit rates and loads cover the whole run)",
     )
-    add("--tenants", type=_positive(int, "--tenants"), default=24)
+    add("--tenants", type=positive(int, "--tenants"), default=24)
     add(
         "--templates",
-        type=_positive(int, "--templates"),
+        type=positive(int, "--templates"),
         default=6,
         help="few-shot templates (default %(default)s)",
     )
     add("--zipf", type=float, default=1.0, help="popularity exponent of tenants and templates")
     add(
         "--tenant-rate",
-        type=_non_negative("--tenant-rate"),
+        type=non_negative("--tenant-rate"),
         default=4.0,
         help="one-shot tenant requests per modelled second (default %(default)s)",
     )
     add(
         "--fewshot-rate",
-        type=_non_negative("--fewshot-rate"),
+        type=non_negative("--fewshot-rate"),
         default=3.0,
         help="few-shot requests per modelled second (default %(default)s)",
     )
     add(
         "--session-rate",
-        type=_non_negative("--session-rate"),
+        type=non_negative("--session-rate"),
         default=0.7,
         help="sessions started per modelled second, 4-10 turns each (default %(default)s)",
     )
     add(
         "--max-tokens",
-        type=_positive(int, "--max-tokens"),
+        type=positive(int, "--max-tokens"),
         default=4,
         help="tokens each answer streams (the next turn's answer text is the trace's own)",
     )
     add(
         "--first-token-timeout",
-        type=_positive(float, "--first-token-timeout"),
+        type=positive(float, "--first-token-timeout"),
         default=30.0,
         help="modelled seconds a caller waits for the first token",
     )
@@ -390,7 +365,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     add(
         "--radix-tree-chars",
-        type=_positive(int, "--radix-tree-chars"),
+        type=positive(int, "--radix-tree-chars"),
         default=None,
         help="the radix baseline's per-worker tree size, characters (default 4 x "
         "--kv-tokens: what a pod's KV holds)",
