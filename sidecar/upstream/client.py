@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from multidict import CIMultiDict
@@ -34,6 +34,18 @@ READ_CHUNK = 64 * 1024
 DRAIN_TIMEOUT_S = 1.0
 DRAIN_MAX_BYTES = 64 * 1024
 MAX_ERROR_BYTES = 1024
+
+
+LOAD_FORMAT_HEADER = "endpoint-load-metrics-format"  # asks the pod for its load ...
+LOAD_HEADER = "endpoint-load-metrics"  # ... which vLLM answers with (ORCA, docs/load-signals.md)
+
+
+class LoadObserver(Protocol):
+    """Where the pods' load reports go (sidecar.membership.load_signals.LoadSignals)."""
+
+    def note_sent(self, url: str) -> None: ...
+
+    def observe_header(self, url: str, value: str | None) -> None: ...
 
 
 class UpstreamError(Exception):
@@ -146,8 +158,12 @@ class UpstreamClient:
         per_backend_connections: int = 512,
         api_key: str = "",
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        load_observer: LoadObserver | None = None,
     ) -> None:
+        """With a `load_observer`, every request asks the pod for its load report (vLLM's
+        `endpoint-load-metrics-format: TEXT`) and every answer's report is handed to it."""
         self._connect_timeout_s = connect_timeout_s
+        self.load_observer = load_observer
         self._trace_configs = list(trace_configs)
         self._per_backend = per_backend_connections
         self._headers = {
@@ -157,6 +173,8 @@ class UpstreamClient:
         }
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        if load_observer is not None:
+            self._headers[LOAD_FORMAT_HEADER] = "TEXT"
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
         self._draining: set[asyncio.Task[None]] = set()
@@ -199,6 +217,9 @@ class UpstreamClient:
         (Content-Type, Accept, User-Agent, Authorization). `raw_events` keeps each event's
         JSON text in the deltas."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
+        observer = self.load_observer
+        if observer is not None:
+            observer.note_sent(backend)
         try:
             response = await self.session.post(
                 backend + path,
@@ -241,6 +262,8 @@ class UpstreamClient:
                 retryable=retryable,
                 status=response.status,
             )
+        if observer is not None:
+            observer.observe_header(backend, response.headers.get(LOAD_HEADER))
         return UpstreamStream(
             backend, response, chat, self._redact, self._recycle, raw_events=raw_events
         )
