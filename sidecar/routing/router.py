@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from sidecar import _core
 from sidecar.config import Config
-from sidecar.membership.pool import BackendPool
+from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.prefixes import PrefixEntry, PrefixStore
 from sidecar.routing.pick import Branch, Pick
 from sidecar.routing.placement import HomePlacer
@@ -69,10 +69,28 @@ class Router:
             balance=home_balance_factor,
         )
         self._placing = self.placer.enabled
+        # The one-call path from a prompt's bytes to a pod, when the policy has one.
+        self._select_bytes = getattr(policy, "select_bytes", None)
+        self._watching = False
         if self._placing:
-            pool.watch(lambda _table: self._place_homes())
-            store.watch(self._place_homes)
-            self._place_homes()
+            self._watch_and_place()
+
+    def _watch_and_place(self) -> None:
+        if not self._watching:
+            self._watching = True
+            self.pool.watch(lambda _table: self._place_homes())
+            self.store.watch(self._place_homes)
+        self._place_homes()
+
+    def set_kv_budget(self, tokens: int) -> None:
+        """A new KV budget (from the pods' reported KV, docs/load-signals.md); 0 = the
+        ring's homes. Placement changes only here and on membership or registry changes."""
+        if tokens == self.placer.budget_tokens:
+            return
+        self.placer.budget_tokens = tokens
+        self._placing = self.placer.enabled
+        if self._placing:
+            self._watch_and_place()
 
     @classmethod
     def from_config(
@@ -109,7 +127,7 @@ class Router:
         entry = self.store.match(text)
         if entry is not None and entry.size == len(text.encode("utf-8")):
             return self._decide(started, entry.route_key, entry)
-        return self._decide(started, _core.route_key(text.encode("utf-8")), None)
+        return self._decide_bytes(started, text.encode("utf-8"))
 
     def for_prompt(self, prompt: str) -> Decision:
         started = time.perf_counter_ns()
@@ -117,16 +135,24 @@ class Router:
         if entry is not None:
             return self._decide(started, entry.route_key, entry)
         window = prompt.encode("utf-8")[: self.route_window_bytes]
-        return self._decide(started, _core.route_key(window), None)
+        return self._decide_bytes(started, window)
+
+    def _decide_bytes(self, started: int, data: bytes) -> Decision:
+        """An unregistered key: hashed and picked in one core call when the policy can."""
+        select_bytes = self._select_bytes
+        if select_bytes is None:
+            return self._decide(started, _core.route_key(data), None)
+        table = self.pool.table
+        ring = _serving(table)
+        replicas = self.default_replicas
+        backend, branch, key = select_bytes(table, data, replicas)
+        attempts = self.max_attempts
+        preference = ring.preference(key, replicas if replicas > attempts else attempts)
+        return self._decision(started, table, key, None, backend, branch, preference)
 
     def _decide(self, started: int, key: int, entry: PrefixEntry | None) -> Decision:
         table = self.pool.table
-        ring = table.ring
-        if ring is None:
-            raise NoBackendError(
-                "no healthy vLLM pod: every backend is ejected or none is configured "
-                "(check --backend / backends_file / backends_dns and the pods' health)"
-            )
+        ring = _serving(table)
         homes = None
         if entry is None:
             replicas = self.default_replicas
@@ -143,6 +169,18 @@ class Router:
             preference = list(homes.order[: home_count if home_count > attempts else attempts])
         else:
             preference = ring.preference(key, replicas if replicas > attempts else attempts)
+        return self._decision(started, table, key, entry, backend, branch, preference)
+
+    @staticmethod
+    def _decision(
+        started: int,
+        table: RoutingTable,
+        key: int,
+        entry: PrefixEntry | None,
+        backend: str,
+        branch: Branch,
+        preference: list[str],
+    ) -> Decision:
         # The chosen pod first, then the rest in order (cheaper than rebuilding the list).
         if preference[0] != backend:
             if backend in preference:
@@ -178,3 +216,14 @@ class Router:
             for url in self.home_set(entry):
                 totals[url] += self.placer.tokens_of(entry)
         return totals
+
+
+def _serving(table: RoutingTable) -> _core.HashTable:
+    """The table's ring, or the error that says why there is none."""
+    ring = table.ring
+    if ring is None:
+        raise NoBackendError(
+            "no healthy vLLM pod: every backend is ejected or none is configured "
+            "(check --backend / backends_file / backends_dns and the pods' health)"
+        )
+    return ring
