@@ -761,6 +761,9 @@ cdef bint _get_loads(object loads, Py_buffer *view) except -1:
     return False
 
 
+HashTable = _Table  # what a routing table is, to its users: a Ring or a Maglev
+
+
 def make_table(kind, members, weights, vnodes):
     """The routing table a fleet chose (config `hash_table`): "ring" or "maglev"."""
     if kind == "ring":

@@ -570,9 +570,12 @@ class Maglev(_Table):
         return [self.members[m] for m in self._owners]
 
 
+HashTable = _Table  # what a routing table is, to its users: a Ring or a Maglev
+
+
 def make_table(
     kind: str, members: Iterable[str], weights: Sequence[int] | None, vnodes: int
-) -> Ring | Maglev:
+) -> _Table:
     """The routing table a fleet chose (config `hash_table`): "ring" or "maglev"."""
     if kind == "ring":
         return Ring(members, weights, vnodes)

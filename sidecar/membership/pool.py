@@ -73,7 +73,7 @@ class RoutingTable:
     """One routing snapshot. Only the pool mutates it, and only `loads` (each member's
     effective load, aligned with `members`) and `total`, which is always sum(loads)."""
 
-    ring: _core.Ring | None
+    ring: _core.HashTable | None  # a Ring or a Maglev table (config hash_table)
     index: dict[str, int]
     loads: array.array[int]
     generation: int
@@ -90,6 +90,7 @@ class BackendPool:
     def __init__(
         self,
         vnodes: int = DEFAULTS.vnodes,
+        hash_table: str = DEFAULTS.hash_table,
         warm_before_serve: bool = DEFAULTS.warm_before_serve,
         needs_warming: Callable[[], bool] = lambda: False,
         on_warm_needed: Callable[[str], None] | None = None,
@@ -97,6 +98,10 @@ class BackendPool:
     ) -> None:
         """`on_change` is the first watcher (see `watch`)."""
         self._vnodes = vnodes or _core.DEFAULT_VNODES
+        if hash_table not in _core.HASH_TABLES:
+            choices = ", ".join(_core.HASH_TABLES)
+            raise ValueError(f"unknown hash table {hash_table!r}; choose one of {choices}")
+        self._hash_table = hash_table
         self._warm_before_serve = warm_before_serve
         self._needs_warming = needs_warming
         self._on_warm_needed = on_warm_needed
@@ -104,7 +109,7 @@ class BackendPool:
         self.backends: dict[str, Backend] = {}
         self._generation = 0
         self.table = RoutingTable(None, {}, array.array("q"), 0)
-        self._target_ring: _core.Ring | None = None
+        self._target_ring: _core.HashTable | None = None
 
     def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
         """Call `watcher` with every new routing table, right after it is swapped in (and the
@@ -221,7 +226,7 @@ class BackendPool:
     def generation(self) -> int:
         return self._generation
 
-    def target_ring(self) -> _core.Ring | None:
+    def target_ring(self) -> _core.HashTable | None:
         """The ring over every pod that is not ejected: where prefixes *will* live once
         warming pods are warm. Prewarm targets come from here."""
         return self._target_ring
@@ -240,10 +245,11 @@ class BackendPool:
         for watcher in self._watchers:
             watcher(self.table)
 
-    def _ring(self, backends: Sequence[Backend]) -> _core.Ring | None:
+    def _ring(self, backends: Sequence[Backend]) -> _core.HashTable | None:
+        """The routing table over these pods: the ring, or the Maglev table (hash_table)."""
         if not backends:
             return None
         ordered = sorted(backends, key=lambda b: b.url)
-        return _core.Ring(
-            [b.url for b in ordered], [b.weight for b in ordered], vnodes=self._vnodes
+        return _core.make_table(
+            self._hash_table, [b.url for b in ordered], [b.weight for b in ordered], self._vnodes
         )

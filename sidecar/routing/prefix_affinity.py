@@ -13,7 +13,9 @@ never see them. (Envoy wraps any hashing picker in bounded load; here the contra
 one hashing picker, the ring's replica set, and the core does the set and the spill walk in
 one call, so the wrapper and the picker are one class.)
 
-Complexity: O(N) for the load sum plus the walk, in the Cython core.
+Complexity: the pool keeps the loads' total (`RoutingTable.total`), so a pick reads only the
+home set's loads when a home fits, O(R), and walks on only when it spills; it does not grow
+with the fleet. `select_bytes` hashes the prompt's bytes and picks in one core call.
 """
 
 from __future__ import annotations
@@ -36,10 +38,22 @@ class PrefixAffinity:
         key, replicas, homes = pick
         if homes:
             member, branch = ring.pick_among(
-                key, table.loads, homes, self.load_factor, self.load_cap_floor
+                key, table.loads, homes, self.load_factor, self.load_cap_floor, table.total
             )
         else:
             member, branch = ring.pick(
-                key, table.loads, replicas, self.load_factor, self.load_cap_floor
+                key, table.loads, replicas, self.load_factor, self.load_cap_floor, table.total
             )
         return member, _BRANCHES[branch]
+
+    def select_bytes(
+        self, table: RoutingTable, data: bytes, replicas: int
+    ) -> tuple[str, Branch, int]:
+        """select() for the key of `data` (no budgeted homes), hashing and picking in one
+        core call; returns (pod, branch, route key)."""
+        ring = table.ring
+        assert ring is not None
+        member, branch, key = ring.pick_bytes(
+            data, table.loads, replicas, self.load_factor, self.load_cap_floor, table.total
+        )
+        return member, _BRANCHES[branch], key

@@ -97,6 +97,7 @@ class Sidecar(AsyncService):
         )
         self.pool = BackendPool(
             vnodes=config.vnodes,
+            hash_table=config.hash_table,
             warm_before_serve=config.warm_before_serve,
             needs_warming=lambda: len(self.store) > 0,
             on_warm_needed=self._warm_joiner,

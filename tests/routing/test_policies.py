@@ -28,7 +28,7 @@ from .conftest import pods
 def table(ring: object, loads: list[int]) -> RoutingTable:
     members = ring.members  # type: ignore[attr-defined]
     index = {url: i for i, url in enumerate(members)}
-    return RoutingTable(ring, index, array.array("q", loads), 1)  # type: ignore[arg-type]
+    return RoutingTable(ring, index, array.array("q", loads), 1, sum(loads))  # type: ignore[arg-type]
 
 
 def test_branch_values_are_the_wire_and_metric_words() -> None:
