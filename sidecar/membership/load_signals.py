@@ -187,7 +187,8 @@ class LoadRule:
 
     def load(self, pod: PodState, now: float) -> int | None:
         """running + waiting (+ the penalty when saturated) from readings younger than
-        max_age_s; None when no fresh reading says running or waiting."""
+        max_age_s, plus the requests this sidecar sent the pod since running was read;
+        None when no fresh reading says running or waiting."""
         fresh = now - self.max_age_s
         waiting = pod.waiting if pod.waiting_at >= fresh else None
         running = pod.running if pod.running_at >= fresh else None
@@ -195,6 +196,10 @@ class LoadRule:
             return None
         kv = pod.kv_usage if pod.kv_at >= fresh else None
         load = math.ceil((running or 0.0) + (waiting or 0.0))
+        if running is not None:
+            # Readings are up to an interval old: without its own sends since, a sidecar
+            # would see a pod's load frozen and send it everything until the next reading.
+            load += pod.sent_since
         if (waiting or 0.0) > 0.0 or (kv is not None and kv >= self.kv_threshold):
             load += self.saturation_penalty
         return int(min(load, MAX_REQUESTS))
@@ -214,11 +219,13 @@ class PodState:
     heard_at: float = -math.inf  # the last reading of any kind
     asked_at: float = -math.inf  # the last /metrics poll sent, answered or not
     sent_at: float = -math.inf  # the last request this sidecar sent it
+    sent_since: int = 0  # requests this sidecar sent it since `running` was read
     pushed: int | None = None  # the last load given to the pool
 
     def take(self, report: PodReport, now: float) -> None:
         if report.running is not None:
             self.running, self.running_at = report.running, now
+            self.sent_since = 0
         if report.waiting is not None:
             self.waiting, self.waiting_at = report.waiting, now
         if report.kv_usage is not None:
@@ -262,7 +269,10 @@ class LoadSignals:
     def note_sent(self, url: str) -> None:
         pod = self.pods.get(url)
         if pod is not None:
-            pod.sent_at = self._clock()
+            pod.sent_at = now = self._clock()
+            pod.sent_since += 1
+            if pod.pushed is not None:
+                self._push(url, pod, now)
 
     def observe_header(self, url: str, value: str | None) -> None:
         """A response's `endpoint-load-metrics` header (None when the pod sent none)."""

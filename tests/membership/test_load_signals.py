@@ -172,6 +172,22 @@ def test_rule_is_running_plus_waiting_plus_penalty_when_saturated() -> None:
     assert rule.load(pod, 13.6) is None  # everything aged out: back to own in-flight
 
 
+def test_own_sends_since_the_reading_add_up_until_the_next_one() -> None:
+    clock = Clock()
+    loads: dict[str, int | None] = {}
+    signals = LoadSignals(loads.__setitem__, LoadRule(max_age_s=2.0), clock=clock)
+    signals.set_members(["http://a:1"])
+    signals.note_sent("http://a:1")  # nothing known yet: no report
+    assert loads == {}
+    signals.observe("http://a:1", PodReport(running=4.0, waiting=0.0))
+    assert loads == {"http://a:1": 4}
+    for _ in range(3):
+        signals.note_sent("http://a:1")
+    assert loads == {"http://a:1": 7}
+    signals.observe("http://a:1", PodReport(running=5.0, waiting=0.0))  # counted them
+    assert loads == {"http://a:1": 5}
+
+
 def test_signals_push_loads_to_the_pool_and_fall_back_when_stale() -> None:
     clock = Clock()
     pool = BackendPool()
