@@ -1,0 +1,72 @@
+"""The pod signals wired into a running Sidecar against emulated pods on 127.0.0.1: loads
+reach the pool from the pods' own gauges, the KV budget follows the pods' cache config,
+prefixes are counted by the pod's tokenizer, and `load_signals: false` turns it all off."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import aiohttp
+
+from sidecar.server.app import Sidecar
+from sidecar.tools.emulator import EmulatorConfig, run_emulator
+from sidecar.tools.emulator.tokenizer import count_tokens
+
+from .conftest import sidecar_config, wait_for
+
+FAST = EmulatorConfig(time_scale=1000.0)
+
+
+async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Path) -> None:
+    big = dataclasses.replace(FAST, kv_tokens=320_000)
+    small = dataclasses.replace(FAST, kv_tokens=160_000, max_running=1, decode_tps=20.0)
+    small = dataclasses.replace(small, time_scale=10.0)
+    text = "compliance rules. " * 500
+    async with run_emulator(big) as a, run_emulator(small) as b:
+        config = sidecar_config(
+            tmp_path,
+            [a, b],
+            load_poll_interval_s=0.05,
+            load_poll_sample=2,
+            home_kv_fraction=0.5,
+            load_signal_max_age_s=0.5,
+        )
+        async with Sidecar(config) as sidecar:
+            sidecar.store.register("rules", text)
+            entry = sidecar.store.by_name("rules")
+            await wait_for(lambda: entry.tokens > 0, what="the prefix's token count")
+            assert entry.tokens == count_tokens(text.encode())
+            # The smallest pod's KV x 0.5 is the budget: the router places with it.
+            await wait_for(
+                lambda: sidecar.router.placer.budget_tokens == 80_000, what="the KV budget"
+            )
+            assert sidecar.signals is not None and sidecar.signals.kv_tokens == 160_000
+            # Load the small pod behind the sidecar's back: its own gauges reach the pool.
+            async with aiohttp.ClientSession() as session:
+                body = {"prompt": "x", "max_tokens": 100}  # 0.5 s real each, one at a time
+                held = [
+                    asyncio.create_task(session.post(b + "/v1/completions", json=body))
+                    for _ in range(3)
+                ]
+                await wait_for(
+                    lambda: sidecar.pool.backends[b].reported_load == 1 + 2 + 8,
+                    what="b's reported load (1 running, 2 waiting, saturated)",
+                )
+                table = sidecar.pool.table
+                assert table.loads[table.index[b]] == 11
+                for response in await asyncio.gather(*held):
+                    response.release()
+            await wait_for(lambda: sidecar.pool.backends[b].reported_load == 0, what="b idle again")
+
+
+async def test_signals_off_asks_nothing(tmp_path: Path) -> None:
+    async with run_emulator(FAST) as a:
+        config = sidecar_config(tmp_path, [a], load_signals=False, tokenize_path="")
+        async with Sidecar(config) as sidecar:
+            sidecar.store.register("rules", "some rules " * 100)
+            await asyncio.sleep(0.3)
+            assert sidecar.signals is None and sidecar.poller is None and sidecar.sizer is None
+            assert sidecar.pool.backends[a].reported_load is None
+            assert sidecar.store.by_name("rules").tokens == 0
