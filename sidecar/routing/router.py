@@ -8,6 +8,10 @@ key's preference order. A registered prefix's home set is the ring's first R own
 with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6), which
 is rebuilt when the pool swaps its ring or the store's registered set changes.
 
+An unregistered prompt's window is hashed and picked in one core call (`pick_bytes`) when the
+policy has that path (prefix_affinity); the table may be the ring or the Maglev table (config
+`hash_table`, contract section 8), and the pick reads the pool's running loads total.
+
 Every setting is required (`Router.from_config` passes the config's), so each has one
 default: the config's.
 """
