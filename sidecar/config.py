@@ -352,8 +352,8 @@ class Config:
     # With home_kv_budget_tokens 0, the budget follows from the pods' vllm:cache_config_info
     # (the smallest reported KV size x this fraction; the rest is for in-flight requests).
     home_kv_fraction: float = setting(
-        0.0,
-        "share of the pods' reported KV a pod is home to; 0 = off (the config budget decides)",
+        0.5,
+        "share of the pods' smallest reported KV a pod is home to, when no budget is set; 0 = off",
         check=_fraction,
     )
     # Prefix sizes in tokens from a pod's own tokenizer at registration (vLLM's and
