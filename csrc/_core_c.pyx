@@ -41,6 +41,28 @@ from sidecar._core_py import (
 cdef extern from *:
     void __builtin_prefetch(const void *address) nogil
 
+cdef extern from *:
+    """
+    #include <stdlib.h>
+    #include <sys/mman.h>
+    /* A ring of thousands of pods is tens of MB read at random: on 4 KB pages nearly every
+       lookup also misses the TLB. Ask Linux for transparent huge pages (THP "madvise" mode)
+       for big arrays; elsewhere, or if refused, it is plain memory. Freed with free(). */
+    static void *ps_alloc_big(size_t bytes) {
+    #if defined(MADV_HUGEPAGE)
+        const size_t huge = (size_t)2 << 20;
+        if (bytes >= huge) {
+            void *p = NULL;
+            if (posix_memalign(&p, huge, bytes) != 0) return NULL;
+            madvise(p, bytes, MADV_HUGEPAGE);
+            return p;
+        }
+    #endif
+        return malloc(bytes);
+    }
+    """
+    void *ps_alloc_big(size_t bytes) nogil
+
 cdef extern from "murmur3.h":
     uint64_t ps_murmur3_x64_128_h1(const void *key, size_t length, uint32_t seed) nogil
 
@@ -432,8 +454,8 @@ cdef class Ring(_Table):
                 buffer = NULL
             with nogil:
                 qsort(entries, size, sizeof(Entry), _compare_entries)
-            self._points = <uint64_t *>malloc(size * sizeof(uint64_t))
-            self._owners = <uint32_t *>malloc(size * sizeof(uint32_t))
+            self._points = <uint64_t *>ps_alloc_big(size * sizeof(uint64_t))
+            self._owners = <uint32_t *>ps_alloc_big(size * sizeof(uint32_t))
             if self._points == NULL or self._owners == NULL:
                 raise MemoryError()
             for position in range(size):
@@ -448,7 +470,7 @@ cdef class Ring(_Table):
             bits += 1
         self._shift = 64 - bits
         buckets = <size_t>1 << bits
-        self._index = <uint32_t *>malloc((buckets + 1) * sizeof(uint32_t))
+        self._index = <uint32_t *>ps_alloc_big((buckets + 1) * sizeof(uint32_t))
         if self._index == NULL:
             raise MemoryError()
         # _index[b] = first point whose top bits are >= b; _index[buckets] = size.

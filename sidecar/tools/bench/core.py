@@ -44,6 +44,7 @@ SCALE_PODS = (10, 100, 1000, 5000)
 SCALE_TABLES = ("ring", "maglev")
 SCALE_TARGET = 1.5  # pick at the most pods / pick at the fewest, each table
 CHURN_PODS = 100
+ROUTER_PODS = 100
 SCALE_ROUNDS = 9  # interleaved rounds of the scaling part; each number is its fastest round
 PROMPT_BYTES = 240 * 1024
 DEFINITIONS = {
@@ -62,6 +63,8 @@ DEFINITIONS = {
     "1, 1.25, 0, total) with the loads' total given (the sidecar's path: the pool keeps it); "
     "pick summed = the same pick without the total (it sums N loads); pick_bytes = key of "
     "a 40-byte prompt head + pick in one call",
+    "router": "Router.for_prompt of an unregistered prompt (prefix match, window, pick, "
+    "failover list) through the one-call path or route_key + Pick + policy.select",
     "churn": "one pod of 100 leaves: % of sampled keys whose owner changed (ideal = its "
     "share); stray = keys that moved between two surviving pods (ring: 0; Maglev: a few)",
 }
@@ -330,6 +333,54 @@ def scaling(
     return {"pods": list(pod_counts), "latency_ns": latency, "ratio_most_over_fewest": ratios}
 
 
+class _SelectOnly:
+    """A policy without the one-call path: the router falls back to key + Pick + select."""
+
+    def __init__(self, policy: Any) -> None:
+        self.select = policy.select
+
+
+def router_paths(count: int, timer: Timer, seed: int) -> dict[str, float]:
+    """Router.for_prompt for unregistered prompts at ROUTER_PODS pods: the one-call path
+    (pick_bytes) against route_key + Pick + policy.select; same pool, interleaved rounds,
+    thread CPU time, fastest round."""
+    from sidecar.config import build_config
+    from sidecar.membership.pool import BackendPool
+    from sidecar.membership.sources import Member
+    from sidecar.prefixes import PrefixStore
+    from sidecar.routing.policy import make_policy
+    from sidecar.routing.router import Router
+
+    config = build_config({})
+    pool = BackendPool(warm_before_serve=False)
+    pool.set_members([Member(url, 1) for url in pod_names(ROUTER_PODS)])
+    for url in pod_names(ROUTER_PODS):
+        pool.set_health(url, True)
+    store = PrefixStore()
+    settings = {
+        "route_window_bytes": config.route_window_bytes,
+        "default_replicas": config.replicas,
+        "max_attempts": config.max_attempts,
+        "home_kv_budget_tokens": 0,
+        "home_balance_factor": 0.0,
+        "bytes_per_token": config.bytes_per_token,
+    }
+    policy = make_policy("prefix_affinity", config)
+    routers = {
+        "one_call": Router(pool, store, policy, **settings),  # type: ignore[arg-type]
+        "three_calls": Router(pool, store, _SelectOnly(policy), **settings),  # type: ignore[arg-type]
+    }
+    rng = random.Random(seed)
+    prompts = [f"user {rng.randrange(10**9)} asks where order {i} is. " * 3 for i in range(count)]
+    once = Timer(timer.budget_s / 2, 1, time.thread_time_ns)
+    best: dict[str, float] = {}
+    for _ in range(SCALE_ROUNDS if timer.repeats > 3 else 3):
+        for name, router in routers.items():
+            ns = once.ns_per_call(_loop1(router.for_prompt, prompts), count)
+            best[name] = min(ns, best.get(name, ns))
+    return best
+
+
 def churn(c_core: Any, sample_keys: int, seed: int) -> dict[str, dict[str, Any]]:
     """Keys moved when one pod of CHURN_PODS leaves: the ring against the Maglev table."""
     pods = pod_names(CHURN_PODS)
@@ -423,6 +474,8 @@ def run_bench(
     report["scaling"] = scaling(_core_c, scale_pods, timer, count, seed, progress)
     progress("churn")
     report["churn"] = churn(_core_c, sample_keys, seed)
+    progress("router")
+    report["router_ns"] = router_paths(count, timer, seed)
     if len(scale_pods) > 1:
         few, most = min(scale_pods), max(scale_pods)
         for kind in SCALE_TABLES:
@@ -511,6 +564,13 @@ def render(report: dict[str, Any]) -> str:
             f"  {kind:<8}{moved['moved_pct']:>9.3f}{moved['leaving_share_pct']:>13.3f}"
             f"{moved['stray_pct']:>9.3f}{moved['busiest_over_mean']:>14.3f}"
         )
+    paths = report["router_ns"]
+    lines += [
+        "",
+        f"Router.for_prompt, unregistered prompts, {ROUTER_PODS} pods (thread CPU ns): "
+        f"one call (pick_bytes) {_fmt_ns(paths['one_call'])}, route_key + Pick + select "
+        f"{_fmt_ns(paths['three_calls'])} ({paths['three_calls'] / paths['one_call']:.2f}x)",
+    ]
     lines += ["", f"throughput on a {PROMPT_BYTES // 1024} KB prompt, MB/s"]
     for name, mb_s in report["throughput_mb_s"].items():
         lines.append(f"  {name:<28}{mb_s:>10,.0f}")

@@ -114,6 +114,8 @@ def test_scaling_and_churn(report: dict[str, Any]) -> None:
         assert math.isclose(
             ratios["pick"], latency["400"][kind]["pick"] / latency["10"][kind]["pick"]
         )
+    assert set(report["router_ns"]) == {"one_call", "three_calls"}
+    assert all(_positive(ns) for ns in report["router_ns"].values())
     churn = report["churn"]
     assert churn["ring"]["stray_pct"] == 0  # the ring moves only the leaving pod's keys
     assert churn["maglev"]["busiest_over_mean"] <= 1.02
