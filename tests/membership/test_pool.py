@@ -149,3 +149,27 @@ def test_a_reported_load_is_checked_and_clamped() -> None:
     assert pool.table.total == MAX_REPORTED_LOAD
     pool.report_load("http://10.9.9.9:8000", 3)  # not a member: ignored
     assert pool.table.total == MAX_REPORTED_LOAD
+
+
+def test_the_pool_builds_the_chosen_table_for_routing_and_target() -> None:
+    """hash_table "maglev": the routing and target tables are Maglev tables over the same pods
+    the ring would hold; warming and ejection work the same; the loads keep their total."""
+    pool = BackendPool(
+        needs_warming=lambda: True, on_warm_needed=lambda url: None, hash_table="maglev"
+    )
+    pool.set_members(members(URLS))
+    for url in URLS:
+        pool.set_health(url, True)
+        pool.mark_warm(url)
+    table = pool.table.ring
+    assert type(table).__name__ == "Maglev" and pool.target_ring() is table
+    assert table is not None and list(table.members) == URLS
+    pool.set_health(URLS[3], False)
+    pool.set_health(URLS[3], True)  # back, warming: on the target table only
+    routing, target = pool.table.ring, pool.target_ring()
+    assert routing is not None and target is not None
+    assert list(routing.members) == URLS[:3] and list(target.members) == URLS
+    assert type(routing) is type(target)
+    pool.acquire(URLS[0])
+    pool.report_load(URLS[1], 4)
+    assert pool.table.total == sum(pool.table.loads) == 5
