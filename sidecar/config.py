@@ -328,10 +328,10 @@ class Config:
         4.0, "UTF-8 bytes per token, to size prefixes for the budget", check=POSITIVE
     )
     # The pods' own load and KV (docs/load-signals.md): every request asks for vLLM's ORCA
-    # load header, a few pods per interval are asked for /metrics, and the pick runs on
-    # max(own in-flight, the pod's running + waiting (+ a penalty when saturated)).
+    # load header, a few pods per interval are asked for /metrics, and a pod that queues or
+    # whose KV is full counts as over its bounded-load cap while the reading is fresh.
     load_signals: bool = setting(
-        True, "pick on the pods' reported load (ORCA header, /metrics polls)"
+        True, "spill past pods that report queueing or full KV (ORCA header, /metrics polls)"
     )
     load_signal_max_age_s: float = setting(
         2.0, "seconds a pod's load reading counts; older = own in-flight only", check=POSITIVE
@@ -345,9 +345,6 @@ class Config:
     load_poll_timeout_s: float = setting(0.5, "seconds one /metrics poll may take", check=POSITIVE)
     load_kv_threshold: float = setting(
         0.95, "KV usage (0-1) at which a pod counts as saturated", check=_fraction
-    )
-    load_saturation_penalty: int = setting(
-        8, "load added to a saturated pod (queueing or KV full)", check=NOT_NEGATIVE
     )
     # With home_kv_budget_tokens 0, the budget follows from the pods' vllm:cache_config_info
     # (the smallest reported KV size x this fraction; the rest is for in-flight requests).

@@ -13,10 +13,13 @@ anyone who asks (docs/load-signals.md):
 Everything a pod sends is untrusted: the header and the page are size-bounded, parsed in
 one linear pass, and every number must be finite and in range or it is ignored.
 
-`LoadSignals` keeps one timestamped record per pod and turns it into one integer load per
-pod (the rule in docs/load-signals.md): the pool picks on max(own in-flight, that load); a
-pod whose record is older than `max_age_s` reports None, which puts the pool back on its own
-in-flight count (today's behaviour).
+`LoadSignals` keeps one timestamped record per pod. A pod whose fresh readings say it queues
+(waiting > 0) or its KV is full is reported to the pool at a load over its bounded-load cap,
+so every sidecar that saw it spills past it alike (the rule in docs/load-signals.md); any
+other pod, and one whose readings are older than `max_age_s`, reports None: the pool picks
+on its own in-flight count (today's behaviour). Why not running + waiting as the load: a
+reading is up to an interval old, and K sidecars adding to the same stale number overfill
+a pod K times faster than one (measured, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -178,31 +181,21 @@ def _cache_tokens(labels: str) -> int | None:
 
 @dataclass(frozen=True)
 class LoadRule:
-    """How a pod's reported state becomes the integer load the pick sees (the routing
-    contract text is in docs/load-signals.md)."""
+    """When a pod's readings say it is saturated (the routing contract text is in
+    docs/load-signals.md)."""
 
     max_age_s: float = 2.0  # older readings are unknown
     kv_threshold: float = 0.95  # KV usage at or above this: the pod is saturated
-    saturation_penalty: int = 8  # added to a saturated pod's load (waiting > 0 or KV full)
 
-    def load(self, pod: PodState, now: float) -> int | None:
-        """running + waiting (+ the penalty when saturated) from readings younger than
-        max_age_s, plus the requests this sidecar sent the pod since running was read;
-        None when no fresh reading says running or waiting."""
+    def saturated(self, pod: PodState, now: float) -> bool | None:
+        """True when a fresh reading says the pod queues (waiting > 0) or its KV is full;
+        None when no reading of either is younger than max_age_s."""
         fresh = now - self.max_age_s
         waiting = pod.waiting if pod.waiting_at >= fresh else None
-        running = pod.running if pod.running_at >= fresh else None
-        if waiting is None and running is None:
-            return None
         kv = pod.kv_usage if pod.kv_at >= fresh else None
-        load = math.ceil((running or 0.0) + (waiting or 0.0))
-        if running is not None:
-            # Readings are up to an interval old: without its own sends since, a sidecar
-            # would see a pod's load frozen and send it everything until the next reading.
-            load += pod.sent_since
-        if (waiting or 0.0) > 0.0 or (kv is not None and kv >= self.kv_threshold):
-            load += self.saturation_penalty
-        return int(min(load, MAX_REQUESTS))
+        if waiting is None and kv is None:
+            return None
+        return (waiting or 0.0) > 0.0 or (kv is not None and kv >= self.kv_threshold)
 
 
 @dataclass
@@ -219,13 +212,11 @@ class PodState:
     heard_at: float = -math.inf  # the last reading of any kind
     asked_at: float = -math.inf  # the last /metrics poll sent, answered or not
     sent_at: float = -math.inf  # the last request this sidecar sent it
-    sent_since: int = 0  # requests this sidecar sent it since `running` was read
     pushed: int | None = None  # the last load given to the pool
 
     def take(self, report: PodReport, now: float) -> None:
         if report.running is not None:
             self.running, self.running_at = report.running, now
-            self.sent_since = 0
         if report.waiting is not None:
             self.waiting, self.waiting_at = report.waiting, now
         if report.kv_usage is not None:
@@ -236,19 +227,27 @@ class PodState:
 
 
 class LoadSignals:
-    """Per-pod readings -> `on_load(url, load | None)` whenever a pod's load changes, and
-    the pods' KV sizes -> `on_kv(tokens | None)` whenever the agreed size changes."""
+    """Per-pod readings -> `on_load(url, load | None)` whenever a pod's reported load
+    changes, and the pods' KV sizes -> `on_kv(tokens | None)` whenever the agreed size
+    changes.
+
+    A saturated pod is reported at `over_cap(url)`: the load that puts it over its bounded-
+    load cap as things stand (the pool's own in-flight count plus the pod's cap), so every
+    sidecar spills past it while it queues; any other pod is reported None (own in-flight
+    decides). Without `over_cap` nothing is reported (readings are still kept)."""
 
     def __init__(
         self,
         on_load: Callable[[str, int | None], None],
         rule: LoadRule | None = None,
         *,
+        over_cap: Callable[[str], int | None] | None = None,
         on_kv: Callable[[int | None], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rule = rule or LoadRule()
         self._on_load = on_load
+        self._over_cap = over_cap
         self._on_kv = on_kv
         self._clock = clock
         self.pods: dict[str, PodState] = {}
@@ -269,10 +268,7 @@ class LoadSignals:
     def note_sent(self, url: str) -> None:
         pod = self.pods.get(url)
         if pod is not None:
-            pod.sent_at = now = self._clock()
-            pod.sent_since += 1
-            if pod.pushed is not None:
-                self._push(url, pod, now)
+            pod.sent_at = self._clock()
 
     def observe_header(self, url: str, value: str | None) -> None:
         """A response's `endpoint-load-metrics` header (None when the pod sent none)."""
@@ -302,9 +298,9 @@ class LoadSignals:
             if pod.pushed is not None:
                 self._push(url, pod, now)
 
-    def load(self, url: str) -> int | None:
+    def saturated(self, url: str) -> bool | None:
         pod = self.pods.get(url)
-        return None if pod is None else self.rule.load(pod, self._clock())
+        return None if pod is None else self.rule.saturated(pod, self._clock())
 
     def now(self) -> float:
         return self._clock()
@@ -315,7 +311,9 @@ class LoadSignals:
         return [url for url, pod in self.pods.items() if max(pod.heard_at, pod.asked_at) < limit]
 
     def _push(self, url: str, pod: PodState, now: float) -> None:
-        load = self.rule.load(pod, now)
+        over_cap = self._over_cap
+        saturated = self.rule.saturated(pod, now)
+        load = over_cap(url) if saturated and over_cap is not None else None
         if load != pod.pushed:
             pod.pushed = load
             self._on_load(url, load)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import signal
 import threading
@@ -80,8 +81,8 @@ class Sidecar(AsyncService):
                 LoadRule(
                     max_age_s=config.load_signal_max_age_s,
                     kv_threshold=config.load_kv_threshold,
-                    saturation_penalty=config.load_saturation_penalty,
                 ),
+                over_cap=self._over_cap_load,
                 on_kv=self._pods_kv_changed,
             )
             if config.load_signals
@@ -421,6 +422,20 @@ class Sidecar(AsyncService):
         self.metrics.forget_backends()
         if self.health is not None:
             self.health.set_members([m.url for m in members])
+
+    def _over_cap_load(self, url: str) -> int | None:
+        """The load that puts `url` over its bounded-load cap now: its own in-flight count
+        plus cap(m) of routing contract section 4 on the current table (None when it is not
+        on the table)."""
+        table = self.pool.table
+        index = table.index.get(url)
+        backend = self.pool.backends.get(url)
+        if index is None or table.ring is None or backend is None:
+            return None
+        ring = table.ring
+        share = float(ring.weights[index]) / float(ring.total_weight)
+        cap = math.ceil(self.config.load_factor * float(table.total + 1) * share)
+        return backend.in_flight + max(self.config.load_cap_floor, cap)
 
     def _pods_kv_changed(self, kv_tokens: int | None) -> None:
         """The pods' agreed KV size changed: with no configured budget (the override), the

@@ -5,6 +5,7 @@ against real aiohttp pods on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import AsyncIterator
@@ -157,58 +158,75 @@ async def test_emulator_page_parses() -> None:
 # --- the rule and its staleness ----------------------------------------------------------
 
 
-def test_rule_is_running_plus_waiting_plus_penalty_when_saturated() -> None:
-    rule = LoadRule(max_age_s=2.0, kv_threshold=0.9, saturation_penalty=8)
+def test_saturated_means_a_fresh_queue_or_full_kv() -> None:
+    rule = LoadRule(max_age_s=2.0, kv_threshold=0.9)
     pod = PodState()
-    assert rule.load(pod, 0.0) is None  # never heard: unknown
+    assert rule.saturated(pod, 0.0) is None  # never heard: unknown
+    pod.take(PodReport(running=5.0), now=9.0)
+    assert rule.saturated(pod, 9.0) is None  # running alone says nothing about saturation
     pod.take(PodReport(running=5.0, waiting=0.0, kv_usage=0.5), now=10.0)
-    assert rule.load(pod, 10.0) == 5
+    assert rule.saturated(pod, 10.0) is False
     pod.take(PodReport(waiting=2.0), now=11.0)
-    assert rule.load(pod, 11.0) == 5 + 2 + 8  # queueing: saturated
-    pod.take(PodReport(waiting=0.0, kv_usage=0.95), now=11.5)
-    assert rule.load(pod, 11.5) == 5 + 8  # KV full: saturated
-    assert rule.load(pod, 12.0) == 13  # running is 2.0 s old: still counts
-    assert rule.load(pod, 12.01) == 8  # running aged out; the header's waiting and KV count
-    assert rule.load(pod, 13.6) is None  # everything aged out: back to own in-flight
+    assert rule.saturated(pod, 11.0) is True  # queueing
+    pod.take(PodReport(waiting=0.0, kv_usage=0.9), now=11.5)
+    assert rule.saturated(pod, 11.5) is True  # KV full
+    assert rule.saturated(pod, 12.01) is True  # the KV reading (11.5) is still fresh
+    pod.take(PodReport(kv_usage=0.2), now=13.0)
+    assert rule.saturated(pod, 13.0) is False
+    assert rule.saturated(pod, 15.01) is None  # everything aged out: back to own in-flight
 
 
-def test_own_sends_since_the_reading_add_up_until_the_next_one() -> None:
-    clock = Clock()
-    loads: dict[str, int | None] = {}
-    signals = LoadSignals(loads.__setitem__, LoadRule(max_age_s=2.0), clock=clock)
-    signals.set_members(["http://a:1"])
-    signals.note_sent("http://a:1")  # nothing known yet: no report
-    assert loads == {}
-    signals.observe("http://a:1", PodReport(running=4.0, waiting=0.0))
-    assert loads == {"http://a:1": 4}
-    for _ in range(3):
-        signals.note_sent("http://a:1")
-    assert loads == {"http://a:1": 7}
-    signals.observe("http://a:1", PodReport(running=5.0, waiting=0.0))  # counted them
-    assert loads == {"http://a:1": 5}
-
-
-def test_signals_push_loads_to_the_pool_and_fall_back_when_stale() -> None:
-    clock = Clock()
+def _pool(*urls: str) -> BackendPool:
     pool = BackendPool()
-    pool.set_members([Member("http://a:1"), Member("http://b:1")])
-    for url in pool.backends:
+    pool.set_members([Member(url) for url in urls])
+    for url in urls:
         pool.set_health(url, True)
-    signals = LoadSignals(pool.report_load, LoadRule(max_age_s=2.0), clock=clock)
+    return pool
+
+
+def test_a_saturated_pod_is_reported_over_its_cap_until_stale() -> None:
+    clock = Clock()
+    pool = _pool("http://a:1", "http://b:1")
+    over = {"http://a:1": 20, "http://b:1": 30}
+    signals = LoadSignals(pool.report_load, LoadRule(max_age_s=2.0), over_cap=over.get, clock=clock)
     signals.set_members(pool.backends)
     pool.acquire("http://a:1")
     index = pool.table.index
-    signals.observe("http://a:1", PodReport(running=6.0, waiting=0.0))
-    signals.observe_header("http://b:1", VLLM_TEXT)
-    assert pool.table.loads[index["http://a:1"]] == 6  # max(own 1, reported 6)
-    assert pool.table.loads[index["http://b:1"]] == 3 + 8  # 3 waiting + saturated
+    signals.observe("http://a:1", PodReport(running=6.0, waiting=0.0, kv_usage=0.1))
+    signals.observe_header("http://b:1", VLLM_TEXT)  # 3 waiting: saturated
+    assert pool.backends["http://a:1"].reported_load is None  # not saturated: own decides
+    assert pool.table.loads[index["http://a:1"]] == 1
+    assert pool.table.loads[index["http://b:1"]] == 30
     clock.now += 2.5
     signals.expire()
-    assert pool.table.loads[index["http://a:1"]] == 1  # stale: own in-flight again
-    assert pool.table.loads[index["http://b:1"]] == 0
+    assert pool.table.loads[index["http://b:1"]] == 0  # stale: own in-flight again
     assert signals.headers_seen == 1
     signals.observe_header("http://b:1", "TEXT garbage")
     assert signals.headers_refused == 1
+    signals.observe_header("http://b:1", "TEXT named_metrics.num_requests_waiting=0.0")
+    assert pool.backends["http://b:1"].reported_load is None
+
+
+def test_the_over_cap_load_really_makes_the_pick_spill() -> None:
+    """With a report at own + cap, bounded load skips the saturated home for the next pod."""
+    pool = _pool(*(f"http://p{i}:1" for i in range(4)))
+    table = pool.table
+    assert table.ring is not None
+    key = 12345
+    home = table.ring.preference(key, 1)[0]
+
+    def over_cap(url: str) -> int:
+        t = pool.table
+        cap = math.ceil(1.25 * (t.total + 1) / 4)
+        return pool.backends[url].in_flight + max(8, cap)
+
+    signals = LoadSignals(pool.report_load, over_cap=over_cap)
+    signals.set_members(pool.backends)
+    signals.observe(home, PodReport(waiting=1.0))
+    table = pool.table
+    assert table.ring is not None
+    member, branch = table.ring.pick(key, table.loads, 1, 1.25, 8)
+    assert member != home and branch == "spill"
 
 
 def test_sidecars_seeing_the_same_pod_state_report_the_same_loads() -> None:
@@ -216,11 +234,11 @@ def test_sidecars_seeing_the_same_pod_state_report_the_same_loads() -> None:
     pods = [f"http://p{i}:1" for i in range(5)]
     reports = [PodReport(running=float(i * 3), waiting=float(i % 2)) for i in range(5)]
     for seen in loads:
-        signals = LoadSignals(seen.__setitem__, clock=Clock())
+        signals = LoadSignals(seen.__setitem__, over_cap=lambda url: 99, clock=Clock())
         signals.set_members(reversed(pods))
         for url, report in zip(pods, reports, strict=True):
             signals.observe(url, report)
-    assert loads[0] == loads[1] == {p: i * 3 + (i % 2) * 9 for i, p in enumerate(pods)}
+    assert loads[0] == loads[1] == {pods[1]: 99, pods[3]: 99}
 
 
 def test_kv_agreement_is_the_smallest_known_size() -> None:
@@ -286,7 +304,7 @@ async def pods() -> AsyncIterator[Pods]:
 
 async def test_poller_asks_at_most_sample_pods_per_round(pods: Pods) -> None:
     loads: dict[str, int | None] = {}
-    signals = LoadSignals(loads.__setitem__, LoadRule(max_age_s=2.0))
+    signals = LoadSignals(loads.__setitem__, LoadRule(max_age_s=2.0), over_cap=lambda u: 50)
     signals.set_members(pods.urls)
     async with ClientSession() as session:
         poller = MetricsPoller(
@@ -296,7 +314,7 @@ async def test_poller_asks_at_most_sample_pods_per_round(pods: Pods) -> None:
             await poller.poll_once()
             assert sum(pods.polls.values()) == 3 * round_
         assert max(pods.polls.values()) == 1  # the ones not heard from go first
-        assert len(loads) == 15 and set(loads.values()) == {7 + 1 + 8}
+        assert len(loads) == 15 and set(loads.values()) == {50}  # 1 waiting: saturated
         # Everyone heard from within refresh_after_s: nothing to ask.
         for _ in range(2):
             await poller.poll_once()
@@ -348,7 +366,7 @@ async def test_pod_reports_reach_the_pick_through_the_emulator() -> None:
     async with run_emulator(config) as url, ClientSession() as session:
         pool.set_members([Member(url)])
         pool.set_health(url, True)
-        signals = LoadSignals(pool.report_load)
+        signals = LoadSignals(pool.report_load, over_cap=lambda u: 77)
         signals.set_members([url])
         body = {"prompt": "same", "max_tokens": 11}
         tasks = [
@@ -358,4 +376,4 @@ async def test_pod_reports_reach_the_pick_through_the_emulator() -> None:
         await MetricsPoller(signals, session, sample=1).poll_once()
         for response in await asyncio.gather(*tasks):
             response.release()
-    assert pool.table.loads[0] == 1 + 2 + 8  # 1 running, 2 waiting, saturated
+    assert pool.table.loads[0] == 77  # 1 running, 2 waiting: saturated, over its cap
