@@ -91,7 +91,7 @@ async def test_hostile_header_is_refused_and_the_request_still_succeeds() -> Non
     await site.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     loads: dict[str, int | None] = {}
-    signals = LoadSignals(loads.__setitem__)
+    signals = LoadSignals(loads.__setitem__, over_cap=lambda u: 9)
     signals.set_members([url])
     client = UpstreamClient(load_observer=signals)
     try:
@@ -101,5 +101,5 @@ async def test_hostile_header_is_refused_and_the_request_still_succeeds() -> Non
         await runner.cleanup()
     assert asked == ["TEXT"]
     assert signals.headers_refused == 1 and loads == {}
-    signals.observe(url, PodReport(waiting=0.0))
-    assert loads == {url: 0}
+    signals.observe(url, PodReport(waiting=1.0))  # an honest reading still counts
+    assert loads == {url: 9}
