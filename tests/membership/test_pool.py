@@ -3,6 +3,8 @@ they are the same pods, and the watchers that hear of every new table."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from sidecar.membership.pool import (
@@ -173,3 +175,24 @@ def test_the_pool_builds_the_chosen_table_for_routing_and_target() -> None:
     pool.acquire(URLS[0])
     pool.report_load(URLS[1], 4)
     assert pool.table.total == sum(pool.table.loads) == 5
+
+
+def test_the_total_invariant_holds_through_random_changes() -> None:
+    """pick trusts table.total == sum(table.loads) (routing contract section 4): keep it
+    through random acquires, releases, reports and health changes."""
+    chance = random.Random(15)
+    pool = serving_pool(URLS)
+    for _ in range(1500):
+        url = chance.choice(URLS)
+        action = chance.random()
+        if action < 0.4:
+            pool.acquire(url)
+        elif action < 0.75:
+            pool.release(url)
+        elif action < 0.95:
+            pool.report_load(url, chance.choice([None, 0, 1, 3, 9, 40]))
+        else:
+            pool.set_health(url, not pool.backends[url].healthy)
+        table = pool.table
+        assert table.total == sum(table.loads)
+        assert list(table.loads) == [pool.backends[u].load for u in table.members]
