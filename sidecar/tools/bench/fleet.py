@@ -144,11 +144,12 @@ def split_name(name: str) -> tuple[str, int, bool]:
 
 
 class PodSampler:
-    """Reads every pod's own gauges every SAMPLE_INTERVAL_S while a run goes: in flight per
-    pod (running + waiting) and vllm:num_requests_waiting, as the pods count them."""
+    """Reads every pod's own gauges every `interval_s` while a run goes: in flight per pod
+    (running + waiting) and vllm:num_requests_waiting, as the pods count them."""
 
-    def __init__(self, urls: Sequence[str]) -> None:
+    def __init__(self, urls: Sequence[str], interval_s: float = SAMPLE_INTERVAL_S) -> None:
         self.urls = list(urls)
+        self.interval_s = interval_s
         self.peak_in_flight = 0.0
         self.in_flight_sum = 0.0  # sum over samples of the mean in flight per pod
         self.peak_waiting = 0.0
@@ -156,6 +157,8 @@ class PodSampler:
         self.samples = 0
 
     async def run(self) -> None:
+        if self.interval_s <= 0:
+            return
         async with aiohttp.ClientSession() as session:
             while True:
                 reads = await asyncio.gather(
@@ -171,7 +174,7 @@ class PodSampler:
                     self.peak_waiting = max(self.peak_waiting, *waiting)
                     self.waiting_sum += sum(waiting) / len(waiting)
                     self.samples += 1
-                await asyncio.sleep(SAMPLE_INTERVAL_S)
+                await asyncio.sleep(self.interval_s)
 
     def summary(self) -> dict[str, float]:
         samples = max(1, self.samples)
@@ -225,7 +228,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             if policy == SIDECAR:  # the baselines keep the plain ring's homes for prewarm
                 settings["home_kv_budget_tokens"] = budget
                 settings["home_balance_factor"] = args.home_balance
-            sampler = PodSampler(fleet.urls)
+            sampler = PodSampler(fleet.urls, args.pod_sample_s)
             sampling = asyncio.create_task(sampler.run())
             run = await run_policy(
                 fleet.urls,
@@ -440,6 +443,13 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "--compare-signals",
         action="store_true",
         help="run every sidecar policy again with the pod load signals off (_nosig)",
+    )
+    add(
+        "--pod-sample-s",
+        type=float,
+        default=SAMPLE_INTERVAL_S,
+        metavar="S",
+        help=f"real seconds between reads of the pods' own gauges ({SAMPLE_INTERVAL_S}; 0: off)",
     )
     add(
         "--pod-load-header",
