@@ -254,6 +254,7 @@ class LoadSignals:
         self.kv_tokens: int | None = None
         self.headers_seen = 0
         self.headers_refused = 0
+        self.all_saturated = False  # every member saturated: nothing is reported
 
     def set_members(self, urls: Iterable[str]) -> None:
         """Follow the membership: new pods start unknown, gone ones are forgotten."""
@@ -286,17 +287,20 @@ class LoadSignals:
         if pod is None:
             return  # not (or no longer) a member: a late answer from a pod that left
         kv_before = pod.kv_tokens
-        pod.take(report, self._clock())
-        self._push(url, pod, self._clock())
+        now = self._clock()
+        pod.take(report, now)
+        if self._check_all_saturated(now):
+            self._push_all(now)
+        else:
+            self._push(url, pod, now)
         if pod.kv_tokens != kv_before:
             self._agree_kv()
 
     def expire(self) -> None:
         """Give the pool None for every pod whose readings aged out since the last push."""
         now = self._clock()
-        for url, pod in self.pods.items():
-            if pod.pushed is not None:
-                self._push(url, pod, now)
+        self._check_all_saturated(now)
+        self._push_all(now)
 
     def saturated(self, url: str) -> bool | None:
         pod = self.pods.get(url)
@@ -310,9 +314,23 @@ class LoadSignals:
         limit = self._clock() - refresh_after_s
         return [url for url, pod in self.pods.items() if max(pod.heard_at, pod.asked_at) < limit]
 
+    def _check_all_saturated(self, now: float) -> bool:
+        """Whether every member is saturated now; True when that changed. Then no pod is
+        reported: all of them over their caps would send every pick to the least loaded by
+        readings up to an interval old, i.e. all sidecars to one pod until the next reading
+        (measured); each sidecar's own live counts spread the overload better."""
+        every = bool(self.pods) and all(self.rule.saturated(pod, now) for pod in self.pods.values())
+        changed = every != self.all_saturated
+        self.all_saturated = every
+        return changed
+
+    def _push_all(self, now: float) -> None:
+        for url, pod in self.pods.items():
+            self._push(url, pod, now)
+
     def _push(self, url: str, pod: PodState, now: float) -> None:
         over_cap = self._over_cap
-        saturated = self.rule.saturated(pod, now)
+        saturated = self.rule.saturated(pod, now) and not self.all_saturated
         load = over_cap(url) if saturated and over_cap is not None else None
         if load != pod.pushed:
             pod.pushed = load

@@ -424,18 +424,21 @@ class Sidecar(AsyncService):
             self.health.set_members([m.url for m in members])
 
     def _over_cap_load(self, url: str) -> int | None:
-        """The load that puts `url` over its bounded-load cap now: its own in-flight count
-        plus cap(m) of routing contract section 4 on the current table (None when it is not
-        on the table)."""
+        """The smallest load that puts `url` over its bounded-load cap (routing contract
+        section 4) on the current table, counting that the report itself joins the total:
+        v with v + 1 > max(min_cap, ceil(c (L - e + v + 1) s)), e being the pod's load in the
+        table and s its weight share; the smallest, so that the others' caps grow least.
+        None when no load can (c s >= 1: one pod, or c >= the pod count)."""
         table = self.pool.table
         index = table.index.get(url)
-        backend = self.pool.backends.get(url)
-        if index is None or table.ring is None or backend is None:
+        if index is None or table.ring is None:
             return None
         ring = table.ring
-        share = float(ring.weights[index]) / float(ring.total_weight)
-        cap = math.ceil(self.config.load_factor * float(table.total + 1) * share)
-        return backend.in_flight + max(self.config.load_cap_floor, cap)
+        share = self.config.load_factor * float(ring.weights[index]) / float(ring.total_weight)
+        if share >= 1.0:
+            return None
+        others = table.total - table.loads[index] + 1
+        return max(self.config.load_cap_floor, math.ceil(share * others / (1.0 - share)))
 
     def _pods_kv_changed(self, kv_tokens: int | None) -> None:
         """The pods' agreed KV size changed: with no configured budget (the override), the

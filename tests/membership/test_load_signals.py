@@ -229,6 +229,18 @@ def test_the_over_cap_load_really_makes_the_pick_spill() -> None:
     assert member != home and branch == "spill"
 
 
+def test_when_every_pod_is_saturated_none_is_reported() -> None:
+    loads: dict[str, int | None] = {}
+    signals = LoadSignals(loads.__setitem__, over_cap=lambda url: 40, clock=Clock())
+    signals.set_members(["http://a:1", "http://b:1"])
+    signals.observe("http://a:1", PodReport(waiting=2.0))
+    assert loads == {"http://a:1": 40}
+    signals.observe("http://b:1", PodReport(waiting=1.0))  # now all: own counts decide
+    assert loads == {"http://a:1": None} and signals.all_saturated
+    signals.observe("http://b:1", PodReport(waiting=0.0))  # b drained: a is skipped again
+    assert loads == {"http://a:1": 40} and not signals.all_saturated
+
+
 def test_sidecars_seeing_the_same_pod_state_report_the_same_loads() -> None:
     loads: list[dict[str, int | None]] = [{}, {}]
     pods = [f"http://p{i}:1" for i in range(5)]
@@ -367,13 +379,13 @@ async def test_pod_reports_reach_the_pick_through_the_emulator() -> None:
         pool.set_members([Member(url)])
         pool.set_health(url, True)
         signals = LoadSignals(pool.report_load, over_cap=lambda u: 77)
-        signals.set_members([url])
+        signals.set_members([url, "http://127.0.0.1:9"])  # another pod, not known saturated
         body = {"prompt": "same", "max_tokens": 11}
         tasks = [
             asyncio.create_task(session.post(url + "/v1/completions", json=body)) for _ in range(3)
         ]
         await asyncio.sleep(0.02)
-        await MetricsPoller(signals, session, sample=1).poll_once()
+        await MetricsPoller(signals, session, sample=2, timeout_s=0.5).poll_once()
         for response in await asyncio.gather(*tasks):
             response.release()
     assert pool.table.loads[0] == 77  # 1 running, 2 waiting: saturated, over its cap

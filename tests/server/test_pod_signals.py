@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from pathlib import Path
 
 import aiohttp
@@ -74,3 +75,33 @@ async def test_signals_off_asks_nothing(tmp_path: Path) -> None:
             assert sidecar.signals is None and sidecar.poller is None and sidecar.sizer is None
             assert sidecar.pool.backends[a].reported_load is None
             assert sidecar.store.by_name("rules").tokens == 0
+
+
+def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -> None:
+    """Whatever the loads, the report v puts the pod over its cap once it joins the total,
+    and v - 1 would not (unless the floor decides): the others' caps grow least."""
+    import random
+
+    from sidecar.membership.sources import Member
+
+    pods = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]
+    sidecar = Sidecar(sidecar_config(tmp_path, pods, load_cap_floor=8))
+    pool = sidecar.pool
+    pool.set_members([Member(url) for url in pods])
+    for url in pods:
+        pool.set_health(url, True)
+    rng = random.Random(7)
+    for _ in range(200):
+        url = rng.choice(pods)
+        for _ in range(rng.randrange(0, 40)):
+            pool.acquire(rng.choice(pods))
+        v = sidecar._over_cap_load(url)
+        assert v is not None
+        table = pool.table
+        rest = table.total - table.loads[table.index[url]]
+
+        def cap(load: int, rest: int = rest) -> float:
+            return max(8, math.ceil(1.25 * (rest + load + 1) / 5))
+
+        assert v + 1 > cap(v), (v, rest)
+        assert v == 8 or v <= cap(v - 1), (v, rest)  # one less would still fit

@@ -92,7 +92,7 @@ async def test_hostile_header_is_refused_and_the_request_still_succeeds() -> Non
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     loads: dict[str, int | None] = {}
     signals = LoadSignals(loads.__setitem__, over_cap=lambda u: 9)
-    signals.set_members([url])
+    signals.set_members([url, "http://127.0.0.1:9"])  # not the only pod: see all_saturated
     client = UpstreamClient(load_observer=signals)
     try:
         await _stream_once(client, url)
