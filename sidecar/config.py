@@ -330,8 +330,11 @@ class Config:
     # The pods' own load and KV (docs/load-signals.md): every request asks for vLLM's ORCA
     # load header, a few pods per interval are asked for /metrics, and a pod that queues or
     # whose KV is full counts as over its bounded-load cap while the reading is fresh.
-    load_signals: bool = setting(
-        True, "spill past pods that report queueing or full KV (ORCA header, /metrics polls)"
+    load_signals: bool = setting(True, "read the pods' load and KV (ORCA header, /metrics polls)")
+    # Measured harmful at 2x rate with 4 sidecars (docs/benchmarks.md "Pod load signals"):
+    # off by default; the readings, the KV budget and the token counts stay on.
+    load_report_saturation: bool = setting(
+        False, "count a pod that reports queueing or full KV as over its cap"
     )
     load_signal_max_age_s: float = setting(
         2.0, "seconds a pod's load reading counts; older = own in-flight only", check=POSITIVE

@@ -82,7 +82,7 @@ class Sidecar(AsyncService):
                     max_age_s=config.load_signal_max_age_s,
                     kv_threshold=config.load_kv_threshold,
                 ),
-                over_cap=self._over_cap_load,
+                over_cap=self._over_cap_load if config.load_report_saturation else None,
                 on_kv=self._pods_kv_changed,
             )
             if config.load_signals

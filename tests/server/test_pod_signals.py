@@ -33,6 +33,7 @@ async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Pa
             load_poll_sample=2,
             home_kv_fraction=0.5,
             load_signal_max_age_s=0.5,
+            load_report_saturation=True,
         )
         async with Sidecar(config) as sidecar:
             sidecar.store.register("rules", text)

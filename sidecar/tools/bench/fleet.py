@@ -224,7 +224,11 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         )
         for name in policies:
             policy, sidecars, signals = split_name(name)
-            settings: dict[str, object] = {"grace_s": 1, "load_signals": signals}
+            settings: dict[str, object] = {
+                "grace_s": 1,
+                "load_signals": signals,
+                "load_report_saturation": signals,
+            }
             if policy == SIDECAR:  # the baselines keep the plain ring's homes for prewarm
                 settings["home_kv_budget_tokens"] = budget
                 settings["home_balance_factor"] = args.home_balance
