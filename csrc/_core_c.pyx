@@ -27,10 +27,12 @@ from sidecar._core_py import (
     DEFAULT_TABLE_SIZE,
     DEFAULT_VNODES,
     HASH_TABLES,
+    MAX_BLOCK_BYTES,
     MAX_TOTAL_LOAD,
     _check_given_load,
     _check_members,
     _utf8,
+    check_chain_args,
     check_homes,
     check_key,
     check_pick_args,
@@ -81,6 +83,53 @@ cdef inline uint64_t _hash(const char *data, size_t length) noexcept nogil:
 def route_key(data):
     """key(data): the first 64-bit word of MurmurHash3_x64_128(data, seed=0), unsigned."""
     return _key_of(data)
+
+
+def chain_keys(data, block_bytes, max_blocks):
+    """Chained keys of the full blocks of `data` (routing contract 9a), vLLM style:
+    c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, for the first min(len // B, max_blocks)
+    blocks. One pass in C: a 32 KB prompt in 64-byte blocks is ~512 short hashes."""
+    cdef Py_buffer view
+    cdef size_t block, count, i, j
+    cdef uint64_t parent = 0
+    cdef char *buffer
+    cdef const char *base
+    if type(data) is not bytes or type(block_bytes) is not int or type(max_blocks) is not int:
+        check_chain_args(data, block_bytes, max_blocks)
+    if not 1 <= block_bytes <= MAX_BLOCK_BYTES or max_blocks < 0:
+        check_chain_args(data, block_bytes, max_blocks)
+    if isinstance(data, memoryview) and not data.c_contiguous:
+        data = bytes(data)
+    block = <size_t>block_bytes
+    cdef uint64_t *out = NULL
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        count = <size_t>view.len // block
+        if <object>count > max_blocks:
+            count = <size_t>max_blocks
+        if count == 0:
+            return []
+        buffer = <char *>malloc(8 + block)
+        out = <uint64_t *>malloc(count * sizeof(uint64_t))
+        if buffer == NULL or out == NULL:
+            free(buffer)
+            free(out)
+            raise MemoryError()
+        base = <const char *>view.buf
+        with nogil:
+            for i in range(count):
+                for j in range(8):  # le64(parent), whatever the machine's byte order
+                    buffer[j] = <char>((parent >> (8 * j)) & 0xFF)
+                memcpy(buffer + 8, base + i * block, block)
+                parent = _hash(buffer, 8 + block)
+                out[i] = parent
+        free(buffer)
+        try:
+            return [out[i] for i in range(count)]
+        finally:
+            free(out)
+    finally:
+        PyBuffer_Release(&view)
 
 
 def prefix_id(text):
@@ -397,6 +446,43 @@ cdef class _Table:
             if position == self._size:
                 position = 0
         return self.members[least], BRANCH_FALLBACK
+
+    def session_home(self, family, homes, session):
+        """The index of the first member of preference(session, N) that is one of
+        preference(family, homes) (routing contract 9b): consistent hashing of the session
+        key restricted to the family's home set, so growing the set moves few sessions.
+        Written on the preference walk, so a Maglev table answers it the same way."""
+        if isinstance(homes, bool) or not isinstance(homes, int):
+            raise TypeError(f"homes must be an int, got {type(homes).__name__}")
+        if homes < 1:
+            raise ValueError(f"homes is {homes}; a home set has at least 1 member")
+        cdef uint64_t f = _as_key(family)
+        cdef uint64_t k = _as_key(session)
+        cdef uint32_t want = self._count if homes > self._count else <uint32_t>homes
+        cdef uint32_t given[64]
+        cdef uint32_t *home = given
+        cdef uint32_t epoch
+        cdef size_t position
+        if want == self._count:
+            return self._owners[self._start(k)]  # every member is home: the session's owner
+        if want > 64:
+            home = <uint32_t *>malloc(want * sizeof(uint32_t))
+            if home == NULL:
+                raise MemoryError()
+        try:
+            # _walk stamps exactly the home set with its fresh epoch; nothing walks between
+            # it and the session's walk, so a stamp equal to that epoch marks a home member.
+            self._walk(self._start(f), want, home)
+            epoch = self._epoch
+            position = self._start(k)
+            while self._stamps[self._owners[position]] != epoch:
+                position += 1
+                if position == self._size:
+                    position = 0
+            return self._owners[position]
+        finally:
+            if home != given:
+                free(home)
 
 
 cdef class Ring(_Table):

@@ -45,6 +45,9 @@ DEFAULT_TABLE_SIZE = 65537
 MAX_TABLE_SIZE = 1 << 24
 HASH_TABLES = ("ring", "maglev")
 
+# Organic routing (routing contract section 9): block chain hashing of unregistered prompts.
+MAX_BLOCK_BYTES = 1 << 16
+
 BRANCH_HOME = "home"
 BRANCH_SPILL = "spill"
 BRANCH_FALLBACK = "fallback"
@@ -67,6 +70,39 @@ def prefix_id(text: str) -> str:
 def prefix_route_key(text: str) -> int:
     """A prefix's route key: key() of its UTF-8 bytes."""
     return route_key(_utf8(text, "prefix_route_key"))
+
+
+def check_chain_args(data: object, block_bytes: object, max_blocks: object) -> None:
+    """Validate chain_keys' arguments (both twins raise the first error alike)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"chain_keys() needs bytes, got {type(data).__name__}; encode text as UTF-8 first"
+        )
+    if isinstance(block_bytes, bool) or not isinstance(block_bytes, int):
+        raise TypeError(f"block_bytes must be an int, got {type(block_bytes).__name__}")
+    if not 1 <= block_bytes <= MAX_BLOCK_BYTES:
+        raise ValueError(f"block_bytes is {block_bytes}; it must be in 1..{MAX_BLOCK_BYTES}")
+    if isinstance(max_blocks, bool) or not isinstance(max_blocks, int):
+        raise TypeError(f"max_blocks must be an int, got {type(max_blocks).__name__}")
+    if max_blocks < 0:
+        raise ValueError(f"max_blocks is {max_blocks}; it must be >= 0")
+
+
+def chain_keys(data: bytes, block_bytes: int, max_blocks: int) -> list[int]:
+    """Chained keys of the full blocks of `data` (routing contract 9a), vLLM style:
+    c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, for the first min(len // B, max_blocks)
+    blocks. Two prompts share c_i only if they share their first (i + 1) * B bytes."""
+    check_chain_args(data, block_bytes, max_blocks)
+    raw = bytes(data)
+    count = min(len(raw) // block_bytes, max_blocks)
+    keys: list[int] = []
+    parent = 0
+    hash64 = mmh3.hash64
+    for start in range(0, count * block_bytes, block_bytes):
+        block = parent.to_bytes(8, "little") + raw[start : start + block_bytes]
+        parent = int(hash64(block, seed=0, signed=False)[0])
+        keys.append(parent)
+    return keys
 
 
 def _utf8(text: str, where: str) -> bytes:
@@ -392,6 +428,24 @@ class _Table:
             ):
                 return self.members[member], BRANCH_SPILL
         return self.members[least], BRANCH_FALLBACK
+
+    def session_home(self, family: int, homes: int, session: int) -> int:
+        """The index of the first member of preference(session, N) that is one of
+        preference(family, homes) (routing contract 9b): consistent hashing of the session
+        key restricted to the family's home set, so growing the set moves few sessions.
+        Written on the preference walk, so a Maglev table answers it the same way."""
+        if isinstance(homes, bool) or not isinstance(homes, int):
+            raise TypeError(f"homes must be an int, got {type(homes).__name__}")
+        if homes < 1:
+            raise ValueError(f"homes is {homes}; a home set has at least 1 member")
+        home = set(islice(self._distinct(self._start(check_key(family))), homes))
+        owners = self._owners
+        position = self._start(check_key(session))
+        while owners[position] not in home:
+            position += 1
+            if position == len(owners):
+                position = 0
+        return owners[position]
 
 
 def _check_given_load(load: int, member: int, total: int) -> None:

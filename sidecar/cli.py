@@ -29,6 +29,7 @@ TOOL_COMMANDS: dict[str, str] = {
     "demo": "sidecar.tools.demo",
     "bench": "sidecar.tools.bench.cli",
     "cost": "sidecar.tools.cost",
+    "plan": "sidecar.tools.plan.cli",
     "fuzz": "sidecar.tools.fuzz",
     "attack": "sidecar.tools.attack",
 }

@@ -30,6 +30,7 @@ ENV_PREFIX = "PREFIX_SIDECAR_"
 DEFAULT_SOCKET = "unix:///tmp/prefix-sidecar.sock"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+UNREGISTERED_ROUTING = ("organic", "window")
 
 ConfigError = FieldError  # the name callers catch: a value that cannot be used, field named
 
@@ -291,8 +292,39 @@ class Config:
     metrics_host: str = setting("127.0.0.1", "the address the metrics port binds")
 
     model: str = setting("", "model sent to the pods when a request names none")
+    # How an unregistered prompt or chat routes (docs/organic-routing.md, routing contract 9):
+    # organic keys a chat by its system and first user message and a raw prompt by learnt
+    # anchors, spreading a tenant's sessions over a home set sized by its share; window is
+    # the original key of the first route_window_bytes bytes (a chat's first message).
+    unregistered_routing: str = setting(
+        "organic",
+        "organic (learnt anchors, chat structure) or window (key of the first bytes)",
+        check=one_of(UNREGISTERED_ROUTING),
+    )
     route_window_bytes: int = setting(
-        4096, "bytes of an unregistered prompt that make its route key", check=AT_LEAST_ONE
+        4096,
+        "bytes of an unregistered prompt that make its route key (window routing, and the "
+        "organic fallback for a prompt shorter than one block)",
+        check=AT_LEAST_ONE,
+    )
+    organic_home_spread: float = setting(
+        3.0,
+        "organic routing: a family's home set is ceil(spread x its share x pods) pods",
+        check=above(0.0),
+    )
+    # Organic requests are small next to a registered fat prefix: a spill costs a session's
+    # history at most, while a hot pod's queue costs every request behind it, so their
+    # floor is lower than load_cap_floor (which stays for registered prefixes).
+    organic_load_cap_floor: int = setting(
+        8,
+        "organic routing: the floor under every pod's cap (min_cap) for unregistered requests",
+        check=at_least(0, " (0 = no floor)"),
+    )
+    organic_table_blocks: int = setting(
+        32768,
+        "organic routing: block keys remembered per generation (two generations; ~8 MB at the "
+        "default)",
+        check=at_least(16),
     )
     replicas: int = setting(1, "pods per prefix (R of the routing contract)", check=AT_LEAST_ONE)
     load_factor: float = setting(

@@ -75,8 +75,9 @@ class Metrics:
         )
         self.failovers = Counter(
             "prefix_sidecar_failovers",
-            "Attempts moved to the next pod before the first token",
-            ["backend", "reason"],
+            "Attempts moved to the next pod before the first token, by front end (grpc or "
+            "http), backend and reason",
+            ["front", "backend", "reason"],
             registry=r,
         )
         self.decision = Histogram(
@@ -95,8 +96,8 @@ class Metrics:
         )
         self.in_flight = Gauge(
             "prefix_sidecar_in_flight",
-            "In-flight upstream requests per backend",
-            ["backend"],
+            "In-flight upstream requests by front end (grpc or http) and backend",
+            ["front", "backend"],
             registry=r,
         )
         self.prompt_tokens = Counter(
@@ -158,9 +159,9 @@ class Metrics:
             (m, names, names.index("backend"))
             for m, names in (
                 (self.requests, ("front", "rpc", "backend", "branch", "status")),
-                (self.failovers, ("backend", "reason")),
+                (self.failovers, ("front", "backend", "reason")),
                 (self.ttft, ("front", "backend")),
-                (self.in_flight, ("backend",)),
+                (self.in_flight, ("front", "backend")),
                 (self.backend_healthy, ("backend",)),
                 (self.backend_state, ("backend", "state")),
                 (self.prewarm, ("backend", "result")),
@@ -243,7 +244,7 @@ class Metrics:
                 # series stays until that count is back to 0, or it would come back at -1
                 # (a sweep after the stream ends removes it).
                 running = {
-                    (sample.labels["backend"],)
+                    (sample.labels["front"], sample.labels["backend"])
                     for family in metric.collect()
                     for sample in family.samples
                     if sample.value != 0

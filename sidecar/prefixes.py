@@ -282,12 +282,30 @@ class PrefixStore:
         if not self._by_id:
             return None
         # Only the head that could hold a prefix is escaped: O(longest prefix), not O(prompt).
-        escaped = escape(prompt[: self._max_chars])
+        return self.match_escaped(escape(prompt[: self._max_chars]))
+
+    def match_escaped(
+        self, escaped: bytes, start: int = 0, end: int | None = None
+    ) -> PrefixEntry | None:
+        """`match` for a prompt already escaped: `escaped[start:end]` is escape(prompt), or
+        a head of it (the OpenAI front matches a caller's body where its prompt is, when the
+        caller escaped it as `escape` does)."""
+        if not self._by_id:
+            return None
+        stop = len(escaped) if end is None else end
         best: PrefixEntry | None = None
-        candidates = [*self._by_head.get(escaped[:MATCH_HEAD_BYTES], ()), *self._short]
+        head = escaped[start : min(start + MATCH_HEAD_BYTES, stop)]
+        candidates = [*self._by_head.get(head, ()), *self._short]
         for candidate in candidates:
-            if escaped.startswith(candidate.json_bytes) and (
+            if escaped.startswith(candidate.json_bytes, start, stop) and (
                 best is None or candidate.size > best.size
             ):
                 best = candidate
         return best
+
+    def escaped_reach(self, escaped: bytes, start: int = 0) -> int:
+        """How many bytes from `start` match_escaped reads: the head it looks up, and the
+        longest prefix it compares. Nothing past them can change its answer."""
+        head = escaped[start : start + MATCH_HEAD_BYTES]
+        candidates = [*self._by_head.get(head, ()), *self._short]
+        return max([MATCH_HEAD_BYTES, *(len(entry.json_bytes) for entry in candidates)])

@@ -21,19 +21,19 @@ def test_a_departed_pods_in_flight_never_goes_negative_and_then_goes() -> None:
     metrics = Metrics()
     members = {"http://old", "http://new"}
     metrics.track(lambda url: url in members, lambda name: False)
-    metrics.child(metrics.in_flight, "http://old").inc()  # a stream starts on it
+    metrics.child(metrics.in_flight, FRONT_GRPC, "http://old").inc()  # a stream starts on it
     metrics.child(metrics.ttft, FRONT_GRPC, "http://old").observe(0.1)
     metrics.set_backend("http://old", "serving", True)
 
     members.discard("http://old")
     metrics.forget_backends()
-    assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 1.0}
+    assert series(metrics, "prefix_sidecar_in_flight") == {("grpc", "http://old"): 1.0}
     assert series(metrics, "prefix_sidecar_backend_healthy") == {}
     assert series(metrics, "prefix_sidecar_ttft_seconds_count") == {}
 
-    metrics.child(metrics.in_flight, "http://old").dec()  # the stream ends
+    metrics.child(metrics.in_flight, FRONT_GRPC, "http://old").dec()  # the stream ends
     metrics.child(metrics.requests, FRONT_GRPC, "Complete", "http://old", "home", "OK").inc()
-    assert series(metrics, "prefix_sidecar_in_flight") == {("http://old",): 0.0}
+    assert series(metrics, "prefix_sidecar_in_flight") == {("grpc", "http://old"): 0.0}
     assert b"http://old" not in metrics.render()
     assert not metrics._children  # the memo forgot them too
 

@@ -1,15 +1,24 @@
 """Packaging tells the truth: the runtime never imports the tooling, and the declared lower
 bounds of the dependencies are enough - a fresh venv with exactly those versions imports the
-generated stubs, serves, and a tooling verb whose extra is missing says which to install."""
+generated stubs, serves (the gRPC socket and the OpenAI HTTP front), and a tooling verb whose
+extra is missing says which to install."""
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 import tomllib
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -105,21 +114,28 @@ def test_the_declared_minimum_versions_are_enough(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
     socket_path = tmp_path / "s.sock"
-    serve = subprocess.Popen(
-        [cli, "serve", "--listen", f"unix://{socket_path}", "--backend", "http://127.0.0.1:9"],
-        env=run_env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        health = [cli, "health", "--socket", str(socket_path)]
-        for _ in range(100):
-            done = subprocess.run(health, capture_output=True, text=True, env=run_env, timeout=10)
-            if done.returncode == 0:
-                break
-            subprocess.run(["sleep", "0.1"], check=True)
-        assert done.returncode == 0 and "SERVING" in done.stdout, done.stdout + done.stderr
-    finally:
-        serve.terminate()
-        _, stderr = serve.communicate(timeout=30)
+    front = f"127.0.0.1:{_free_port()}"
+    with _stdlib_pod() as pod:
+        serve = subprocess.Popen(
+            [cli, "serve", "--listen", f"unix://{socket_path}", "--backend", pod,
+             "--openai-listen", front],
+            env=run_env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            health = [cli, "health", "--socket", str(socket_path)]
+            for _ in range(100):
+                done = subprocess.run(
+                    health, capture_output=True, text=True, env=run_env, timeout=10
+                )
+                if done.returncode == 0:
+                    break
+                time.sleep(0.1)
+            assert done.returncode == 0 and "SERVING" in done.stdout, done.stdout + done.stderr
+            _the_front_relays(f"http://{front}")
+        finally:
+            serve.terminate()
+            _, stderr = serve.communicate(timeout=30)
     assert serve.returncode == 0, stderr[-3000:]
 
     fuzz = subprocess.run(
@@ -127,3 +143,84 @@ def test_the_declared_minimum_versions_are_enough(tmp_path: Path) -> None:
     )
     assert fuzz.returncode == 2
     assert "pip install 'prefix-sidecar[tools]'" in fuzz.stderr, fuzz.stderr
+
+
+def _the_front_relays(base: str) -> None:
+    """The OpenAI front on the minimum aiohttp: ready, a whole answer with the caller's
+    unknown field passed as written, and a stream to its [DONE]."""
+    for _ in range(100):
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=5) as reply:
+                if reply.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.1)
+    whole = _post(base, b'{"model": "m", "prompt": "x", "unknown": [1.50]}')
+    assert json.loads(whole)["seen"] == '{"model": "m", "prompt": "x", "unknown": [1.50]}'
+    streamed = _post(base, b'{"model": "m", "prompt": "x", "stream": true}').decode()
+    assert streamed.startswith("data: {") and streamed.endswith("data: [DONE]\n\n"), streamed
+
+
+def _post(base: str, body: bytes) -> bytes:
+    request = urllib.request.Request(
+        base + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200
+        return bytes(reply.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class _PodHandler(BaseHTTPRequestHandler):
+    """A pod from the standard library (the minimum venv has no emulator): /health,
+    /v1/models, and completions answered whole (echoing the body it got) or streamed."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        models = {"object": "list", "data": [{"id": "m", "object": "model"}]}
+        self._send(b"ok" if self.path == "/health" else json.dumps(models).encode())
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        if not json.loads(raw).get("stream"):
+            choice = {"index": 0, "text": "hi", "finish_reason": "stop"}
+            self._send(json.dumps({"choices": [choice], "seen": raw.decode()}).encode())
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for finish in (None, "stop"):
+            choice = {"index": 0, "text": "hi", "finish_reason": finish}
+            event = b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        done = b"data: [DONE]\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+    def _send(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@contextmanager
+def _stdlib_pod() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _PodHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -33,3 +33,6 @@ class Pick(NamedTuple):
     # The budgeted home set (member indexes into the table, preference order, routing
     # contract section 6), used instead of the ring's first R owners; None without a budget.
     homes: tuple[int, ...] | None
+    # The floor under the caps for this pick (min_cap), None: the policy's configured one.
+    # Organic routing passes its own (config organic_load_cap_floor).
+    min_cap: int | None = None

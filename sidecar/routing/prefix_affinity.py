@@ -35,25 +35,28 @@ class PrefixAffinity:
     def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
         ring = table.ring
         assert ring is not None
-        key, replicas, homes = pick
+        key, replicas, homes, min_cap = pick
+        floor = self.load_cap_floor if min_cap is None else min_cap
         if homes:
             member, branch = ring.pick_among(
-                key, table.loads, homes, self.load_factor, self.load_cap_floor, table.total
+                key, table.loads, homes, self.load_factor, floor, table.total
             )
         else:
             member, branch = ring.pick(
-                key, table.loads, replicas, self.load_factor, self.load_cap_floor, table.total
+                key, table.loads, replicas, self.load_factor, floor, table.total
             )
         return member, _BRANCHES[branch]
 
     def select_bytes(
-        self, table: RoutingTable, data: bytes, replicas: int
+        self, table: RoutingTable, data: bytes, replicas: int, min_cap: int | None = None
     ) -> tuple[str, Branch, int]:
         """select() for the key of `data` (no budgeted homes), hashing and picking in one
-        core call; returns (pod, branch, route key)."""
+        core call; returns (pod, branch, route key). `min_cap` is Pick's: None is the
+        configured floor."""
         ring = table.ring
         assert ring is not None
+        floor = self.load_cap_floor if min_cap is None else min_cap
         member, branch, key = ring.pick_bytes(
-            data, table.loads, replicas, self.load_factor, self.load_cap_floor, table.total
+            data, table.loads, replicas, self.load_factor, floor, table.total
         )
         return member, _BRANCHES[branch], key

@@ -1,8 +1,10 @@
 """The router: a prefix, an inline prefix text or a raw prompt -> route key -> pod.
 
 Route keys follow routing contract v1: a prefix routes on key(its UTF-8 bytes); a raw
-prompt that starts with a registered prefix routes as that prefix, otherwise on key(first
-`route_window_bytes` bytes), so prompts sharing a long head still meet on one pod.
+prompt that starts with a registered prefix routes as that prefix. An unregistered prompt
+or chat routes by organic keys (contract section 9, `OrganicRouter`: a family's home set
+sized by its share, a session's pod inside it), or with `unregistered_routing: window` on
+key(first `route_window_bytes` bytes) - a chat on its first message.
 The failover order is the chosen pod, then the rest of its home set, then the rest of the
 key's preference order. A registered prefix's home set is the ring's first R owners, or,
 with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6), which
@@ -25,9 +27,14 @@ from sidecar import _core
 from sidecar.config import Config
 from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.prefixes import PrefixEntry, PrefixStore
+from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
+from sidecar.routing.organic import OrganicKeys, OrganicRouter
 from sidecar.routing.pick import Branch, Pick
 from sidecar.routing.placement import HomePlacer
 from sidecar.routing.policy import Policy, make_policy
+
+# The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
+ORGANIC_HEAD_BYTES = (LEARN_BLOCKS + 1) * BLOCK_BYTES
 
 
 class NoBackendError(Exception):
@@ -58,11 +65,20 @@ class Router:
         home_kv_budget_tokens: int,  # routing contract section 6; 0 = the ring's homes
         home_balance_factor: float,
         bytes_per_token: float,
+        unregistered_routing: str,  # "organic" (routing contract 9) or "window"
+        organic_home_spread: float,
+        organic_table_blocks: int,
+        organic_load_cap_floor: int,
     ) -> None:
         self.pool = pool
         self.store = store
         self.policy = policy
         self.route_window_bytes = route_window_bytes
+        # How much of an unregistered prompt's head routing reads: a caller may pass just
+        # that much (the HTTP front decodes no more of a long prompt).
+        self.head_bytes = max(
+            route_window_bytes, ORGANIC_HEAD_BYTES if unregistered_routing == "organic" else 0
+        )
         self.default_replicas = default_replicas
         self.max_attempts = max_attempts
         self.placer = HomePlacer(
@@ -76,6 +92,14 @@ class Router:
         # The one-call path from a prompt's bytes to a pod, when the policy has one.
         self._select_bytes = getattr(policy, "select_bytes", None)
         self._watching = False
+        if unregistered_routing not in ("organic", "window"):
+            raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
+        self.organic = (
+            OrganicRouter(AnchorTable(max_blocks=organic_table_blocks), organic_home_spread)
+            if unregistered_routing == "organic"
+            else None
+        )
+        self.organic_load_cap_floor = organic_load_cap_floor
         if self._placing:
             self._watch_and_place()
 
@@ -112,6 +136,10 @@ class Router:
             home_kv_budget_tokens=config.home_kv_budget_tokens,
             home_balance_factor=config.home_balance_factor,
             bytes_per_token=config.bytes_per_token,
+            unregistered_routing=config.unregistered_routing,
+            organic_home_spread=config.organic_home_spread,
+            organic_table_blocks=config.organic_table_blocks,
+            organic_load_cap_floor=config.organic_load_cap_floor,
         )
 
     def _place_homes(self) -> None:
@@ -138,6 +166,11 @@ class Router:
         entry = self.store.match(prompt)
         if entry is not None:
             return self._decide(started, entry.route_key, entry)
+        if self.organic is not None:
+            head = prompt[:ORGANIC_HEAD_BYTES].encode("utf-8")[:ORGANIC_HEAD_BYTES]
+            keys = self.organic.for_prompt(head)
+            if keys is not None:
+                return self._decide_organic(started, keys)
         window = prompt.encode("utf-8")[: self.route_window_bytes]
         return self._decide_bytes(started, window)
 
@@ -153,6 +186,41 @@ class Router:
         attempts = self.max_attempts
         preference = ring.preference(key, replicas if replicas > attempts else attempts)
         return self._decision(started, table, key, None, backend, branch, preference)
+
+    def for_chat(self, messages: list[tuple[str, str]]) -> Decision:
+        """An unregistered chat, messages as (role, text): its first message routes as a
+        registered prefix when it starts with one; otherwise by its structure (organic), or
+        as a prompt of its first message's text (window)."""
+        first = messages[0][1] if messages else ""
+        if self.organic is None or self.store.match(first) is not None:
+            return self.for_prompt(first)
+        started = time.perf_counter_ns()
+        return self._decide_organic(started, self.organic.for_chat(messages))
+
+    def _decide_organic(self, started: int, keys: OrganicKeys) -> Decision:
+        """The session's pod in its family's home set, under bounded load (contract 9)."""
+        table = self.pool.table
+        ring = _serving(table)
+        assert self.organic is not None
+        home = self.organic.homes(ring, keys)
+        # The spill walks the family's preference order: its home set first, where the
+        # family's shared head is warm; a spilled session keeps spilling to one pod.
+        pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor)
+        backend, branch = self.policy.select(table, pick)
+        # Failover: the chosen pod, the session's home pod, then the family's order.
+        preference = [backend]
+        for member in (ring.members[home], *ring.preference(keys.family, self.max_attempts)):
+            if member not in preference and len(preference) < self.max_attempts:
+                preference.append(member)
+        return Decision(
+            backend=backend,
+            preference=preference,
+            prefix=None,
+            route_key=keys.session,
+            branch=branch,
+            decision_ns=time.perf_counter_ns() - started,
+            generation=table.generation,
+        )
 
     def _decide(self, started: int, key: int, entry: PrefixEntry | None) -> Decision:
         table = self.pool.table

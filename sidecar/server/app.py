@@ -48,7 +48,6 @@ from sidecar.routing.router import Router
 from sidecar.server import caller, memory
 from sidecar.server.handlers import SERVICE, add_router_servicer
 from sidecar.server.openai_front import OpenAIFront
-from sidecar.server.openai_relay import ByteRelay
 from sidecar.server.probes import Readiness, probe_routes
 from sidecar.server.relay import Relay, RelayPolicy
 from sidecar.server.servicer import RouterServicer
@@ -267,7 +266,7 @@ class Sidecar(AsyncService):
         # call accepted and then cancelled by the stop.
         stopping = [asyncio.ensure_future(self.server.stop(grace))] if self.server else []
         if self.openai is not None:
-            stopping.append(asyncio.ensure_future(self.openai.stop()))  # grace: config grace_s
+            stopping.append(asyncio.ensure_future(self.openai.stop(grace)))
         await self.health_servicer.enter_graceful_shutdown()
         await asyncio.gather(*stopping)
         tasks = [*self._tasks, *self._warming.values()]
@@ -335,19 +334,11 @@ class Sidecar(AsyncService):
         )
 
     async def _start_openai(self) -> None:
-        relay = ByteRelay(
-            self.client.session,
-            self.pool,
-            self.health,
-            self.metrics,
-            self.relay.policy,
-            self.config.connect_timeout_s,
-        )
         self.openai = OpenAIFront(
             self.config,
             self.router,
             self.store,
-            relay,
+            self.relay,
             self.pool,
             self.metrics,
             self.readiness,

@@ -2,17 +2,31 @@
 
 The body goes to the pod as the caller wrote it (unknown fields, key order, numbers): this
 module only reads what routing needs - the model, the prompt or the first message, whether
-the answer streams - and never re-serializes anything. One json.loads per request, on the
-loop: a 240 KB prompt costs ~0.3 ms, a body at the 8 MiB default limit 5-10 ms (measured in
-docs/api.md). A thread would not help: json.loads holds the GIL throughout, and measured
-from a thread it held the loop longer (16 ms for 8 MiB) than inline.
+the answer streams - and never re-serializes anything.
+
+Decoding a whole 240 KB prompt (json.loads, ~0.4 ms) and escaping it again to match the
+registered prefixes (~0.7 ms) was most of the front's cost. So the prompt (or the first
+message's content) is matched where it lies in the body, as the caller escaped it, and cut
+out before json.loads parses and checks the rest whole (a few hundred bytes). Matching on
+the caller's bytes finds what Router.for_prompt finds when they are the canonical escape
+(`sidecar.upstream.body.escape`: what JSON.stringify and json.dumps(ensure_ascii=False)
+write) as far as the match reads; a registered prefix that matches proves its own bytes.
+Anything else - a \\u or \\/ escape there, a prompt in parts, a key in an unusual place -
+takes the whole json.loads, so the decision is the same either way. What is not read (the
+rest of a long prompt) is the pod's to validate, as vLLM does (400). A thread would not
+help: json.loads holds the GIL throughout, and from a thread it held the loop longer.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from dataclasses import dataclass
 from typing import Any
+
+from sidecar.prefixes import PrefixEntry, PrefixStore
+from sidecar.routing.organic import LEARN_MESSAGES
 
 # What of a caller's text may reach an error message.
 QUOTE_CHARS = 80
@@ -55,19 +69,154 @@ class FrontRequest:
     """What routing reads from a completions or chat body."""
 
     model: str | None
-    route_text: str  # the prompt, or the first message's text
+    route_text: str  # the prompt, or the first message's text; its head when `matched`
     stream: bool
+    # A chat's messages as (role, text), the first LEARN_MESSAGES + 1: what organic routing
+    # chains (routing contract 9d).
+    messages: tuple[tuple[str, str], ...] = ()
+    # Whether the registered prefixes were already matched on the body's bytes: `prefix`
+    # is then the longest one the route text starts with (None: none does), and
+    # `route_text` at least its first `window` bytes (what the router reads of a prompt).
+    matched: bool = False
+    prefix: PrefixEntry | None = None
 
 
-def parse_request(raw: bytes, *, chat: bool) -> FrontRequest:
-    """Parse once and read the routing fields; FrontError 400 on a body that is not a JSON
-    object or lacks its prompt or messages."""
+# Escaped quotes looked at while finding where a route text ends; past them, json.loads.
+MAX_QUOTES = 256
+# What the route text reads as in the body once it is cut out: no caller can write it (a
+# random part per process).
+_MARK = "\x00prefix-sidecar-" + secrets.token_hex(8)
+_MARK_JSON = json.dumps(_MARK).encode()
+# Escapes `escape` never writes: a caller's text holding one is matched the slow way.
+_NOT_CANONICAL = (b"\\u", b"\\/")
+_WHITESPACE = re.compile(rb"[ \t\n\r]*")
+_COMPLETION_HEAD = (b'"prompt"', b":", b'"')
+_CHAT_HEAD = (b'"messages"', b":", b"[", b"{")
+_CONTENT_HEAD = (b'"content"', b":", b'"')
+
+
+def parse_request(
+    raw: bytes, *, chat: bool, store: PrefixStore | None = None, window: int = 4096
+) -> FrontRequest:
+    """Read the routing fields; FrontError 400 on a body that is not a JSON object or lacks
+    its prompt or messages. With `store`, a long route text is matched against its
+    prefixes where it lies in the body when it can be (FrontRequest.matched); `window` is
+    the router's route_window_bytes."""
+    found = _route_string(raw, chat) if store is not None else None
+    if found is None:
+        return _read(_loads(raw), chat)
+    assert store is not None
+    start = found
+    prefix = store.match_escaped(raw, start)
+    proven = len(prefix.json_bytes) if prefix is not None else 0  # the same bytes as escape()
+    end = _string_end(raw, start + proven)
+    if end is None:
+        return _read(_loads(raw), chat)
+    # Up to where the match could look, the caller's escape must be escape()'s.
+    reach = min(end, start + store.escaped_reach(raw, start))
+    for escape in _NOT_CANONICAL:
+        if raw.find(escape, start + proven, reach) >= 0:
+            return _read(_loads(raw), chat)
     try:
-        data = json.loads(raw)
+        data = json.loads(raw[: start - 1] + _MARK_JSON + raw[end + 1 :])
+    except ValueError:
+        return _read(_loads(raw), chat)  # invalid: json.loads on the whole says where
+    request = _read(data, chat)
+    if request.route_text != _MARK:
+        if _MARK in request.route_text:  # the text was one of a message's content parts
+            return _read(_loads(raw), chat)
+        return request  # the route text is elsewhere in the body, and was read whole
+    if prefix is None and chat:
+        return _read(_loads(raw), chat)  # an unregistered chat routes on its messages
+    head = "" if prefix is not None else _decoded_head(raw, start, end, window)
+    return FrontRequest(request.model, head, request.stream, matched=True, prefix=prefix)
+
+
+def _route_string(raw: bytes, chat: bool) -> int | None:
+    """Where the prompt's (or the first message's content's) string starts in the body, by
+    a quick look for its key; None when it does not look like one. parse_request checks
+    the guess: the body parsed with that string cut out must read the mark as its route
+    text."""
+    at = _expect(raw, 0, _CHAT_HEAD if chat else _COMPLETION_HEAD)
+    if chat and at is not None:
+        at = _expect(raw, at, _CONTENT_HEAD)
+    return at
+
+
+def _expect(raw: bytes, at: int, tokens: tuple[bytes, ...]) -> int | None:
+    """The index after `tokens` (the first found from `at`, the rest after whitespace)."""
+    first = raw.find(tokens[0], at)
+    if first < 0:
+        return None
+    at = first + len(tokens[0])
+    for token in tokens[1:]:
+        at = _WHITESPACE.match(raw, at).end()  # type: ignore[union-attr]  # always matches
+        if not raw.startswith(token, at):
+            return None
+        at += len(token)
+    return at
+
+
+def _string_end(raw: bytes, at: int) -> int | None:
+    """The index of the quote that closes the string `at` is in (at an escape's boundary);
+    None past MAX_QUOTES escaped quotes."""
+    find = raw.find
+    for _ in range(MAX_QUOTES):
+        quote = find(b'"', at)
+        if quote < 0:
+            return None
+        run = quote
+        while run > at and raw[run - 1] == 0x5C:  # backslashes before the quote
+            run -= 1
+        if (quote - run) % 2 == 0:
+            return quote
+        at = quote + 1
+    return None
+
+
+def _decoded_head(raw: bytes, start: int, end: int, window: int) -> str:
+    """The text of the escaped string raw[start:end], at least its first `window` UTF-8
+    bytes: an escape takes at most 6 bytes per UTF-8 byte (\\u0001), so 6 * window bytes and
+    a margin cover the window once a cut character or escape is dropped."""
+    stop = start + 6 * window + 16
+    if stop >= end:
+        return _string(raw[start:end])
+    head = raw[start:stop]
+    if head[-1] >= 0x80:  # a character maybe cut: drop it
+        head = head.rstrip(bytes(range(0x80, 0xC0)))[:-1]
+    last = head.rfind(b"\\", len(head) - 6)
+    if last >= 0:
+        run = last - len(head[:last].rstrip(b"\\"))
+        needed = 6 if head[last + 1 : last + 2] == b"u" else 2
+        if run % 2 == 0 and len(head) - last < needed:  # an escape cut short
+            head = head[:last]
+    text = _string(head)
+    if text and "\ud800" <= text[-1] <= "\udbff":  # half a surrogate pair
+        text = text[:-1]
+    return text
+
+
+def _string(escaped: bytes) -> str:
+    try:
+        text = json.loads(b'"' + escaped + b'"')
     except UnicodeDecodeError:
         raise bad_request("the body is not UTF-8 JSON") from None
     except ValueError as exc:
         raise bad_request(f"the body is not valid JSON: {str(exc)[:QUOTE_CHARS]}") from None
+    assert isinstance(text, str)
+    return text
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise bad_request("the body is not UTF-8 JSON") from None
+    except ValueError as exc:
+        raise bad_request(f"the body is not valid JSON: {str(exc)[:QUOTE_CHARS]}") from None
+
+
+def _read(data: Any, chat: bool) -> FrontRequest:
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object")
     model = data.get("model")
@@ -77,7 +226,31 @@ def parse_request(raw: bytes, *, chat: bool) -> FrontRequest:
     if not isinstance(stream, bool) and stream is not None:
         raise bad_request("stream must be a boolean", "stream")
     route_text = _first_message_text(data) if chat else _prompt_text(data)
-    return FrontRequest(model, route_text, bool(stream))
+    messages = _route_messages(data["messages"]) if chat else ()
+    return FrontRequest(model, route_text, bool(stream), messages)
+
+
+def _route_messages(messages: list[Any]) -> tuple[tuple[str, str], ...]:
+    """The messages organic routing chains, as (role, text): the first LEARN_MESSAGES + 1,
+    as the Chat RPC gives them, so both fronts key a chat alike. The pod validates them."""
+    found: list[tuple[str, str]] = []
+    for message in messages[: LEARN_MESSAGES + 1]:
+        item = message if isinstance(message, dict) else {}
+        role = item.get("role")
+        found.append((role if isinstance(role, str) else "", _content_text(item.get("content"))))
+    return tuple(found)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
 
 
 def _prompt_text(data: dict[str, Any]) -> str:

@@ -2,10 +2,13 @@
 
 A thin adapter beside the gRPC servicer: it reads what routing needs from the caller's
 body (sidecar.server.openai_body), asks the same router, and relays the caller's own bytes
-to the pods (sidecar.server.openai_relay); errors take OpenAI's body and statuses, so the
-openai SDK raises its usual exceptions. It listens on `openai_listen`: loopback HOST:PORT
-in plain HTTP, any other address only with TLS (the config refuses it without), or a unix
-socket.
+through the same attempt loop (sidecar.server.relay, via sidecar.server.openai_relay);
+errors take OpenAI's body and statuses, so the openai SDK raises its usual exceptions. It
+listens on `openai_listen`: loopback HOST:PORT in plain HTTP, any other address only with
+TLS (the config refuses it without), or a unix socket.
+
+aiohttp's low-level server, not an Application: four fixed paths need no router, no
+middleware chain and no per-request Request wrapper (docs/benchmarks.md, the HTTP front).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-from aiohttp import web
+from aiohttp import web, web_server
 
 from sidecar import __version__
 from sidecar.config import Config
@@ -26,11 +29,11 @@ from sidecar.membership.pool import SERVING, BackendPool
 from sidecar.metrics import FRONT_HTTP, Metrics
 from sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
 from sidecar.routing.router import Decision, NoBackendError, Router
-from sidecar.server.openai_body import FrontError, bad_request, parse_request
-from sidecar.server.openai_relay import RETRY_AFTER_S, ByteRelay
+from sidecar.server.openai_body import FrontError, FrontRequest, bad_request, parse_request
+from sidecar.server.openai_relay import BACKEND_HEADER, RETRY_AFTER_S, forward
 from sidecar.server.openai_splice import splice_prefix
 from sidecar.server.probes import Readiness
-from sidecar.server.relay import RelayOutcome
+from sidecar.server.relay import Relay, RelayOutcome
 from sidecar.server.request_log import record_outcome
 from sidecar.server.trace_context import (
     REQUEST_ID,
@@ -55,15 +58,17 @@ MAX_MODELS_BYTES = 256 * 1024
 # The metrics' rpc label of each door (the gRPC RPCs are "Complete", "Chat", ...).
 RPC_COMPLETIONS = "http_completions"
 RPC_CHAT = "http_chat"
-# Above this, parsing (json.loads, ~1.2 ms per MiB) and routing (encoding the prompt's
-# head, ~0.4 ms per MiB) are separate steps of the loop: at the 8 MiB default limit each is
-# under 10 ms, together they were ~12 ms.
+# Above this, reading the routing fields and routing are separate steps of the loop (each
+# stays well under 10 ms at the 8 MiB default limit).
 YIELD_ABOVE_BYTES = 1024 * 1024
 # Thin queries: the registered prefix to put before the caller's prompt or messages.
 PREFIX_ID_HEADER = "x-prefix-id"
 PREFIX_NAME_HEADER = "x-prefix-name"
+# What is left of the shutdown once the streams had their grace: idle keep-alive
+# connections are closed (aiohttp reads a timeout of 0 as none).
+CLOSE_IDLE_S = 0.1
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 class OpenAIFront:
@@ -72,7 +77,7 @@ class OpenAIFront:
         config: Config,
         router: Router,
         store: PrefixStore,
-        relay: ByteRelay,
+        relay: Relay,
         pool: BackendPool,
         metrics: Metrics,
         readiness: Readiness,
@@ -91,52 +96,60 @@ class OpenAIFront:
         }
         if api_key:
             self._pod_headers["Authorization"] = f"Bearer {api_key}"
-        self._runner: web.AppRunner | None = None
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/health"): self.health,
+        }
+        self._server: web_server.Server | None = None
+        self._listener: asyncio.AbstractServer | None = None
         self._socket_identity: SocketIdentity | None = None
+        self._requests: set[asyncio.Task[object]] = set()
+        self._draining = False
         self.port: int | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
         listen = self.config.openai_listen
-        app = web.Application(
-            client_max_size=self.config.max_message_bytes, middlewares=[_openai_errors]
-        )
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
         # handler_cancellation: a caller that leaves cancels its handler, which closes the
         # pod's connection at once instead of at the next chunk. No access log: it would
         # carry nothing a caller needs and cost a line per request.
-        # On stop, streams get grace_s to finish, like the gRPC door's.
-        self._runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=self.config.grace_s,
-        )
-        await self._runner.setup()
-        site: web.BaseSite
+        self._server = web_server.Server(self._handle, handler_cancellation=True, access_log=None)
+        loop = asyncio.get_running_loop()
         if listen.startswith("unix://"):
             path = listen[len("unix://") :]
             prepare_socket_path(path)
             with restrictive_umask(self.config.socket_mode):
-                site = web.UnixSite(self._runner, path)
-                await site.start()
+                self._listener = await loop.create_unix_server(self._server, path)
                 self._socket_identity = socket_identity(path)
             apply_socket_permissions(path, self.config.socket_mode, self.config.socket_group)
         else:
             host, port = split_host_port(listen)
-            site = web.TCPSite(self._runner, host, port, ssl_context=self._tls(host))
-            await site.start()
+            self._listener = await loop.create_server(
+                self._server, host, port, ssl=self._tls(host), reuse_address=True
+            )
             self.port = port
         logger.info("OpenAI HTTP front listening on %s", listen)
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop listening, refuse new requests on open connections, give the running ones
+        `grace_s` (default: the config's grace_s) to finish, then cancel what is left."""
+        grace = self.config.grace_s if grace_s is None else grace_s
+        self._draining = True
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.close()
+            running = [task for task in self._requests if not task.done()]
+            if running:
+                _, late = await asyncio.wait(running, timeout=max(grace, 0.0))
+                for task in late:
+                    task.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=1.0)
+            if self._server is not None:
+                await self._server.shutdown(CLOSE_IDLE_S)
         listen = self.config.openai_listen
         if listen.startswith("unix://"):
             remove_own_socket(listen[len("unix://") :], self._socket_identity)
@@ -153,29 +166,67 @@ class OpenAIFront:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
+    # --- dispatch -----------------------------------------------------------------------
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every answer, errors included, in OpenAI's shape."""
+        handler = self._routes.get((request.method, request.path))
+        try:
+            if handler is None:
+                if any(path == request.path for _, path in self._routes):
+                    raise FrontError(405, f"{request.method} is not allowed on {request.path}")
+                raise FrontError(404, f"no such endpoint: {request.path[:100]}", code="404")
+            if self._draining:
+                raise FrontError(
+                    503,
+                    "the sidecar is shutting down",
+                    type="service_unavailable",
+                    code="shutting_down",
+                    retry_after_s=RETRY_AFTER_S,
+                )
+            return await handler(request)
+        except FrontError as exc:
+            return _error_response(exc)
+
     # --- handlers -----------------------------------------------------------------------
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._infer(request, "/v1/completions", RPC_COMPLETIONS, chat=False)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._infer(request, "/v1/chat/completions", RPC_CHAT, chat=True)
 
     async def _infer(
-        self, request: web.Request, path: str, rpc: str, *, chat: bool
+        self, request: web.BaseRequest, path: str, rpc: str, *, chat: bool
     ) -> web.StreamResponse:
         started = time.perf_counter()
+        task = asyncio.current_task()
+        assert task is not None
+        self._requests.add(task)
+        try:
+            return await self._infer_counted(request, path, rpc, chat=chat, started=started)
+        finally:
+            self._requests.discard(task)
+
+    async def _infer_counted(
+        self, request: web.BaseRequest, path: str, rpc: str, *, chat: bool, started: float
+    ) -> web.StreamResponse:
         entry = self._prefix_of(request)
-        raw = await request.read()  # bounded by client_max_size: 413 above it
-        parsed = parse_request(raw, chat=chat)
+        raw = await _read_body(request, self.config.max_message_bytes)
+        parsed = parse_request(
+            raw,
+            chat=chat,
+            store=self.store if entry is None else None,
+            window=self.router.head_bytes,
+        )
         if len(raw) > YIELD_ABOVE_BYTES:
             await asyncio.sleep(0)
         try:
-            decision: Decision
             if entry is None:
-                decision = self.router.for_prompt(parsed.route_text)
+                decision, decision_ns = self._route(parsed, chat)
             else:
                 decision = self.router.for_prefix(entry)
+                decision_ns = decision.decision_ns
                 raw = splice_prefix(raw, entry.json_bytes, chat=chat)
         except NoBackendError as exc:
             raise FrontError(
@@ -185,13 +236,12 @@ class OpenAIFront:
                 code="no_backend",
                 retry_after_s=RETRY_AFTER_S,
             ) from None
-        self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(
-            decision.decision_ns / 1e9
-        )
+        self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(decision_ns / 1e9)
         trace = _trace_context(request)
         outcome = RelayOutcome()
         try:
-            return await self.relay.forward(
+            return await forward(
+                self.relay,
                 request,
                 decision,
                 path,
@@ -218,7 +268,20 @@ class OpenAIFront:
                 front=FRONT_HTTP,
             )
 
-    def _prefix_of(self, request: web.Request) -> PrefixEntry | None:
+    def _route(self, parsed: FrontRequest, chat: bool) -> tuple[Decision, int]:
+        """The router's decision for the prompt, and its time in ns. A prompt matched where
+        it lies in the body routes as its prefix; without one, its head routes as the whole
+        prompt would (the route key reads only the route window, and no prefix matches a
+        head of a prompt that none matches)."""
+        if parsed.matched and parsed.prefix is not None:
+            decision = self.router.for_prefix(parsed.prefix)
+        elif chat:
+            decision = self.router.for_chat(list(parsed.messages))
+        else:
+            decision = self.router.for_prompt(parsed.route_text)
+        return decision, decision.decision_ns
+
+    def _prefix_of(self, request: web.BaseRequest) -> PrefixEntry | None:
         """The prefix a thin query names in its headers; 404 when it is not registered."""
         prefix_id = request.headers.get(PREFIX_ID_HEADER)
         name = request.headers.get(PREFIX_NAME_HEADER)
@@ -239,24 +302,25 @@ class OpenAIFront:
                 code="prefix_not_found",
             ) from None
 
-    def _headers_for_pod(self, request: web.Request, trace: TraceContext) -> dict[str, str]:
+    def _headers_for_pod(self, request: web.BaseRequest, trace: TraceContext) -> dict[str, str]:
         """Ours, the caller's key (which wins over the configured one) and its well-formed
         trace headers. Neither key is ever logged or echoed."""
         headers = dict(self._pod_headers)
         key = request.headers.get("Authorization")
         if key:
             headers["Authorization"] = key
-        headers.update(trace.http_headers())
+        if trace.traceparent or trace.request_id:
+            headers.update(trace.http_headers())
         return headers
 
-    async def models(self, request: web.Request) -> web.StreamResponse:
+    async def models(self, request: web.BaseRequest) -> web.StreamResponse:
         """The model list of a serving pod, as it wrote it."""
         serving = [b.url for b in self.pool.backends.values() if b.state == SERVING]
         headers = self._headers_for_pod(request, _trace_context(request))
         headers.pop("Content-Type")
         for backend in serving[: self.config.max_attempts]:
             try:
-                async with self.relay.session.get(
+                async with self.relay.client.session.get(
                     backend + "/v1/models",
                     headers=headers,
                     timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S),
@@ -269,7 +333,7 @@ class OpenAIFront:
                         continue  # longer than any model list: not a model list
                     answer = web.Response(status=response.status, body=body)
                     answer.content_type = response.content_type
-                    answer.headers["x-prefix-sidecar-backend"] = backend
+                    answer.headers[BACKEND_HEADER] = backend
                     return answer
             except (TimeoutError, aiohttp.ClientError):
                 continue
@@ -281,40 +345,44 @@ class OpenAIFront:
             retry_after_s=RETRY_AFTER_S,
         )
 
-    async def health(self, _: web.Request) -> web.Response:
+    async def health(self, _: web.BaseRequest) -> web.Response:
         why = self.readiness.reason()
         if why is None:
             return web.json_response({"status": "ok"})
         return web.json_response({"status": "unavailable", "reason": why}, status=503)
 
 
-def _trace_context(request: web.Request) -> TraceContext:
+async def _read_body(request: web.BaseRequest, limit: int) -> bytes:
+    """The whole body, at most `limit` bytes (config max_message_bytes): 413 above it, before
+    reading it when Content-Length says so."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise _too_large(length, limit)
+    content = request.content
+    parts: list[bytes] = []
+    size = 0
+    while data := await content.readany():
+        size += len(data)
+        if size > limit:
+            raise _too_large(size, limit)
+        parts.append(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _too_large(size: int, limit: int) -> FrontError:
+    return FrontError(
+        413,
+        f"the body is over the size limit (config max_message_bytes): {size} > {limit} bytes",
+        code="request_too_large",
+    )
+
+
+def _trace_context(request: web.BaseRequest) -> TraceContext:
     """The caller's traceparent and x-request-id, dropped when malformed (as on gRPC)."""
     headers = request.headers
     return TraceContext(
         valid_traceparent(headers.get(TRACEPARENT)), valid_request_id(headers.get(REQUEST_ID))
     )
-
-
-@web.middleware
-async def _openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error in OpenAI's body, aiohttp's own (404, 405, 413) included."""
-    try:
-        return await handler(request)
-    except FrontError as exc:
-        return _error_response(exc)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error_response(
-            FrontError(
-                413,
-                f"the body is over the size limit (config max_message_bytes): {exc.text}",
-                code="request_too_large",
-            )
-        )
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return _error_response(FrontError(exc.status, exc.reason, code=str(exc.status)))
 
 
 def _error_response(exc: FrontError) -> web.Response:

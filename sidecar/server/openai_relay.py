@@ -1,38 +1,43 @@
-"""Relay a caller's HTTP body to a pod and the pod's answer back, byte for byte.
+"""The HTTP front's side of the relay: the caller's body to a pod, the pod's bytes back.
 
-The same failover rule as the gRPC relay: before the first byte of the answer reaches the
-caller, a refused connection, a timeout, a 3xx, a 5xx or a 429 moves the request to the next
-pod in preference order; any other 4xx is the caller's request and goes back as the pod
-wrote it. After the first byte, a broken pod stream ends with an SSE error event (vLLM's
-shape) and no [DONE], so no client takes a cut answer for a whole one. The answer is read
-in bounded pieces; a caller that leaves cancels the handler, which closes the pod's
-connection (vLLM aborts the request).
+The attempt loop is the gRPC path's (sidecar.server.relay.Relay.attempts: the same
+failover rule, deadline, load counts and metrics, with front="http"); this module is what
+differs. The body goes as the caller wrote it; a 200 answer comes back byte for byte, read
+in the pieces the pod's socket gives, through the lean HTTP/1.1 client for `http://` pods
+(sidecar.upstream.lean_http: aiohttp's client cost up to a millisecond more to the first
+byte) and the aiohttp session for `https://` ones. A 4xx other than 429 is the caller's
+request: it goes back as the pod wrote it, without failover. After the first byte, a broken
+pod stream ends with an SSE error event (vLLM's shape) and no [DONE], so no client takes a
+cut answer for a whole one; a whole JSON answer cannot carry an error, so its connection is
+closed before the body's end. A caller that leaves cancels the handler, which closes the
+pod's connection (vLLM aborts the request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import time
 from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
 
-from sidecar.membership.health import HealthMonitor
-from sidecar.membership.pool import BackendPool
-from sidecar.metrics import FRONT_HTTP, Metrics
+from sidecar.metrics import FRONT_HTTP
 from sidecar.routing.router import Decision
 from sidecar.server.openai_body import FrontError
 from sidecar.server.openai_usage import UsageTail
-from sidecar.server.relay import RelayOutcome, RelayPolicy
+from sidecar.server.relay import Relay, RelayOutcome
+from sidecar.upstream.client import UpstreamClient, UpstreamError, error_words, retryable_status
+from sidecar.upstream.lean_http import LeanAnswer, PodHTTPError
+from sidecar.upstream.sse import clip
 
 logger = logging.getLogger("sidecar.requests")
 
-READ_CHUNK = 64 * 1024
 # A 4xx body the caller gets back: vLLM's errors are a few hundred bytes.
 MAX_ERROR_BODY = 64 * 1024
+ERROR_BODY_TIMEOUT_S = 2.0
 # Seconds a caller is told to wait when no pod could take its request.
 RETRY_AFTER_S = 1
 BACKEND_HEADER = "x-prefix-sidecar-backend"
@@ -42,84 +47,162 @@ BRANCH_HEADER = "x-prefix-sidecar-branch"
 PASSED_HEADERS = ("Content-Type", "Cache-Control")
 
 
-class _Retry(Exception):
-    """This pod failed before the first byte: try the next."""
+class _Answer(web.StreamResponse):
+    """A streamed answer whose headers leave with its first bytes, in one write: one wakeup
+    of the caller instead of two before it sees the first token (aiohttp >= 3.11 reads
+    this, as its own Response does; an older one sends the headers at prepare())."""
 
-    def __init__(self, reason: str, detail: str, connection_failure: bool = False) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.connection_failure = connection_failure
+    _send_headers_immediately = False
 
 
-class ByteRelay:
+class PodRefusal(Exception):
+    """The pod refused the caller's request: its status and words go back as written."""
+
     def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        pool: BackendPool,
-        health: HealthMonitor | None,
-        metrics: Metrics,
-        policy: RelayPolicy,
-        connect_timeout_s: float,
+        self, backend: str, status: int, body: bytes, headers: tuple[tuple[str, str], ...]
     ) -> None:
-        self.session = session
-        self.pool = pool
-        self.health = health
-        self.metrics = metrics
-        self.policy = policy
-        self.connect_timeout_s = connect_timeout_s
+        super().__init__(f"HTTP {status}")
+        self.backend = backend
+        self.status = status
+        self.body = body
+        self.headers = headers
 
-    async def forward(
-        self,
-        request: web.Request,
-        decision: Decision,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        *,
-        stream: bool,
-        outcome: RelayOutcome,
-    ) -> web.StreamResponse:
-        """The pod's answer, already sent to the caller; FrontError 503 when no pod takes it.
-        `outcome` gets the pod, the attempts, the status, the TTFT and the usage."""
-        started = time.perf_counter()
-        attempts = decision.preference[: self.policy.max_attempts]
-        errors = outcome.errors
-        for number, backend in enumerate(attempts, 1):
-            outcome.backend, outcome.attempts = backend, number
-            self.pool.acquire(backend)
-            in_flight = self.metrics.child(self.metrics.in_flight, backend)
-            in_flight.inc()
-            response: aiohttp.ClientResponse | None = None
-            try:
-                response, first = await self._first_bytes(backend, path, body, headers, stream)
-                if response.status != 200:
-                    outcome.status = f"http_{response.status}"
-                    return await self._pod_error(request, response, first, decision, backend)
-                outcome.ttft_s = time.perf_counter() - started
-                ttft = self.metrics.child(self.metrics.ttft, FRONT_HTTP, backend)
-                ttft.observe(outcome.ttft_s)
-                answer = await self._relay(request, response, first, decision, backend, outcome)
-                if self.health is not None and outcome.status == "OK":
-                    self.health.record_success(backend)
-                return answer
-            except _Retry as retry:
-                errors.append(f"{backend}: {retry}")
-                if retry.connection_failure and self.health is not None:
-                    self.health.record_failure(backend, str(retry))
-                self.metrics.failovers.labels(backend, retry.reason).inc()
-                logger.info(
-                    "attempt %d on %s failed before the first byte (%s)",
-                    number,
-                    backend,
-                    retry.reason,
+
+class BrokenAnswer(Exception):
+    """The pod's answer broke after its first byte reached the caller."""
+
+    def __init__(self, backend: str, exc: UpstreamError) -> None:
+        super().__init__(exc.message)
+        self.backend = backend
+
+
+class _AiohttpAnswer:
+    """An aiohttp response read as LeanAnswer is: for `https://` pods."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers: Mapping[str, str] = response.headers  # case-insensitive
+        self.done = False
+
+    async def read(self) -> bytes:
+        try:
+            data = await self._response.content.readany()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise PodHTTPError(f"the answer broke: {exc.__class__.__name__}") from None
+        except TimeoutError:  # the request's total timeout
+            raise PodHTTPError("the upstream timeout expired mid-answer") from None
+        self.done = not data
+        return data
+
+    def close(self) -> None:
+        if self.done:
+            self._response.release()  # read to its end: the connection is reused
+        else:
+            self._response.close()  # the pod's request ends now
+
+
+class ByteExchange:
+    """One request's attempts (Relay.attempts' Exchange): the body as the caller wrote it,
+    the answer as the pod writes it. `http://` pods through the lean client, `https://`
+    ones through the aiohttp session."""
+
+    def __init__(
+        self, client: UpstreamClient, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> None:
+        self.client = client
+        self.path = path
+        self.body = body
+        self.headers = headers
+        self.answer: LeanAnswer | _AiohttpAnswer | None = None
+        self.usage = UsageTail()
+        self._backend = ""
+        self._refusal: PodRefusal | None = None
+
+    async def first(self, backend: str, attempt: int, timeout_s: float) -> list[bytes]:
+        self._backend = backend
+        self.answer = answer = await self._send(backend, timeout_s)
+        status = answer.status
+        if status != 200:
+            body = await self._error_body()
+            if retryable_status(status):
+                words = clip(self.client.redact(error_words(body, f"HTTP {status}")))
+                raise UpstreamError(
+                    backend, f"HTTP {status}: {words}", retryable=True, status=status
                 )
-            finally:
-                if response is not None:
-                    response.close()  # a no-op once released; else the pod's request ends
-                self.pool.release(backend)
-                in_flight.dec()
-        outcome.status = "UNAVAILABLE"
-        raise FrontError(
+            self._refusal = PodRefusal(backend, status, body, _passed(answer.headers))
+            raise UpstreamError(backend, f"HTTP {status}", retryable=False, status=status)
+        data = await self._read()
+        if not data:
+            raise UpstreamError(backend, "the pod answered 200 with an empty body", retryable=True)
+        return [data]
+
+    async def _send(self, backend: str, timeout_s: float) -> LeanAnswer | _AiohttpAnswer:
+        lean = self.client.lean
+        if not lean.serves(backend):
+            response = await self.client.post(
+                backend, self.path, self.body, self.headers, timeout_s=timeout_s
+            )
+            return _AiohttpAnswer(response)
+        try:
+            answer = await self.client.post_lean(
+                backend, self.path, self.body, self.headers, timeout_s=timeout_s
+            )
+        except PodHTTPError as exc:
+            raise UpstreamError(
+                backend, str(exc), retryable=True, connection_failure=exc.connection_failure
+            ) from None
+        if 300 <= answer.status < 400:
+            answer.close()
+            raise UpstreamError(
+                backend,
+                f"HTTP {answer.status}: the sidecar does not follow redirects from a pod",
+                retryable=True,
+                status=answer.status,
+            )
+        return answer
+
+    async def _error_body(self) -> bytes:
+        """At most MAX_ERROR_BODY bytes of a (short) error answer, in at most
+        ERROR_BODY_TIMEOUT_S; the rest is not read."""
+        assert self.answer is not None
+        parts: list[bytes] = []
+        size = 0
+        with contextlib.suppress(TimeoutError, PodHTTPError):
+            async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
+                while size < MAX_ERROR_BODY and (data := await self.answer.read()):
+                    parts.append(data)
+                    size += len(data)
+        return b"".join(parts)[:MAX_ERROR_BODY]
+
+    async def next(self) -> list[bytes] | None:
+        data = await self._read()
+        return [data] if data else None
+
+    async def _read(self) -> bytes:
+        assert self.answer is not None
+        try:
+            data = await self.answer.read()
+        except PodHTTPError as exc:
+            raise UpstreamError(self._backend, f"stream broke: {exc}", retryable=True) from None
+        self.usage.feed(data)
+        return data
+
+    def close(self) -> None:
+        answer, self.answer = self.answer, None
+        if answer is not None:
+            answer.close()  # an answer read whole keeps its connection; else the pod stops
+
+    def broken(self, backend: str, exc: UpstreamError, expired: bool) -> BaseException:
+        return BrokenAnswer(backend, exc)
+
+    def rejected(self, backend: str, exc: UpstreamError, outcome: RelayOutcome) -> BaseException:
+        outcome.status = f"http_{exc.status}"
+        assert self._refusal is not None
+        return self._refusal
+
+    def exhausted(self, errors: list[str], expired: bool) -> BaseException:
+        return FrontError(
             503,
             f"no pod could serve the request after {len(errors)} attempt(s): "
             + "; ".join(errors)[:1500],
@@ -128,136 +211,104 @@ class ByteRelay:
             retry_after_s=RETRY_AFTER_S,
         )
 
-    async def _first_bytes(
-        self, backend: str, path: str, body: bytes, headers: Mapping[str, str], stream: bool
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
-        """Send, then wait for the answer's first bytes. A streamed answer has the first-token
-        budget; a whole answer (headers come when it is done) has the request's."""
-        total = self.policy.upstream_timeout_s
-        budget = self.policy.first_token_timeout_s if stream else total
-        timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout_s)
-        response: aiohttp.ClientResponse | None = None
-        try:
-            async with asyncio.timeout(budget):
-                response = await self.session.post(
-                    backend + path,
-                    data=body,
-                    headers=headers,
-                    timeout=timeout,
-                    allow_redirects=False,
-                )
-                if 300 <= response.status < 400 or response.status == 429:
-                    raise _Retry(f"http_{response.status}", f"HTTP {response.status}")
-                if response.status >= 500:
-                    raise _Retry(f"http_{response.status}", f"HTTP {response.status}")
-                if response.status != 200:
-                    return response, await _read_bounded(response, MAX_ERROR_BODY)
-                first = await response.content.read(READ_CHUNK)
-                if not first:
-                    raise _Retry("truncated", "the pod answered 200 with an empty body")
-                return response, first
-        except _Retry:
-            if response is not None:
-                response.close()
-            raise
-        except TimeoutError:
-            if response is not None:
-                response.close()
-            raise _Retry("timeout", f"no first byte within {budget:.3g} s") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise _Retry("connection", f"cannot connect: {exc.os_error or exc}", True) from None
-        except aiohttp.ClientError as exc:
-            if response is not None:
-                response.close()
-            raise _Retry(
-                "connection",
-                f"request failed: {exc.__class__.__name__}",
-                isinstance(exc, aiohttp.ServerDisconnectedError),
-            ) from None
+    def passed_headers(self) -> tuple[tuple[str, str], ...]:
+        assert self.answer is not None
+        return _passed(self.answer.headers)
 
-    async def _pod_error(
-        self,
-        request: web.Request,
-        response: aiohttp.ClientResponse,
-        first: bytes,
-        decision: Decision,
-        backend: str,
-    ) -> web.StreamResponse:
-        """A 4xx: the caller's request is at fault; it gets the pod's words as written."""
-        answer = web.Response(status=response.status, body=first)
-        self._headers(answer, response, decision, backend)
+
+async def forward(
+    relay: Relay,
+    request: web.BaseRequest,
+    decision: Decision,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    stream: bool,
+    outcome: RelayOutcome,
+) -> web.StreamResponse:
+    """The pod's answer, already sent to the caller; FrontError 503 when no pod takes it.
+    `outcome` gets the pod, the attempts, the status, the TTFT and the usage. A streamed
+    answer's first byte has the first-token budget; a whole answer's (headers come when it
+    is done) has the request's."""
+    try:
+        return await _send(relay, request, decision, path, body, headers, stream, outcome)
+    except ConnectionError:
+        # The caller left between the handler's cancellation and our write (its transport
+        # closing, the cancel not yet delivered): nobody to answer, and no server error.
+        outcome.status = "CANCELLED"
+        logger.info("the caller left before its answer was written")
+        return web.Response(status=499)  # aiohttp finds the transport gone and drops it
+
+
+async def _send(
+    relay: Relay,
+    request: web.BaseRequest,
+    decision: Decision,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    stream: bool,
+    outcome: RelayOutcome,
+) -> web.StreamResponse:
+    exchange = ByteExchange(relay.client, path, body, headers)
+    parts = relay.attempts(
+        decision.preference,
+        exchange,
+        front=FRONT_HTTP,
+        outcome=outcome,
+        first_timeout_s=None if stream else relay.policy.upstream_timeout_s,
+    )
+    answer: web.StreamResponse | None = None
+    try:
+        async with contextlib.aclosing(parts):
+            async for data in parts:
+                if answer is None:
+                    answer = _Answer(status=200)
+                    _label(answer, exchange.passed_headers(), outcome.backend, decision)
+                    await answer.prepare(request)
+                await answer.write(data)  # a caller that left raises (or is cancelled) here
+    except PodRefusal as refusal:
+        answer = web.Response(status=refusal.status, body=refusal.body)
+        _label(answer, refusal.headers, refusal.backend, decision)
         await answer.prepare(request)
-        await answer.write_eof()
-        return answer
-
-    async def _relay(
-        self,
-        request: web.Request,
-        response: aiohttp.ClientResponse,
-        first: bytes,
-        decision: Decision,
-        backend: str,
-        outcome: RelayOutcome,
-    ) -> web.StreamResponse:
-        answer = web.StreamResponse(status=200)
-        self._headers(answer, response, decision, backend)
-        events = response.headers.get("Content-Type", "").startswith("text/event-stream")
-        await answer.prepare(request)
-        await answer.write(first)
-        usage = UsageTail()
-        usage.feed(first)
-        while True:
-            try:
-                data = await response.content.read(READ_CHUNK)
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                outcome.status = "PARTIAL"
-                logger.info("the answer from %s broke after its first byte (%s)", backend, exc)
-                if not events:
-                    # A whole answer cannot carry an error: the caller's connection closes
-                    # before the body's end, so its client sees a cut body, not a short one.
-                    if request.transport is not None:
-                        request.transport.close()
-                    return answer
-                await answer.write(_error_event(backend, exc))
-                break
-            if not data:
-                break
-            await answer.write(data)  # a caller that left raises (or is cancelled) here
-            usage.feed(data)
-        outcome.usage = usage.counts()
-        await answer.write_eof()
-        response.release()
-        return answer
-
-    @staticmethod
-    def _headers(
-        answer: web.StreamResponse,
-        response: aiohttp.ClientResponse,
-        decision: Decision,
-        backend: str,
-    ) -> None:
-        for name in PASSED_HEADERS:
-            value = response.headers.get(name)
-            if value is not None:
-                answer.headers[name] = value
-        answer.headers[BACKEND_HEADER] = backend
-        answer.headers[BRANCH_HEADER] = str(decision.branch)
+    except BrokenAnswer as exc:
+        assert answer is not None
+        logger.info("the answer from %s broke after its first byte (%s)", exc.backend, exc)
+        if not answer.headers.get("Content-Type", "").startswith("text/event-stream"):
+            # A whole answer cannot carry an error: the caller's connection closes before
+            # the body's end, so its client sees a cut body, not a short one.
+            if request.transport is not None:
+                request.transport.close()
+            return answer
+        await answer.write(_error_event(exc.backend, exc))
+    outcome.usage = exchange.usage.counts()
+    assert answer is not None
+    await answer.write_eof()
+    return answer
 
 
-async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """At most `limit` bytes of a (short) error body; the rest is not read."""
-    parts: list[bytes] = []
-    size = 0
-    while size < limit and (data := await response.content.read(limit - size)):
-        parts.append(data)
-        size += len(data)
-    return b"".join(parts)
+def _label(
+    answer: web.StreamResponse,
+    passed: tuple[tuple[str, str], ...],
+    backend: str,
+    decision: Decision,
+) -> None:
+    for name, value in passed:
+        answer.headers[name] = value
+    answer.headers[BACKEND_HEADER] = backend
+    answer.headers[BRANCH_HEADER] = str(decision.branch)
+
+
+def _passed(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    found = ((name, headers.get(name.lower())) for name in PASSED_HEADERS)
+    return tuple((name, value) for name, value in found if value is not None)
 
 
 def _error_event(backend: str, exc: BaseException) -> bytes:
     """vLLM's mid-stream error event; the openai SDK raises APIError on it."""
     message = (
-        f"the stream from {backend} broke after the first byte ({exc.__class__.__name__}); "
+        f"the stream from {backend} broke after the first byte ({exc}); "
         "the text already sent is partial"
     )
     error = {"message": message, "type": "service_unavailable", "param": None, "code": 503}

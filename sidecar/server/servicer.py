@@ -306,7 +306,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 + (" after the prefix" if decision is not None else "")
             )
         if decision is None:
-            decision = self._decide(lambda: self.router.for_prompt(messages[0]["content"]))
+            turns = [(m["role"], m["content"]) for m in messages]
+            decision = self._decide(lambda: self.router.for_chat(turns))
             entry = decision.prefix
         params, model, extra = self._body_fields("Chat", request)
         body = chat_body(prefix, messages, params, model, extra)

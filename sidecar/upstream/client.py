@@ -26,6 +26,7 @@ from multidict import CIMultiDict
 
 from sidecar import __version__
 from sidecar.upstream.body import SplicedBody
+from sidecar.upstream.lean_http import LeanAnswer, LeanHTTP
 from sidecar.upstream.sse import POD_ERROR_CHARS, Delta, SSEDecoder, SSEProtocolError, clip
 
 READ_CHUNK = 64 * 1024
@@ -46,6 +47,12 @@ class LoadObserver(Protocol):
     def note_sent(self, url: str) -> None: ...
 
     def observe_header(self, url: str, value: str | None) -> None: ...
+
+
+def retryable_status(status: int) -> bool:
+    """Whether another pod may succeed where this status failed: overloaded (429) or broken
+    (5xx). Any other 4xx is the caller's request."""
+    return status == 429 or status >= 500
 
 
 class UpstreamError(Exception):
@@ -178,6 +185,10 @@ class UpstreamClient:
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
         self._draining: set[asyncio.Task[None]] = set()
+        # The HTTP front's pod requests to http:// pods (sidecar.upstream.lean_http).
+        self.lean = LeanHTTP(
+            connect_timeout_s=connect_timeout_s, per_backend=per_backend_connections
+        )
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -200,6 +211,7 @@ class UpstreamClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        self.lean.close()
 
     async def open(
         self,
@@ -216,15 +228,41 @@ class UpstreamClient:
         `headers` are added to the request; they cannot replace the client's own
         (Content-Type, Accept, User-Agent, Authorization). `raw_events` keeps each event's
         JSON text in the deltas."""
+        response = await self.post(
+            backend,
+            path,
+            body,
+            self._with_own(headers) if headers else self._headers,
+            timeout_s=timeout_s,
+        )
+        if response.status != 200:
+            raise await self.refusal(backend, response)
+        return UpstreamStream(
+            backend, response, chat, self._redact, self._recycle, raw_events=raw_events
+        )
+
+    async def post(
+        self,
+        backend: str,
+        path: str,
+        body: bytes | SplicedBody,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float | None,
+    ) -> aiohttp.ClientResponse:
+        """POST `body` with exactly `headers` and return the response once its headers are
+        in, whatever its status but a redirect; UpstreamError (retryable) when the pod cannot
+        be reached or answers 3xx. Both fronts send through here."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
         observer = self.load_observer
         if observer is not None:
             observer.note_sent(backend)
+            headers = self._asking_load(headers)
         try:
             response = await self.session.post(
                 backend + path,
                 data=body,
-                headers=self._with_own(headers) if headers else self._headers,
+                headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
             )
@@ -252,21 +290,49 @@ class UpstreamClient:
                 retryable=True,
                 status=response.status,
             )
-        if response.status != 200:
-            message = clip(self._redact(await _error_message(response)))
-            response.release()
-            retryable = response.status == 429 or response.status >= 500
-            raise UpstreamError(
-                backend,
-                f"HTTP {response.status}: {message}",
-                retryable=retryable,
-                status=response.status,
-            )
         if observer is not None:
             observer.observe_header(backend, response.headers.get(LOAD_HEADER))
-        return UpstreamStream(
-            backend, response, chat, self._redact, self._recycle, raw_events=raw_events
+        return response
+
+    async def refusal(self, backend: str, response: aiohttp.ClientResponse) -> UpstreamError:
+        """The error of a pod that answered neither 200 nor 3xx, in its own (redacted, clipped)
+        words; its connection is released. Retryable for a 429 or a 5xx."""
+        message = clip(self._redact(await _error_message(response)))
+        response.release()
+        return UpstreamError(
+            backend,
+            f"HTTP {response.status}: {message}",
+            retryable=retryable_status(response.status),
+            status=response.status,
         )
+
+    async def post_lean(
+        self,
+        backend: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float,
+    ) -> LeanAnswer:
+        """post() through the lean client (the HTTP front's http:// pods): the same load
+        report asked for and handed on; the lean client bounds the answer's headers."""
+        observer = self.load_observer
+        if observer is None:
+            return await self.lean.post(backend, path, body, headers, timeout_s=timeout_s)
+        observer.note_sent(backend)
+        answer = await self.lean.post(
+            backend, path, body, self._asking_load(headers), timeout_s=timeout_s
+        )
+        observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
+        return answer
+
+    def _asking_load(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """`headers` asking the pod for its load report (the fronts' own header sets may
+        lack it; the client's own already have it)."""
+        if LOAD_FORMAT_HEADER in headers:
+            return headers
+        return {**headers, LOAD_FORMAT_HEADER: "TEXT"}
 
     def _with_own(self, headers: Mapping[str, str]) -> CIMultiDict[str]:
         """`headers` plus the client's own, which replace any of the same name (any case)."""
@@ -287,6 +353,8 @@ class UpstreamClient:
         """A careless pod may echo the Authorization header in its error: the key must not
         reach callers or logs through the pod's words."""
         return text.replace(self._api_key, "[redacted]") if self._api_key else text
+
+    redact = _redact
 
     async def get_json(self, backend: str, path: str, timeout_s: float) -> Any:
         async with self.session.get(
@@ -331,6 +399,12 @@ async def _error_message(response: aiohttp.ClientResponse) -> str:
         raw = await asyncio.wait_for(response.content.read(64 * 1024), timeout=2.0)
     except (TimeoutError, aiohttp.ClientError):
         return reason
+    return error_words(raw, reason)
+
+
+def error_words(raw: bytes, reason: str) -> str:
+    """What a pod's error body says: vLLM's {"message": ...} or {"error": {"message": ...}},
+    else its text, else `reason`."""
     text = raw.decode("utf-8", "replace").strip()
     try:
         data = json.loads(text)

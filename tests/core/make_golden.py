@@ -5,7 +5,7 @@ CONTRACT_VERSION): every sidecar and every client in another language must repro
 vectors to the bit, so a regenerated file means all of them must change together. (The
 min_cap vectors were added to v1 without a version bump: min_cap = 0 is the original pick, so
 every earlier vector kept its result; so were the Maglev table's, section 8, an option that
-leaves every ring result as it was.)
+leaves every ring result as it was, and organic routing's, section 9, which adds functions.)
 
 The vectors come from the small, slow reference below, written straight from
 docs/routing-contract.md and independent of both twins (it imports neither), so a bug the
@@ -214,6 +214,38 @@ def maglev_owned(table: list[str]) -> dict[str, int]:
     for entry, member in enumerate(table):
         owned[member] = owned.get(member, 0) + each + (1 if entry < extra else 0)
     return owned
+
+
+def chain_keys(data: bytes, block: int, max_blocks: int) -> list[int]:
+    """Rule 9a: c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, full blocks only."""
+    keys: list[int] = []
+    parent = 0
+    for i in range(min(len(data) // block, max_blocks)):
+        parent = key(parent.to_bytes(8, "little") + data[i * block : (i + 1) * block])
+        keys.append(parent)
+    return keys
+
+
+def session_home(points: list[tuple[int, str]], family: int, homes: int, session: int) -> str:
+    """Rule 9b: the first of preference(session, N) that is in preference(family, homes)."""
+    count = len({m for _, m in points})
+    home = set(preference(points, family, homes))
+    return next(m for m in preference(points, session, count) if m in home)
+
+
+def home_size(share: float, members: int, spread: float) -> int:
+    """Rule 9c: min(N, max(1, ceil(spread * share * N))), doubles in that order."""
+    return min(members, max(1, math.ceil(spread * share * float(members))))
+
+
+def message_keys(messages: list[tuple[str, str]], limit: int) -> list[int]:
+    """Rule 9d: m_i = key(le64(m_{i-1}) || utf8(role) || 0x00 || utf8(content))."""
+    keys: list[int] = []
+    parent = 0
+    for role, content in messages[:limit]:
+        parent = key(parent.to_bytes(8, "little") + role.encode() + b"\x00" + content.encode())
+        keys.append(parent)
+    return keys
 
 
 def owned_arcs(points: list[tuple[int, str]]) -> dict[str, int]:
@@ -633,6 +665,95 @@ def placement_vectors() -> list[dict[str, Any]]:
     return cases
 
 
+SYSTEM_PROMPT = (
+    "You are the shopping assistant of store #7 (outdoor gear). Follow the store policy "
+    "below. Coupons stack only with platform vouchers; never promise a delivery date. "
+)
+# (data, block bytes, max blocks, what the case shows)
+CHAIN_CASES: list[tuple[bytes, int, int, str]] = [
+    (b"", 64, 128, "empty: no block"),
+    (b"x" * 63, 64, 128, "63 bytes: no full block"),
+    (b"x" * 64, 64, 128, "one full block: key(8 zero bytes || block)"),
+    (b"x" * 64 + b"y", 64, 128, "a partial tail block is not hashed"),
+    (SYSTEM_PROMPT.encode() + b"Question: where is my parcel?", 64, 128, "a prompt, 64-B blocks"),
+    (SYSTEM_PROMPT.encode() + b"Question: can I return it?", 64, 128, "same head, other question"),
+    (SYSTEM_PROMPT.encode(), 64, 1, "max_blocks 1: the family key"),
+    ("前缀缓存 prefix cache ✓ ".encode() * 3, 16, 128, "UTF-8 text, 16-byte blocks"),
+]
+SESSION_FAMILIES = ["tenant-7"]
+SESSION_KEYS = ["session-a", "session-b", "session-c", "session-d"]
+# (share, N, spread)
+HOME_SIZE_CASES: list[tuple[float, int, float]] = [
+    (0.0, 4, 2.0),
+    (0.01, 4, 2.0),
+    (0.125, 8, 2.0),
+    (0.19, 4, 2.0),
+    (0.19, 4, 3.0),
+    (0.7, 4, 2.0),
+    (0.01, 100, 2.0),
+    (0.3, 100, 2.0),
+]
+MESSAGE_CASES: list[list[tuple[str, str]]] = [
+    [("system", SYSTEM_PROMPT), ("user", "where is my parcel?")],
+    [
+        ("system", SYSTEM_PROMPT),
+        ("user", "where is my parcel?"),
+        ("assistant", "It left the warehouse."),
+        ("user", "when will it arrive?"),
+    ],
+    [("user", "前缀缓存 ✓")],
+]
+
+
+def organic_vectors() -> dict[str, Any]:
+    chains = [
+        {
+            "data_hex": data.hex(),
+            "block_bytes": block,
+            "max_blocks": most,
+            "keys": [str(k) for k in chain_keys(data, block, most)],
+            "why": why,
+        }
+        for data, block, most, why in CHAIN_CASES
+    ]
+    homes = []
+    rings: list[dict[str, Any]] = [RING_A, RING_B]
+    for spec in rings:
+        points = ring_points(spec["members"], spec["weights"], spec["vnodes"])
+        for family in SESSION_FAMILIES:
+            for size in sorted({1, 2, 3, len(spec["members"])}):
+                for session in SESSION_KEYS:
+                    f, k = key(family.encode()), key(session.encode())
+                    member = session_home(points, f, size, k)
+                    homes.append(
+                        {
+                            "ring": spec["name"],
+                            "family_of": family,
+                            "family": str(f),
+                            "homes": size,
+                            "session_of": session,
+                            "session": str(k),
+                            "member": member,
+                            "index": spec["members"].index(member),
+                        }
+                    )
+    return {
+        "block_bytes": 64,
+        "learn_blocks": 128,
+        "learn_messages": 32,
+        "chains": chains,
+        "session_homes": homes,
+        "home_sizes": [
+            {"share": share, "members": n, "spread": spread, "size": home_size(share, n, spread)}
+            for share, n, spread in HOME_SIZE_CASES
+        ],
+        "messages": [
+            {"messages": [list(m) for m in case], "keys": [str(k) for k in message_keys(case, 32)]}
+            for case in MESSAGE_CASES
+        ],
+    }
+
+
 def build() -> dict[str, Any]:
     return {
         "contract_version": CONTRACT_VERSION,
@@ -657,6 +778,7 @@ def build() -> dict[str, Any]:
         "maglev_default_table_size": CONTRACT_DEFAULT_TABLE_SIZE,
         "maglevs": [maglev_vectors(MAGLEV_A), maglev_vectors(MAGLEV_B)],
         "maglev_picks": maglev_pick_vectors(),
+        "organic": organic_vectors(),
     }
 
 

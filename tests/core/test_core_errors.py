@@ -120,6 +120,16 @@ CASES: list[Case] = [
     ("prefix_id bytes", lambda c: c.prefix_id(b"x"), TypeError, "needs str"),
     ("prefix_id surrogate", lambda c: c.prefix_id("ok\udc80"), ValueError, "lone surrogate"),
     ("prefix_route_key surrogate", lambda c: c.prefix_route_key("\ud800"), ValueError, "surrogate"),
+    ("chain_keys str", lambda c: c.chain_keys("text", 64, 8), TypeError, "encode text as UTF-8"),
+    ("chain_keys block 0", lambda c: c.chain_keys(b"x", 0, 8), ValueError, "block_bytes is 0"),
+    ("chain_keys block huge", lambda c: c.chain_keys(b"x", 1 << 17, 8), ValueError, "1..65536"),
+    ("chain_keys block bool", lambda c: c.chain_keys(b"x", True, 8), TypeError, "block_bytes"),
+    ("chain_keys negative", lambda c: c.chain_keys(b"x", 64, -1), ValueError, "max_blocks is -1"),
+    ("chain_keys float", lambda c: c.chain_keys(b"x", 64, 1.0), TypeError, "max_blocks must"),
+    ("session_home 0", lambda c: _ring(c).session_home(1, 0, 2), ValueError, "homes is 0"),
+    ("session_home str", lambda c: _ring(c).session_home(1, "2", 2), TypeError, "homes must"),
+    ("session_home key", lambda c: _ring(c).session_home(-1, 1, 2), ValueError, "out of range"),
+    ("session_home session", lambda c: _ring(c).session_home(1, 1, 2.0), TypeError, "key must"),
 ]
 
 

@@ -213,3 +213,53 @@ def test_the_placement_vectors_show_the_budget_binding(
             assert case["homed_tokens"] == plain
         else:
             assert max(plain.values()) > case["budget"] >= max(case["homed_tokens"].values())
+
+
+# --- routing contract section 9: organic routing -------------------------------------------
+
+
+def test_chain_keys(core: ModuleType, golden: dict[str, Any]) -> None:
+    for case in golden["organic"]["chains"]:
+        data = bytes.fromhex(case["data_hex"])
+        keys = core.chain_keys(data, case["block_bytes"], case["max_blocks"])
+        assert keys == [int(k) for k in case["keys"]], case["why"]
+        assert core.chain_keys(memoryview(data), case["block_bytes"], 10**30) == core.chain_keys(
+            data, case["block_bytes"], 10**30
+        )
+
+
+def test_chain_keys_share_exactly_the_shared_blocks(golden: dict[str, Any]) -> None:
+    """The two prompts with one head share the head's blocks, then differ."""
+    chains = {case["why"]: case["keys"] for case in golden["organic"]["chains"]}
+    one, other = chains["a prompt, 64-B blocks"], chains["same head, other question"]
+    assert one[:2] == other[:2] and one[2:] and len(other) == 2
+    assert chains["max_blocks 1: the family key"] == one[:1]
+
+
+def test_session_homes(core: ModuleType, golden: dict[str, Any]) -> None:
+    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    for case in golden["organic"]["session_homes"]:
+        ring = rings[case["ring"]]
+        index = ring.session_home(int(case["family"]), case["homes"], int(case["session"]))
+        assert index == case["index"] and ring.members[index] == case["member"], case
+
+
+def test_the_contract_document_shows_the_organic_vectors(golden: dict[str, Any]) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "routing-contract.md").read_text()
+    organic = golden["organic"]
+    values = [k for case in organic["chains"] for k in case["keys"]]
+    values += [k for case in organic["messages"] for k in case["keys"]]
+    values += [case[field] for case in organic["session_homes"] for field in ("family", "session")]
+    missing = [value for value in values if f"`{value}`" not in doc]
+    assert not missing, "section 9 of docs/routing-contract.md is out of date with golden.json"
+    rows = [
+        f"| {c['ring'].split(',')[0]} | {c['homes']} | `{c['session_of']}` | "
+        f"{_short(c['member'])} |"
+        for c in organic["session_homes"]
+    ]
+    rows += [
+        f"| {c['share']} | {c['members']} | {c['spread']} | {c['size']} |"
+        for c in organic["home_sizes"]
+    ]
+    missing = [row for row in rows if row not in doc]
+    assert not missing, f"section 9's tables lack {missing}"

@@ -181,3 +181,55 @@ def test_twins_fail_alike_on_bad_rings(
         return ring.points(), ring.shares()
 
     assert _outcome(lambda: build(c_core)) == _outcome(lambda: build(py_core))
+
+
+@FAST
+@given(
+    data=st.binary(max_size=700),
+    block=st.one_of(st.integers(1, 80), st.sampled_from([64, 1 << 16])),
+    most=st.one_of(st.integers(0, 20), st.just(1 << 70)),
+)
+def test_twins_agree_on_chain_keys(
+    twins: tuple[ModuleType, ModuleType], data: bytes, block: int, most: int
+) -> None:
+    c_core, py_core = twins
+    keys = py_core.chain_keys(data, block, most)
+    assert c_core.chain_keys(data, block, most) == keys
+    assert c_core.chain_keys(bytearray(data), block, most) == keys
+    assert len(keys) == min(len(data) // block, most)
+    # A chain is a chain: the keys of a prefix are a prefix of the keys.
+    half = len(data) // 2
+    assert py_core.chain_keys(data[:half], block, most) == keys[: half // block]
+
+
+@FAST
+@given(case=rings_and_picks(), session=keys, size=st.integers(1, 12))
+def test_twins_agree_on_session_homes(
+    twins: tuple[ModuleType, ModuleType], case: dict[str, Any], session: int, size: int
+) -> None:
+    c_core, py_core = twins
+    c_ring = c_core.Ring(case["members"], case["weights"], case["vnodes"])
+    py_ring = py_core.Ring(case["members"], case["weights"], case["vnodes"])
+    family = case["key"]
+    index = py_ring.session_home(family, size, session)
+    assert c_ring.session_home(family, size, session) == index
+    # It is a member of the family's home set, and the session's first choice in it.
+    home = py_ring.preference(family, size)
+    assert py_ring.members[index] in home
+    order = py_ring.preference(session, len(py_ring.members))
+    assert py_ring.members[index] == next(m for m in order if m in home)
+
+
+@FAST
+@given(data=anything, block=anything, most=anything, family=anything, size=anything)
+def test_twins_fail_alike_on_bad_organic_arguments(
+    twins: tuple[ModuleType, ModuleType], data: Any, block: Any, most: Any, family: Any, size: Any
+) -> None:
+    c_core, py_core = twins
+    assert _outcome(lambda: c_core.chain_keys(data, block, most)) == _outcome(
+        lambda: py_core.chain_keys(data, block, most)
+    )
+    c_ring, py_ring = c_core.Ring(["a", "b", "c"], None, 8), py_core.Ring(["a", "b", "c"], None, 8)
+    assert _outcome(lambda: c_ring.session_home(family, size, 5)) == _outcome(
+        lambda: py_ring.session_home(family, size, 5)
+    )

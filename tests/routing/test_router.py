@@ -53,7 +53,7 @@ def test_prompts_and_inline_prefixes_route_as_the_contract_says(
     make_router: MakeRouter,
 ) -> None:
     pool, store = serving_pool(pods(4)), PrefixStore()
-    router = make_router(pool, store, route_window_bytes=64)
+    router = make_router(pool, store, route_window_bytes=64, unregistered_routing="window")
     entry = store.register("rules", RULES)[0]
     by_prompt = router.for_prompt(RULES + " is this allowed?")
     assert (by_prompt.prefix, by_prompt.route_key) == (entry, entry.route_key)

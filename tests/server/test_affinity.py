@@ -79,24 +79,26 @@ async def test_prompt_starting_with_a_registered_prefix_routes_as_that_prefix(
 
 
 async def test_unregistered_prompt_routes_on_its_first_window_bytes(
-    sidecar: Sidecar, stub: Any, pods: list[str]
+    tmp_path: Path, pods: list[str]
 ) -> None:
     ring = owner_ring(pods)
     head = "é" * 3000  # 6000 UTF-8 bytes: the 4096-byte window ends inside the head
     backends = set()
-    for i in range(8):
-        shared = f"{i}:" + head
-        replies = [
-            await stub.Route(router_pb2.RouteRequest(prompt=shared + tail))
-            for tail in ("A", "B" * 500)
-        ]
-        key = _core.route_key(shared.encode()[:4096])
-        for reply in replies:
-            assert reply.prefix_id == ""
-            assert reply.route_key == key
-            assert reply.backend == ring.owner(key)
-        backends.add(replies[0].backend)
-    short = await stub.Route(router_pb2.RouteRequest(prompt="short prompt"))
+    window = sidecar_config(tmp_path, pods, unregistered_routing="window")  # v1's route
+    async with running_sidecar(window) as (_, stub):
+        for i in range(8):
+            shared = f"{i}:" + head
+            replies = [
+                await stub.Route(router_pb2.RouteRequest(prompt=shared + tail))
+                for tail in ("A", "B" * 500)
+            ]
+            key = _core.route_key(shared.encode()[:4096])
+            for reply in replies:
+                assert reply.prefix_id == ""
+                assert reply.route_key == key
+                assert reply.backend == ring.owner(key)
+            backends.add(replies[0].backend)
+        short = await stub.Route(router_pb2.RouteRequest(prompt="short prompt"))
     assert short.route_key == _core.route_key(b"short prompt")
     assert len(backends) > 1
 

@@ -63,7 +63,7 @@ async def test_metrics_endpoint_exposes_the_documented_series(
     assert value("prefix_sidecar_requests_total", **requests, status="OK") == 1
     assert value("prefix_sidecar_decision_seconds_count", front="grpc", rpc="Complete") == 1
     assert value("prefix_sidecar_ttft_seconds_count", front="grpc", backend=backend) == 1
-    assert value("prefix_sidecar_in_flight", backend=backend) == 0
+    assert value("prefix_sidecar_in_flight", front="grpc", backend=backend) == 0
     assert value("prefix_sidecar_prompt_tokens_total", prefix="rules") == usage.prompt_tokens
     assert value("prefix_sidecar_cached_tokens_total", prefix="rules") == usage.cached_tokens > 0
     assert value("prefix_sidecar_completion_tokens_total", prefix="rules") == 3

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from sidecar.prefixes import PrefixStore
 from sidecar.server.openai_body import FrontError, FrontRequest, parse_request
 
 
@@ -34,11 +35,15 @@ def test_a_chat_routes_on_its_first_message_the_system_one_included() -> None:
         {"role": "user", "content": "the thin query"},
     ]
     assert parse_request(body(messages=messages), chat=True) == FrontRequest(
-        None, "the fat rules", False
+        None, "the fat rules", False, (("system", "the fat rules"), ("user", "the thin query"))
     )
     parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
     parsed = parse_request(body(messages=[{"role": "user", "content": parts}]), chat=True)
     assert parsed.route_text == "ab"
+    assert parsed.messages == (("user", "ab"),)  # organic routing's view (contract 9d)
+    many = [{"role": "user", "content": str(i)} for i in range(50)] + ["not an object"]
+    parsed = parse_request(body(messages=many), chat=True)
+    assert parsed.messages == tuple(("user", str(i)) for i in range(33))  # LEARN_MESSAGES + 1
     parsed = parse_request(body(messages=[{"role": "assistant", "content": None}]), chat=True)
     assert parsed.route_text == ""
 
@@ -81,3 +86,106 @@ def test_bad_bodies_are_400s_naming_the_param(
             "code": None,
         }
     }
+
+
+# --- matching where the prompt lies in the body ----------------------------------------------
+
+RULES = 'Mega-sale rules: "no lowest price ever"\n双十一 \\ tab\there\n' * 40
+WINDOW = 64
+
+
+def _store(*texts: str) -> PrefixStore:
+    store = PrefixStore()
+    for index, text in enumerate(texts):
+        store.register(f"p{index}", text)
+    return store
+
+
+def _expected(store: PrefixStore, raw: bytes, chat: bool) -> tuple[str | None, bytes]:
+    """What Router.for_prompt reads of the decoded route text: the longest registered
+    prefix, else the route window's bytes."""
+    text = parse_request(raw, chat=chat).route_text  # the whole json.loads path
+    found = store.match(text)
+    return (found.name if found else None), text.encode()[:WINDOW]
+
+
+def _routed(store: PrefixStore, raw: bytes, chat: bool) -> tuple[str | None, bytes]:
+    parsed = parse_request(raw, chat=chat, store=store, window=WINDOW)
+    if parsed.matched and parsed.prefix is not None:
+        return parsed.prefix.name, b""
+    found = store.match(parsed.route_text)
+    return (found.name if found else None), parsed.route_text.encode()[:WINDOW]
+
+
+def _same(expected: tuple[str | None, bytes], routed: tuple[str | None, bytes]) -> bool:
+    return expected[0] == routed[0] and (expected[0] is not None or expected[1] == routed[1])
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        RULES + "is this 499 yuan offer compliant?",
+        RULES,
+        RULES[:-7] + "a different ending " * 30,  # shares a head with the prefix only
+        "unregistered " * 200 + '"quoted" / slashes',
+        "short",
+        RULES.replace("/", "\\/"),
+        ("x" * 70 + "\\u00e9") * 20,  # escapes written by hand in the text itself
+    ],
+)
+def test_matching_in_the_body_routes_as_the_decoded_prompt_does(
+    prompt: str, ensure_ascii: bool
+) -> None:
+    store = _store(RULES, RULES[:100], "short prefix")
+    raw = json.dumps(
+        {"model": "m", "prompt": prompt, "stream": True, "n": 1}, ensure_ascii=ensure_ascii
+    ).encode()
+    assert _same(_expected(store, raw, False), _routed(store, raw, False))
+    chat = json.dumps(
+        {"messages": [{"role": "system", "content": prompt}, {"role": "user", "content": "q"}]},
+        ensure_ascii=ensure_ascii,
+    ).encode()
+    assert _same(_expected(store, chat, True), _routed(store, chat, True))
+
+
+def test_a_canonical_prompt_is_matched_in_place_and_only_its_head_decoded() -> None:
+    store = _store(RULES)
+    raw = json.dumps(
+        {"model": "m", "prompt": RULES + "question", "stream": True}, ensure_ascii=False
+    ).encode()
+    parsed = parse_request(raw, chat=False, store=store, window=WINDOW)
+    assert parsed.matched and parsed.prefix is not None and parsed.prefix.name == "p0"
+    assert (parsed.model, parsed.stream) == ("m", True)
+    fat = json.dumps({"prompt": "no prefix here " * 2000}, ensure_ascii=False).encode()
+    head = parse_request(fat, chat=False, store=store, window=WINDOW)
+    assert head.matched and head.prefix is None
+    assert WINDOW <= len(head.route_text.encode()) < 1000
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # "prompt" where the quick look finds it is not the top-level one
+        b'{"meta": {"prompt": "' + b"n" * 400 + b'"}, "prompt": "the real one"}',
+        # the key repeats: json.loads reads the last
+        b'{"prompt": "' + b"a" * 400 + b'", "prompt": "' + b"b" * 400 + b'"}',
+        # a prompt with more escaped quotes than are looked at
+        b'{"prompt": "' + b'\\"q\\" ' * 400 + b'"}',
+        b'{"prompt": "' + b"\\\\" * 300 + b'", "stream": true}',
+    ],
+)
+def test_unusual_bodies_read_as_json_loads_reads_them(raw: bytes) -> None:
+    store = _store("n" * 300, "a" * 300, "b" * 300)
+    assert _same(_expected(store, raw, False), _routed(store, raw, False))
+    assert (
+        parse_request(raw, chat=False, store=store).stream == parse_request(raw, chat=False).stream
+    )
+
+
+def test_invalid_json_around_a_long_prompt_is_still_a_400() -> None:
+    store = _store(RULES)
+    raw = b'{"prompt": "' + json.dumps(RULES)[1:-1].encode() + b'", "stream": tru}'
+    with pytest.raises(FrontError) as caught:
+        parse_request(raw, chat=False, store=store)
+    assert caught.value.status == 400 and "not valid JSON" in caught.value.message

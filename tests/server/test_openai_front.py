@@ -6,6 +6,7 @@ emulator pods or small aiohttp pods that record what reaches them and misbehave 
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import json
 import os
@@ -392,7 +393,10 @@ async def test_a_stream_broken_after_the_first_byte_ends_with_an_error_event(
         await asyncio.to_thread(run)
 
 
-async def test_a_caller_leaving_mid_stream_closes_the_pods_request(tmp_path: Path) -> None:
+async def test_a_caller_leaving_mid_stream_closes_the_pods_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     holder: list[Pod] = []
     pod = Pod(_streams_then("trickle", holder))
     holder.append(pod)
@@ -409,6 +413,9 @@ async def test_a_caller_leaving_mid_stream_closes_the_pods_request(tmp_path: Pat
             assert b"first" in await reply.content.readuntil(b"\n\n")
         # The session closed mid-stream: the sidecar must close the pod's connection.
         await asyncio.wait_for(pod.disconnected.wait(), 5)
+        await asyncio.sleep(0.3)  # the next write to the caller finds it gone
+    # A caller that leaves is no server error: no traceback, no "Error handling request".
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
 
 
 # --- the listener ---------------------------------------------------------------------------
@@ -607,3 +614,71 @@ async def test_a_large_body_passes_unchanged(tmp_path: Path) -> None:
     ):
         assert reply.status == 200
         assert pod.bodies == [raw]
+
+
+# --- one relay, one set of series; the front's own stop ---------------------------------------
+
+
+async def test_http_failovers_and_in_flight_are_counted_with_the_front_label(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    async with contextlib.AsyncExitStack() as stack:
+        bad = await stack.enter_async_context(running_pod(Pod(_answers(503))))
+        good = await stack.enter_async_context(running_pod(Pod()))
+        config = sidecar_config(tmp_path, [bad.url, good.url], openai_listen=f"127.0.0.1:{port}")
+        sidecar, _ = await stack.enter_async_context(running_sidecar(config))
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        for i in range(12):
+            body = {"model": "m", "prompt": f"prompt {i}"}
+            async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as reply:
+                assert reply.status == 200 and reply.headers[BACKEND_HEADER] == good.url
+        registry = sidecar.metrics.registry
+        failed = registry.get_sample_value(
+            "prefix_sidecar_failovers_total",
+            {"front": "http", "backend": bad.url, "reason": "http_503"},
+        )
+        assert failed == len(bad.bodies) > 0
+        for url in (bad.url, good.url):
+            in_flight = {"front": "http", "backend": url}
+            assert registry.get_sample_value("prefix_sidecar_in_flight", in_flight) == 0
+        assert 'front="grpc"' not in sidecar.metrics.render().decode()
+
+
+async def test_stop_drains_the_http_front_with_the_grace_it_is_given(tmp_path: Path) -> None:
+    holder: list[Pod] = []
+    pod = Pod(_streams_then("trickle", holder))
+    holder.append(pod)
+    port = free_port()
+    async with running_pod(pod):
+        config = sidecar_config(
+            tmp_path, [pod.url], openai_listen=f"127.0.0.1:{port}", grace_s=60.0
+        )
+        sidecar = Sidecar(config)
+        await sidecar.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                await wait_serving_http(session, port)
+                async with session.post(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    json={"model": "m", "prompt": "x", "stream": True},
+                ) as reply:
+                    assert b"first" in await reply.content.readuntil(b"\n\n")
+                    started = asyncio.get_running_loop().time()
+                    await asyncio.wait_for(sidecar.stop(0.5), 10)
+                    took = asyncio.get_running_loop().time() - started
+                    assert 0.4 < took < 5, took  # the grace given, not the config's 60 s
+                    with contextlib.suppress(aiohttp.ClientError):
+                        await reply.read()  # the stream was cut when the grace ran out
+            await asyncio.wait_for(pod.disconnected.wait(), 5)
+        finally:
+            await sidecar.stop(0)
+
+
+async def wait_serving_http(session: aiohttp.ClientSession, port: int) -> None:
+    for _ in range(100):
+        async with session.get(f"http://127.0.0.1:{port}/health") as reply:
+            if reply.status == 200:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the HTTP front never turned ready")

@@ -195,7 +195,7 @@ async def relay_once(
 
 def failovers(metrics: Metrics, backend: str, reason: str) -> float:
     value = metrics.registry.get_sample_value(
-        "prefix_sidecar_failovers_total", {"backend": backend, "reason": reason}
+        "prefix_sidecar_failovers_total", {"front": "grpc", "backend": backend, "reason": reason}
     )
     return value or 0.0
 

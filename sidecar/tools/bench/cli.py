@@ -19,6 +19,8 @@ BENCHMARKS: dict[str, str] = {
     "hop": "sidecar.tools.bench.hop",
     "soak": "sidecar.tools.bench.soak",
     "real": "sidecar.tools.bench.real",
+    "plan-check": "sidecar.tools.plan.check",
+    "organic": "sidecar.tools.bench.organic",
 }
 
 
@@ -35,7 +37,7 @@ def _unavailable(name: str, error: str) -> argparse.ArgumentParser:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: core, fleet, hop, soak, real",
+        help="benchmarks: core, fleet, hop, soak, real, organic, plan-check",
         description="Benchmarks; each measures what it compares side by side in one run.",
     )
     bench_subparsers = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")

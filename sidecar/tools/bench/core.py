@@ -34,6 +34,7 @@ from sidecar.tools.bench.baselines import (
     UhashringRouter,
     exact_shares,
 )
+from sidecar.tools.bench.core_organic import organic_decisions, render_organic
 from sidecar.tools.report import add_json_option, progress_printer, run_and_report, target_lines
 
 IMPLEMENTATIONS = ("cython", "python", "uhashring", "note")
@@ -492,6 +493,8 @@ def run_bench(
             )
     progress("throughput")
     report["throughput_mb_s"] = throughput(_core_c, timer)
+    progress("organic decisions")
+    report["organic"] = organic_decisions(quick, seed)  # issue 14: its own section
     return report
 
 
@@ -574,6 +577,8 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", f"throughput on a {PROMPT_BYTES // 1024} KB prompt, MB/s"]
     for name, mb_s in report["throughput_mb_s"].items():
         lines.append(f"  {name:<28}{mb_s:>10,.0f}")
+    if "organic" in report:
+        lines += render_organic(report["organic"])
     lines += ["", "targets (ratios from this run)"]
     lines += target_lines(report["targets"])
     if str(TARGET_PODS) not in report["ratios"]:

@@ -34,7 +34,7 @@ from sidecar.tools.emulator import EmulatorFleet
 from sidecar.tools.report import add_json_option, progress_printer, run_and_report, target_lines
 from sidecar.tools.workload.driver import TIMEOUT
 from sidecar.tools.workload.scenario import run_policy
-from sidecar.tools.workload.stats import summarize, ttft_samples_ms
+from sidecar.tools.workload.stats import hit_rate, summarize, ttft_samples_ms
 from sidecar.tools.workload.trace import (
     INPUT_TOKENS,
     home_kv_budget,
@@ -194,6 +194,8 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     config = mega_sale_pod(scale, args.kv_tokens, args.max_tokens)
     if args.pod_load_header:  # pods that also report their load on streams
         config = dataclasses.replace(config, load_header_on_streams=True)
+    if getattr(args, "prefill_tps", None):  # bench plan-check: a slower pod (docs/plan.md)
+        config = dataclasses.replace(config, prefill_tps=args.prefill_tps)
     prefixes = mega_sale_prefixes(
         args.prefixes,
         hot_tokens=args.hot_tokens,
@@ -262,6 +264,10 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             results[name]["load_signals"] = signals
             results[name]["pods_own"] = sampler.summary()
             results[name]["wall_s"] = run.wall_s
+            results[name]["hit_rate_by_prefix"] = {
+                p.name: hit_rate([o for o in measured if o.prefix == i], tokens)
+                for i, p in enumerate(prefixes)
+            }
             timed_out = sum(1 for o in measured if o.error == TIMEOUT)
             samples[name] = ttft_samples_ms(measured, scale) + [args.first_token_timeout * 1e3] * (
                 timed_out
@@ -435,6 +441,12 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add("--warmup", type=float, default=15.0, help="modelled s replayed but not measured (15)")
     add("--time-scale", type=_positive(float, "--time-scale"), default=2.0, help="(2)")
     add("--max-tokens", type=_positive(int, "--max-tokens"), default=16)
+    add(
+        "--prefill-tps",
+        type=_positive(float, "--prefill-tps"),
+        default=None,
+        help="the pods' prefill tokens/s (default: the emulator's 16,000)",
+    )
     add("--sidecars", type=_positive(int, "--sidecars"), default=4, help="K processes (4)")
     add(
         "--also-sidecars",

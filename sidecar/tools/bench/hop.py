@@ -11,7 +11,9 @@ Measured one request at a time, the modes interleaved (so drift hits all alike):
 - http: TTFT through the same sidecar process's OpenAI HTTP front (`openai_listen` on
   127.0.0.1), the same streamed POST /v1/completions as direct, read to the first SSE event;
 - proxy: the same POST through a bare aiohttp reverse proxy process (the floor any HTTP hop
-  costs: no parsing, no routing; sidecar/tools/bench/http_proxy.py).
+  costs: no parsing, no routing; sidecar/tools/bench/http_proxy.py);
+- raw: the same POST through a hand-written asyncio-streams proxy process (no aiohttp, no
+  HTTP library at all: what is left is the store-and-forward of the body itself).
 The pod runs at time x1000, so its modelled prefill is microseconds and TTFT differences
 are the software path. Then a throughput phase: `--callers` concurrent callers for
 `--throughput-seconds` each send small completions (a short prompt, max_tokens 1) through the
@@ -52,7 +54,7 @@ from sidecar.tools.workload.texts import merchant_query, rules_text
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 ECHO_METHOD = "/bench.hop.Echo/Echo"
-MODES = ("echo", "route", "direct", "thin", "fat", "http", "proxy")
+MODES = ("echo", "route", "direct", "thin", "fat", "http", "proxy", "raw")
 PATHS = ("grpc", "http", "proxy")  # the throughput phase
 TARGET_ROUTE_OVER_ECHO = 1.10
 TARGET_OVERHEAD_MS = 1.0
@@ -336,6 +338,7 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
                 stderr_path=f"{workdir}/sidecar.log",
             ) as sidecars,
             http_proxy(fleet.urls[0]) as proxy,
+            http_proxy(fleet.urls[0], raw=True) as raw_proxy,
             echo_server(echo_target),
             grpc.aio.insecure_channel(sidecars.targets[0], options=CHANNEL_OPTIONS) as channel,
             grpc.aio.insecure_channel(echo_target) as echo_channel,
@@ -390,6 +393,9 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
             async def time_proxy(i: int) -> float:
                 return await _first_event(session, proxy, bodies[i])
 
+            async def time_raw(i: int) -> float:
+                return await _first_event(session, raw_proxy, bodies[i])
+
             bodies = [_direct_body(prefix + text, config.model) for text in inputs]
             calls: dict[str, Callable[[int], Awaitable[float]]] = {
                 "echo": time_echo,
@@ -399,6 +405,7 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
                 "fat": time_fat,
                 "http": time_http,
                 "proxy": time_proxy,
+                "raw": time_raw,
             }
             total = args.warmup + args.iterations
             order = list(MODES)
@@ -502,7 +509,7 @@ def _report(
                 "p50": (stats[mode]["p50_us"] - stats["direct"]["p50_us"]) / 1e3,
                 "p99": (stats[mode]["p99_us"] - stats["direct"]["p99_us"]) / 1e3,
             }
-            for mode in ("http", "proxy")
+            for mode in ("http", "proxy", "raw")
         },
         "thin_saving": {
             "p50_ms": saving_ms,
@@ -526,7 +533,9 @@ def _report(
                 "name": f"HTTP front TTFT overhead <= {TARGET_OVERHEAD_MS:g} ms at p50 over "
                 "the pod",
                 "measured": f"{http_ms:.2f} ms (bare aiohttp proxy: "
-                f"{(stats['proxy']['p50_us'] - stats['direct']['p50_us']) / 1e3:.2f} ms)",
+                f"{(stats['proxy']['p50_us'] - stats['direct']['p50_us']) / 1e3:.2f} ms, "
+                f"raw-socket proxy: "
+                f"{(stats['raw']['p50_us'] - stats['direct']['p50_us']) / 1e3:.2f} ms)",
                 "met": http_ms <= TARGET_OVERHEAD_MS,
             },
         ],
@@ -543,6 +552,7 @@ def render(report: dict[str, Any]) -> str:
         "fat": "TTFT via sidecar, fat (60k-token text)",
         "http": "TTFT via sidecar's OpenAI HTTP front",
         "proxy": "TTFT via a bare aiohttp proxy",
+        "raw": "TTFT via a raw-socket proxy (no aiohttp)",
     }
     lines = [
         f"prefix-sidecar bench hop: {latency['echo']['n']} rounds, one call at a time, "
@@ -577,7 +587,9 @@ def render(report: dict[str, Any]) -> str:
         f"completion_body() {body_ms:.2f} ms + the rest {rest_ms:.2f} ms",
         f"HTTP front TTFT overhead over the pod: p50 {http['http']['p50']:.2f} ms, "
         f"p99 {http['http']['p99']:.2f} ms; bare proxy (the HTTP floor): p50 "
-        f"{http['proxy']['p50']:.2f} ms, p99 {http['proxy']['p99']:.2f} ms",
+        f"{http['proxy']['p50']:.2f} ms, p99 {http['proxy']['p99']:.2f} ms; raw-socket proxy "
+        f"(the store-and-forward floor): p50 {http['raw']['p50']:.2f} ms, "
+        f"p99 {http['raw']['p99']:.2f} ms",
         "",
         "Route server-side Python cost, in-process (us per call)",
     ]

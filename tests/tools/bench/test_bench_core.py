@@ -144,3 +144,16 @@ def test_bad_pods_argument_is_refused() -> None:
     result = _bench("--pods", "8,x")
     assert result.returncode == 2
     assert "--pods wants comma-separated integers" in result.stderr
+
+
+def test_organic_decision_section(report: dict[str, Any]) -> None:
+    """Issue 14's decision time: a 32 KB unregistered prompt, organic and window, timed."""
+    organic = report["organic"]
+    assert organic["prompt_bytes"] == 32 * 1024 and organic["pods"] == 100
+    for routing in ("organic", "window"):
+        times = organic[routing]
+        assert all(_positive(times[q]) for q in ("p50_us", "p99_us", "max_us"))
+        assert times["p50_us"] <= times["p99_us"] <= times["max_us"]
+    assert 0 < organic["anchor_table_entries"] <= organic["anchor_table_bound"]
+    target = organic["target"]
+    assert target["met"] == (organic["organic"]["p99_us"] <= 50.0)

@@ -1,5 +1,5 @@
 """`prefix-sidecar bench hop --quick`: echo server, sidecar (with its OpenAI HTTP front), bare
-HTTP proxy and pod are real processes.
+HTTP proxies (aiohttp and raw sockets) and pod are real processes.
 
 Checks that every mode was measured and the report is well-formed, not the targets.
 """
@@ -47,7 +47,7 @@ def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
     for name, value in report["ratios"].items():
         assert math.isfinite(value) and value > 0, name
     assert math.isfinite(report["sidecar_overhead_ms"]["p50"])
-    assert set(report["http_overhead_ms"]) == {"http", "proxy"}
+    assert set(report["http_overhead_ms"]) == {"http", "proxy", "raw"}
     assert all(math.isfinite(v["p50"]) for v in report["http_overhead_ms"].values())
     assert set(report["throughput"]) == set(PATHS) == {"grpc", "http", "proxy"}
     for path, rate in report["throughput"].items():

@@ -1,0 +1,142 @@
+"""Organic routing: the two keys of an unregistered prompt or chat (routing contract 9).
+
+Every unregistered request gets a FAMILY key (what a tenant's or a template's requests
+share) and a SESSION key (what one conversation keeps across its turns, and what differs
+between conversations of one family):
+
+- a chat (messages): its messages are chained like blocks (`message_keys`); family = the
+  first message's key; session = the key of the message after the anchor: the first learnt
+  branch (a few-shot template's last example, whose queries differ), else the last leading
+  system message (structure: a session keeps its first user message across turns).
+- a raw prompt: its chained block keys (`_core.chain_keys`); family = the first block's
+  key; session = the chain key two blocks past the prompt's learnt anchor (the branch
+  point where the family's prompts diverge, `AnchorTable`), or its last block's if it is
+  shorter: it covers 65 bytes or more past the branch, the same at every turn. With no
+  anchor learnt yet the session key is the family's: a new family stays on one pod until
+  it branches.
+
+The family's share of recent requests sizes its home set: `home_size` pods, the first of
+preference(family) (contract 9c), so a hot tenant spreads over several pods and a rare one
+keeps one. The session picks its pod among them by consistent hashing restricted to the
+home set (`session_home` of the ring or the Maglev table, 9b): a session's turns land on one
+pod, and the same pod in every sidecar. The bounded-load pick (`pick_among` over that one
+pod, 4b) spills a session in its own key's preference order, so a spilled session keeps
+spilling to one pod.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from sidecar import _core
+from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
+
+HOME_SPREAD = 3.0  # pods per "fair share" of traffic a family's home set gets (9c)
+LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
+SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
+FIRST_BLOCKS = 64  # blocks hashed first (4 KB): enough when the anchor is among them
+
+
+class OrganicKeys(NamedTuple):
+    family: int
+    session: int
+    share: float  # the family's share of this sidecar's recent unregistered requests
+    anchor: int  # the anchor's depth in blocks (a prompt) or messages (a chat); -1: none
+
+
+MIN_HOMES = 1
+
+
+def home_size(share: float, members: int, spread: float = HOME_SPREAD) -> int:
+    """Contract 9c: min(N, max(1, ceil(spread * share * N))), in doubles in that order."""
+    return min(members, max(MIN_HOMES, math.ceil(spread * share * float(members))))
+
+
+def message_keys(messages: Iterable[tuple[str, str]], limit: int) -> list[int]:
+    """Contract 9d: chained keys of a chat's first `limit` messages, as blocks are chained:
+    m_i = key(le64(m_{i-1}) || utf8(role) || 0x00 || utf8(content)), m_{-1} = 0."""
+    keys: list[int] = []
+    parent = 0
+    route_key = _core.route_key
+    for role, content in messages:
+        if len(keys) == limit:
+            break
+        data = parent.to_bytes(8, "little") + role.encode("utf-8") + b"\x00"
+        parent = route_key(data + content.encode("utf-8"))
+        keys.append(parent)
+    return keys
+
+
+def leading_system(messages: Iterable[tuple[str, str]]) -> int:
+    """How many messages open the chat with role system: its structural anchor."""
+    count = 0
+    for role, _ in messages:
+        if role != "system":
+            break
+        count += 1
+    return count
+
+
+class OrganicRouter:
+    """Keys for unregistered prompts and chats, and the table they are learnt in."""
+
+    def __init__(self, table: AnchorTable, spread: float = HOME_SPREAD) -> None:
+        self.table = table
+        self.spread = spread
+
+    def for_chat(self, messages: list[tuple[str, str]]) -> OrganicKeys:
+        """A chat's keys: its messages are its blocks. The anchor is the shallowest learnt
+        branch among its first LEARN_MESSAGES messages (a few-shot template's last example),
+        else its last leading system message (a tenant's system prompt)."""
+        chain = message_keys(messages, LEARN_MESSAGES + 1)
+        if not chain:
+            return OrganicKeys(0, 0, self.table.count(0), -1)
+        table = self.table
+        anchor = table.anchor(chain[:LEARN_MESSAGES])
+        table.learn(chain, LEARN_MESSAGES if anchor < 0 else anchor + 2)
+        anchor = table.anchor(chain[:LEARN_MESSAGES])
+        if anchor < 0:
+            anchor = leading_system(messages) - 1
+        session = chain[anchor + 1] if anchor + 1 < len(chain) else chain[max(anchor, 0)]
+        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor)
+
+    def for_prompt(self, data: bytes) -> OrganicKeys | None:
+        """The prompt's keys, or None when it is shorter than one block (it then routes on
+        its window key, as before)."""
+        # Most anchors sit in the first 4 KB: hash those first, the rest only when needed
+        # (the result is the same as hashing LEARN_BLOCKS + 1 blocks at once).
+        chain = _core.chain_keys(data, BLOCK_BYTES, FIRST_BLOCKS)
+        if not chain:
+            return None
+        table = self.table
+        anchor = table.anchor(chain)
+        if len(chain) == FIRST_BLOCKS and (
+            anchor < 0 or anchor + SESSION_BLOCKS + 2 > FIRST_BLOCKS
+        ):
+            chain = _core.chain_keys(data, BLOCK_BYTES, LEARN_BLOCKS + 1)
+            if anchor < 0:
+                anchor = table.anchor(chain[:LEARN_BLOCKS])
+        # A family with an anchor records its prompts only up to the session key's block:
+        # deeper blocks cannot make a shallower anchor, and recording them would churn the
+        # table (and its dict resizes) with every session's history.
+        table.learn(chain, LEARN_BLOCKS if anchor < 0 else anchor + SESSION_BLOCKS + 1)
+        family = chain[0]
+        anchor = table.anchor(chain[:LEARN_BLOCKS])
+        if anchor < 0:
+            session = family
+        elif anchor + 1 < len(chain):
+            # The block after the anchor may hold only a few bytes past the branch (the
+            # shared "Turn 0: " of every session, say); the one after that holds 65 or more.
+            session = chain[min(anchor + SESSION_BLOCKS, len(chain) - 1)]
+        else:
+            # The prompt ends inside the block after its anchor: key its tail.
+            tail = data[(anchor + 1) * BLOCK_BYTES : (anchor + 2) * BLOCK_BYTES]
+            session = _core.route_key(chain[anchor].to_bytes(8, "little") + tail)
+        return OrganicKeys(family, session, table.count(family), anchor)
+
+    def homes(self, ring: _core.HashTable, keys: OrganicKeys) -> int:
+        """The session's pod (member index): contract 9b over the family's home set."""
+        size = home_size(keys.share, len(ring.members), self.spread)
+        return ring.session_home(keys.family, size, keys.session)

@@ -1,0 +1,131 @@
+"""`bench core`'s organic section: the decision time of an unregistered 32 KB prompt.
+
+The whole decision (`Router.for_prompt`: UTF-8 of the head, chained block keys, learning,
+the anchor, the family share, `session_home`, the bounded-load pick, the failover list) on
+a router whose anchor table has already learnt a mixed traffic of tenants and sessions,
+100 pods, every prompt different, each call timed on its own so the p99 is a real p99.
+The v1 window route (`unregistered_routing: window`) is timed in the same run as the
+baseline. Target (issue 14): p99 <= 50 us.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+from typing import Any
+
+from sidecar.config import build_config
+from sidecar.membership.pool import BackendPool
+from sidecar.membership.sources import Member
+from sidecar.prefixes import PrefixStore
+from sidecar.routing.router import Router
+from sidecar.tools.percentile import percentile
+
+PROMPT_BYTES = 32 * 1024
+PODS = 100
+TARGET_P99_US = 50.0
+WORDS = ("coupon", "voucher", "stacking", "refund", "parcel", "jacket", "discount", "banned")
+
+
+def _prose(rng: random.Random, size: int) -> str:
+    text = ""
+    while len(text) < size:
+        text += " ".join(rng.choice(WORDS) for _ in range(12)) + ". "
+    return text[:size]
+
+
+def _prompts(rng: random.Random, systems: list[str], count: int) -> list[str]:
+    """Chat-shaped raw prompts of exactly PROMPT_BYTES: a tenant's system prompt, then a
+    session's history (its first user message first)."""
+    prompts = []
+    for _ in range(count):
+        system = rng.choice(systems)
+        history = f"<|im_start|>user\nTurn 0: {_prose(rng, 200)}<|im_end|>\n"
+        body = system + history + _prose(rng, PROMPT_BYTES)
+        prompts.append(body[:PROMPT_BYTES])
+    return prompts
+
+
+def _router(pods: list[str], routing: str) -> Router:
+    pool = BackendPool(warm_before_serve=False)
+    pool.set_members([Member(url, 1) for url in pods])
+    for url in pods:
+        pool.set_health(url, True)
+    return Router.from_config(pool, PrefixStore(), build_config({"unregistered_routing": routing}))
+
+
+def _timed_us(router: Router, prompts: list[str]) -> list[float]:
+    times = []
+    clock = time.perf_counter_ns
+    decide = router.for_prompt
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for prompt in prompts:
+            start = clock()
+            decide(prompt)
+            times.append((clock() - start) / 1e3)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return times
+
+
+def organic_decisions(quick: bool, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    pods = [f"http://10.1.{i // 250}.{i % 250 + 2}:8000" for i in range(PODS)]
+    systems = [
+        f"<|im_start|>system\nYou are the assistant of store #{t}. "
+        + _prose(rng, rng.randint(300, 3000))
+        + "<|im_end|>\n"
+        for t in range(32)
+    ]
+    warm = _prompts(rng, systems, 300 if quick else 2000)
+    measured = _prompts(rng, systems, 1000 if quick else 3000)  # a p99 of 10+ tail values
+    result: dict[str, Any] = {"prompt_bytes": PROMPT_BYTES, "pods": PODS, "calls": len(measured)}
+    for routing in ("organic", "window"):
+        router = _router(pods, routing)
+        for prompt in warm:  # learn the tenants' anchors and shares first
+            router.for_prompt(prompt)
+        times = _timed_us(router, measured)
+        result[routing] = {
+            "p50_us": percentile(times, 50),
+            "p99_us": percentile(times, 99),
+            "max_us": max(times),
+        }
+        if routing == "organic":
+            assert router.organic is not None
+            result["anchor_table_entries"] = len(router.organic.table)
+            result["anchor_table_bound"] = router.organic.table.max_entries
+    p99 = result["organic"]["p99_us"]
+    result["target"] = {
+        "name": f"organic decision of a {PROMPT_BYTES // 1024} KB prompt: p99 <= "
+        f"{TARGET_P99_US:g} us",
+        "measured": f"{p99:.1f} us",
+        "met": p99 <= TARGET_P99_US,
+    }
+    return result
+
+
+def render_organic(organic: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"organic routing: one decision of an unregistered {organic['prompt_bytes'] // 1024} KB "
+        f"prompt, {organic['pods']} pods, {organic['calls']} prompts each timed alone, us",
+        f"  {'routing':<10}{'p50':>9}{'p99':>9}{'max':>9}",
+    ]
+    for routing in ("organic", "window"):
+        times = organic[routing]
+        lines.append(
+            f"  {routing:<10}{times['p50_us']:>9.1f}{times['p99_us']:>9.1f}{times['max_us']:>9.1f}"
+        )
+    lines.append(
+        f"  anchor table: {organic['anchor_table_entries']:,} entries (bound "
+        f"{organic['anchor_table_bound']:,})"
+    )
+    target = organic["target"]
+    lines.append(
+        f"  {target['name']}: {target['measured']} - {'MET' if target['met'] else 'NOT MET'}"
+    )
+    return lines

@@ -1,0 +1,447 @@
+"""`prefix-sidecar bench organic`: routing prompts nobody registered, against the oracle ceiling.
+
+One emulated fleet, one seeded organic trace (organic_trace: tenants' system prompts of
+300-3,000 bytes with Zipf popularity, multi-turn sessions, few-shot templates), replayed
+unchanged through each path (gRPC Complete with the raw prompt, gRPC Chat with messages,
+the OpenAI HTTP front's /v1/completions and /v1/chat/completions) under each policy:
+- round_robin: a sidecar with policy round_robin;
+- window / window_xK: today's key, the prompt's first 4,096 bytes (or the Chat RPC's first
+  message), with 1 and with K sidecar processes;
+- radix: a central router with one shared approximate radix tree like SGLang's
+  cache_aware (organic_radix), routing in this process and posting straight to the pods;
+- sidecar / sidecar_xK: the sidecar's own default for unregistered prompts, 1 and K.
+Every run starts with the pods' caches emptied. The oracle (organic_oracle) gives the hit
+rate of one infinite cache over the same trace; every policy is reported as a fraction of
+it, whole run and per class. Times are modelled (the emulator's clock = real x
+--time-scale). Definitions: docs/benchmarks.md, "Organic traffic".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import math
+import sys
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+import grpc
+
+from sidecar.tools.bench.organic_driver import (
+    PATHS,
+    InFlightSampler,
+    SidecarGroup,
+    bucket_percentile,
+    central_sender,
+    decision_buckets,
+    grpc_sender,
+    http_front_sender,
+    pod_requests,
+    replay,
+)
+from sidecar.tools.bench.organic_oracle import Ceiling, oracle
+from sidecar.tools.bench.organic_radix import CacheAwareRouter
+from sidecar.tools.bench.organic_report import (
+    evaluate_targets,
+    exact_decision_us,
+    render,
+    summarize,
+)
+from sidecar.tools.bench.organic_trace import CLASSES, OrganicTrace, TraceParams, build_trace
+from sidecar.tools.emulator import EmulatorConfig, EmulatorFleet, reset_cache
+from sidecar.tools.report import add_json_option, progress_printer, run_and_report
+from sidecar.tools.workload.driver import CHANNEL_OPTIONS
+
+SCHEME_SETTING = "unregistered_routing"  # the routing helper's flag; "window" = today's key
+RADIX_EVICTION_INTERVAL_S = 1.0  # real seconds; sgl-router's default is 120
+# The central router posts straight to the pods, so on an HTTP path it sends what it sends on
+# the gRPC path of the same body: that run is shown under both.
+RADIX_TWIN = {"http-complete": "grpc-complete", "http-chat": "grpc-chat"}
+
+
+def scheme_flag_exists() -> bool:
+    from sidecar.config import Config
+
+    return SCHEME_SETTING in {f.name for f in dataclasses.fields(Config)}
+
+
+def sidecar_default_scheme() -> str:
+    from sidecar.config import Config
+
+    if not scheme_flag_exists():
+        return f"window (this build has no {SCHEME_SETTING} setting: the window IS the default)"
+    return str(getattr(Config(), SCHEME_SETTING))
+
+
+def policy_names(sidecars: int, with_scheme: bool) -> list[str]:
+    names = ["round_robin", "window", f"window_x{sidecars}", "radix"]
+    if with_scheme:
+        names += ["sidecar", f"sidecar_x{sidecars}"]
+    return names
+
+
+def previous_turns(trace: OrganicTrace) -> list[int]:
+    """For each request, the seq of its flow's previous turn (-1 for a first turn)."""
+    before = [-1] * len(trace.requests)
+    for flow in trace.flows:
+        for earlier, later in zip(flow.requests, flow.requests[1:], strict=False):
+            before[later.seq] = earlier.seq
+    return before
+
+
+def pod_config(args: argparse.Namespace) -> EmulatorConfig:
+    return EmulatorConfig(
+        time_scale=args.time_scale,
+        kv_tokens=args.kv_tokens,
+        prefill_tps=args.prefill_tps,
+        max_running=64,
+    )
+
+
+async def run_one(
+    path: str,
+    name: str,
+    args: argparse.Namespace,
+    urls: list[str],
+    trace: OrganicTrace,
+    ceilings: list[Ceiling],
+    session: aiohttp.ClientSession,
+    socket_dir: str,
+) -> dict[str, Any]:
+    """One (path, policy) run on a fleet whose caches are emptied first."""
+    await asyncio.gather(*(reset_cache(url) for url in urls))
+    chat = path.endswith("chat")
+    timeout_s = args.first_token_timeout / args.time_scale
+    before = await pod_requests(session, urls)
+    sampler = InFlightSampler(session, urls)
+    started = time.perf_counter()
+    if name == "radix":
+        router = CacheAwareRouter(
+            urls,
+            max_tree_chars=args.radix_tree_chars or 4 * args.kv_tokens,
+            eviction_interval_s=RADIX_EVICTION_INTERVAL_S,
+        )
+        samples: list[int] = []
+        send = central_sender(session, router, chat, args.max_tokens, timeout_s, samples)
+        with sampler:
+            results = await replay(trace, send, args.time_scale)
+        decision = exact_decision_us(samples)
+        sidecars = 0
+    else:
+        policy, _, count = name.partition("_x")
+        sidecars = int(count) if count else 1
+        settings: dict[str, object] = {}
+        if policy == "round_robin":
+            settings["policy"] = "round_robin"
+        elif policy == "window" and scheme_flag_exists():
+            settings[SCHEME_SETTING] = "window"
+        group = SidecarGroup(
+            sidecars, urls, settings, socket_dir=socket_dir, http_front=path.startswith("http")
+        )
+        async with group:
+            if path.startswith("grpc"):
+                channels = [
+                    grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS) for t in group.targets
+                ]
+                try:
+                    send = grpc_sender(channels, path, args.max_tokens, timeout_s)
+                    with sampler:
+                        results = await replay(trace, send, args.time_scale)
+                finally:
+                    for channel in channels:
+                        await channel.close()
+            else:
+                send = http_front_sender(session, group.http_urls, chat, args.max_tokens, timeout_s)
+                with sampler:
+                    results = await replay(trace, send, args.time_scale)
+            buckets = await decision_buckets(session, group.metrics_ports)
+        decision = {
+            "p50": bucket_percentile(buckets, 50) * 1e6,
+            "p99": bucket_percentile(buckets, 99) * 1e6,
+            "bucketed": True,
+            "top_bucket_us": max((b for b in buckets if math.isfinite(b)), default=0.0) * 1e6,
+        }
+    after = await pod_requests(session, urls)
+    summary = summarize(
+        results,
+        ceilings,
+        time_scale=args.time_scale,
+        timeout_s=timeout_s,
+        pod_requests={url: after[url] - before[url] for url in urls},
+        in_flight=sampler.means(),
+        decision_us=decision,
+        previous_turn=previous_turns(trace),
+        warmup_s=args.warmup,
+    )
+    summary["sidecars"] = sidecars
+    summary["wall_s"] = time.perf_counter() - started
+    return summary
+
+
+async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    started = time.perf_counter()
+    params = TraceParams(
+        seed=args.seed,
+        duration_s=args.duration,
+        tenants=args.tenants,
+        templates=args.templates,
+        zipf=args.zipf,
+        tenant_rate=args.tenant_rate,
+        fewshot_rate=args.fewshot_rate,
+        session_rate=args.session_rate,
+    )
+    trace = build_trace(params)
+    ceilings = oracle([r.prompt for r in trace.requests])
+    with_scheme = scheme_flag_exists()
+    names = policy_names(args.sidecars, with_scheme)
+    if args.policies:
+        wanted = args.policies.split(",")
+        names = [n for n in names if n.partition("_x")[0] in wanted]
+    paths = args.paths.split(",") if args.paths else list(PATHS)
+    runs: dict[str, dict[str, Any]] = {}
+    progress(
+        f"{len(trace.requests)} requests in {len(trace.flows)} flows; "
+        f"{len(paths)} paths x {len(names)} policies"
+    )
+    async with (
+        EmulatorFleet(args.pods, pod_config(args)) as fleet,
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        ) as session,
+    ):
+        with tempfile.TemporaryDirectory(prefix="prefix-sidecar-organic-") as socket_dir:
+            for path in paths:
+                runs[path] = {}
+                for name in names:
+                    twin = RADIX_TWIN.get(path)
+                    if name == "radix" and twin in runs and "radix" in runs[twin]:
+                        # No sidecar, no front: the same run as on the twin path (same body).
+                        runs[path][name] = {**runs[twin][name], "same_run_as": twin}
+                        continue
+                    r = await run_one(
+                        path, name, args, fleet.urls, trace, ceilings, session, socket_dir
+                    )
+                    runs[path][name] = r
+                    progress(
+                        f"{path:<14}{name:<14} hit {r['hit_rate']:.4f} ({r['fraction']:.3f} of "
+                        f"ceiling)  p99 {r['ttft_ms']['p99']:,.0f} ms  max/mean "
+                        f"{r['load']['max_over_mean']:.2f}  errors {sum(r['errors'].values())}"
+                        f"  ({r['wall_s']:.0f} s)"
+                    )
+                if not with_scheme:  # the default IS the window: same runs, named for targets
+                    for name in list(runs[path]):
+                        if name.startswith("window"):
+                            runs[path][name.replace("window", "sidecar")] = runs[path][name]
+    prompt = [c.prompt_tokens for c in ceilings]
+    report: dict[str, Any] = {
+        "params": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
+        "sidecar_scheme": sidecar_default_scheme(),
+        "spread_over_sidecars": "at random per request (seeded by its sequence number)",
+        "trace": {
+            "requests": len(trace.requests),
+            "flows": len(trace.flows),
+            "classes": trace.counts(),
+            "prompt_tokens": sum(prompt),
+        },
+        "ceiling": {
+            "hit_rate": sum(c.cached_tokens for c in ceilings) / max(1, sum(prompt)),
+            "classes": {kind: _class_ceiling(trace, ceilings, kind) for kind in CLASSES},
+        },
+        "paths": runs,
+    }
+    span = max(r.nominal_at for r in trace.requests)
+    config = pod_config(args)
+    prefill_s = sum(
+        config.prefill_overhead_s + (c.prompt_tokens - c.cached_tokens) / config.prefill_tps
+        for c in ceilings
+    )
+    report["utilisation_at_ceiling"] = prefill_s / (span * args.pods) if span > 0 else 0.0
+    report["distinct_prompt_tokens"] = sum(c.prompt_tokens - c.cached_tokens for c in ceilings)
+    report["targets"] = evaluate_targets(report)
+    report["wall_s"] = time.perf_counter() - started
+    return report
+
+
+def _class_ceiling(trace: OrganicTrace, ceilings: list[Ceiling], kind: str) -> float:
+    mine = [c for c, r in zip(ceilings, trace.requests, strict=True) if r.kind == kind]
+    tokens = sum(c.prompt_tokens for c in mine)
+    return sum(c.cached_tokens for c in mine) / tokens if tokens else 0.0
+
+
+def _positive(kind: type, name: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} wants a number, got {text!r}") from None
+        if value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def _non_negative(name: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} wants a number, got {text!r}") from None
+        if not 0 <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
+        return value
+
+    return parse
+
+
+def register(bench_subparsers: argparse._SubParsersAction) -> None:
+    parser = bench_subparsers.add_parser(
+        "organic",
+        help="unregistered organic traffic: every policy as a fraction of the oracle ceiling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--pods", type=_positive(int, "--pods"), default=4)
+    add(
+        "--sidecars",
+        type=_positive(int, "--sidecars"),
+        default=4,
+        help="K, the sidecar processes of the _xK runs (default 4)",
+    )
+    add(
+        "--kv-tokens",
+        type=_positive(int, "--kv-tokens"),
+        default=12_000,
+        help="KV cache of each pod, tokens (default %(default)s: the 4 pods together hold "
+        "about two thirds of the trace's distinct prompt tokens, so placement matters)",
+    )
+    add(
+        "--prefill-tps",
+        type=_positive(float, "--prefill-tps"),
+        default=1_500.0,
+        help="each pod's prefill tokens per modelled second (default %(default)s: slower "
+        "than the fleet bench's pod, so that a moderate request rate loads it)",
+    )
+    add(
+        "--time-scale",
+        type=_positive(float, "--time-scale"),
+        default=6.0,
+        help="modelled seconds per real second (default %(default)s)",
+    )
+    add(
+        "--duration",
+        type=_positive(float, "--duration"),
+        default=45.0,
+        help="modelled seconds in which flows start (default %(default)s; sessions run on)",
+    )
+    add(
+        "--warmup",
+        type=_non_negative("--warmup"),
+        default=10.0,
+        help="modelled seconds at the start left out of the TTFT percentiles (default "
+        "%(default)s; hit rates and loads cover the whole run)",
+    )
+    add("--tenants", type=_positive(int, "--tenants"), default=24)
+    add(
+        "--templates",
+        type=_positive(int, "--templates"),
+        default=6,
+        help="few-shot templates (default %(default)s)",
+    )
+    add("--zipf", type=float, default=1.0, help="popularity exponent of tenants and templates")
+    add(
+        "--tenant-rate",
+        type=_non_negative("--tenant-rate"),
+        default=4.0,
+        help="one-shot tenant requests per modelled second (default %(default)s)",
+    )
+    add(
+        "--fewshot-rate",
+        type=_non_negative("--fewshot-rate"),
+        default=3.0,
+        help="few-shot requests per modelled second (default %(default)s)",
+    )
+    add(
+        "--session-rate",
+        type=_non_negative("--session-rate"),
+        default=0.7,
+        help="sessions started per modelled second, 4-10 turns each (default %(default)s)",
+    )
+    add(
+        "--max-tokens",
+        type=_positive(int, "--max-tokens"),
+        default=4,
+        help="tokens each answer streams (the next turn's answer text is the trace's own)",
+    )
+    add(
+        "--first-token-timeout",
+        type=_positive(float, "--first-token-timeout"),
+        default=30.0,
+        help="modelled seconds a caller waits for the first token",
+    )
+    add("--paths", help=f"comma-separated subset of {', '.join(PATHS)} (default all)")
+    add(
+        "--policies",
+        help="comma-separated subset of round_robin, window, radix, sidecar (default all)",
+    )
+    add(
+        "--radix-tree-chars",
+        type=_positive(int, "--radix-tree-chars"),
+        default=None,
+        help="the radix baseline's per-worker tree size, characters (default 4 x "
+        "--kv-tokens: what a pod's KV holds)",
+    )
+    add("--seed", type=int, default=0)
+    add("--quick", action="store_true", help="seconds per run, for tests: 2 pods, 2 sidecars")
+    add_json_option(parser)
+    parser.set_defaults(func=run)
+
+
+def _apply_quick(args: argparse.Namespace) -> None:
+    args.pods, args.sidecars = 2, 2
+    args.duration, args.time_scale, args.warmup = 6.0, 20.0, 1.0
+    args.tenants, args.templates = 6, 3
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.quick:
+        _apply_quick(args)
+    paths = args.paths.split(",") if args.paths else []
+    unknown = set(paths) - set(PATHS)
+    if unknown:
+        print(
+            f"prefix-sidecar bench organic: --paths has {', '.join(sorted(unknown))}; "
+            f"choose from {', '.join(PATHS)}",
+            file=sys.stderr,
+        )
+        return 2
+    policies = {"round_robin", "window", "radix", "sidecar"}
+    unknown = set((args.policies or "").split(",")) - policies - {""}
+    if unknown:
+        print(
+            f"prefix-sidecar bench organic: --policies has {', '.join(sorted(unknown))}; "
+            f"choose from {', '.join(sorted(policies))}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.warmup >= args.duration:
+        print("prefix-sidecar bench organic: --warmup must be < --duration", file=sys.stderr)
+        return 2
+    try:
+        TraceParams(
+            duration_s=args.duration,
+            tenant_rate=args.tenant_rate,
+            fewshot_rate=args.fewshot_rate,
+            session_rate=args.session_rate,
+        ).validate()
+    except ValueError as exc:
+        print(f"prefix-sidecar bench organic: {exc}", file=sys.stderr)
+        return 2
+    report = run_and_report(
+        "bench organic", run_bench(args, progress_printer("bench organic")), render, args.json
+    )
+    return 130 if report is None else 0

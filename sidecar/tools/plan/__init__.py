@@ -1,0 +1,1 @@
+"""`prefix-sidecar plan`: GPUs, TTFT and yuan/day for a traffic scenario (docs/plan.md)."""

@@ -1,0 +1,124 @@
+"""Organic routing of chats through a real sidecar (gRPC Chat and the HTTP front's
+/v1/chat/completions) before six emulator pods: every turn of a session is served by one
+pod, and the sessions of one tenant are spread over several (routing contract 9).
+
+"Served by" is read from the pods' own request counters (gRPC) or the front's backend
+header, not from the router.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from sidecar.server.openai_relay import BACKEND_HEADER
+from sidecar.tools.emulator import run_emulator
+from sidecar.v1 import router_pb2
+
+from .conftest import FAST, collect, free_port, requests_per_pod, running_sidecar, sidecar_config
+
+WORDS = ("coupon", "stacking", "voucher", "refund", "parcel", "jacket", "discount", "policy")
+SYSTEM = "You are the assistant of store #3. Coupons stack with vouchers only. " * 12
+SESSIONS, TURNS = 10, 4
+
+
+def prose(rng: random.Random, size: int) -> str:
+    text = ""
+    while len(text) < size:
+        text += " ".join(rng.choice(WORDS) for _ in range(9)) + ". "
+    return text[:size]
+
+
+def sessions(seed: int) -> list[list[list[tuple[str, str]]]]:
+    """SESSIONS sessions of one tenant, each as its TURNS growing message lists."""
+    rng = random.Random(seed)
+    result = []
+    for _ in range(SESSIONS):
+        history = [("system", SYSTEM)]
+        turns = []
+        for turn in range(TURNS):
+            if turn:
+                history.append(("assistant", prose(rng, 200)))
+            history.append(("user", f"Turn {turn}: {prose(rng, 120)}"))
+            turns.append(list(history))
+        result.append(turns)
+    return result
+
+
+@contextlib.asynccontextmanager
+async def six_pods() -> AsyncIterator[list[str]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(run_emulator(FAST, port=0)) for _ in range(6)]
+
+
+def _grpc(messages: list[tuple[str, str]]) -> router_pb2.ChatRequest:
+    return router_pb2.ChatRequest(
+        messages=[router_pb2.ChatMessage(role=r, content=c) for r, c in messages], max_tokens=1
+    )
+
+
+async def _grpc_chat(stub: Any, pods: list[str], messages: list[tuple[str, str]]) -> str:
+    before = await requests_per_pod(pods)
+    chunks = await collect(stub.Chat(_grpc(messages)))
+    after = await requests_per_pod(pods)
+    served = [url for url in pods if after[url] != before[url]]
+    assert served == [chunks[0].backend]
+    return served[0]
+
+
+def _check(where: dict[int, set[str]]) -> None:
+    assert all(len(used) == 1 for used in where.values()), where  # each session: one pod
+    assert len(set.union(*where.values())) >= 3, where  # the tenant's sessions: several
+
+
+async def test_grpc_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_path: Path) -> None:
+    async with six_pods() as pods, running_sidecar(sidecar_config(tmp_path, pods)) as (_, stub):
+        rng = random.Random(1)
+        for _ in range(50):  # one-shot questions: the tenant's share and branch are learnt
+            await collect(stub.Chat(_grpc([("system", SYSTEM), ("user", prose(rng, 80))])))
+        where: dict[int, set[str]] = {i: set() for i in range(SESSIONS)}
+        flows = sessions(2)
+        for turn in range(TURNS):  # interleaved, as concurrent users would send them
+            for i, flow in enumerate(flows):
+                where[i].add(await _grpc_chat(stub, pods, flow[turn]))
+    _check(where)
+
+
+async def test_http_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_path: Path) -> None:
+    port = free_port()
+    async with six_pods() as pods:
+        config = sidecar_config(tmp_path, pods, openai_listen=f"127.0.0.1:{port}")
+        async with running_sidecar(config), aiohttp.ClientSession() as http:
+
+            async def chat(messages: list[tuple[str, str]], parts: bool = False) -> str:
+                def content(text: str) -> Any:
+                    half = len(text) // 2  # as text parts, it routes as the same text
+                    return [{"type": "text", "text": t} for t in (text[:half], text[half:])]
+
+                body = {
+                    "model": "Qwen2.5-72B-Instruct",
+                    "max_tokens": 1,
+                    "messages": [
+                        {"role": r, "content": content(c) if parts else c} for r, c in messages
+                    ],
+                }
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                async with http.post(url, json=body) as reply:
+                    assert reply.status == 200, await reply.text()
+                    await reply.read()
+                    return reply.headers[BACKEND_HEADER]
+
+            rng = random.Random(3)
+            for _ in range(50):
+                await chat([("system", SYSTEM), ("user", prose(rng, 80))])
+            where: dict[int, set[str]] = {i: set() for i in range(SESSIONS)}
+            flows = sessions(4)
+            for turn in range(TURNS):
+                for i, flow in enumerate(flows):
+                    where[i].add(await chat(flow[turn], parts=turn % 2 == 1))
+    _check(where)

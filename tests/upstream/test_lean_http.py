@@ -1,0 +1,289 @@
+"""The HTTP front's lean pod client against real sockets on 127.0.0.1: an aiohttp pod for
+the framings and keep-alive, and raw asyncio servers writing the bytes a broken or hostile
+pod would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from sidecar.upstream.lean_http import MAX_HEAD, LeanAnswer, LeanHTTP, PodHTTPError
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def aiohttp_pod() -> AsyncIterator[tuple[str, list[object]]]:
+    """A pod answering /whole (Content-Length), /chunked (SSE, chunked) and /closed (no
+    length, connection closed); it lists the transport of every request it serves."""
+    seen: list[object] = []
+
+    async def whole(request: web.Request) -> web.StreamResponse:
+        seen.append(request.transport)
+        return web.Response(body=b"x" * 100_000 + await request.read())
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        seen.append(request.transport)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for part in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
+            await response.write(part)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/whole", whole)
+    app.router.add_post("/chunked", chunked)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def raw_pod(handler: RawHandler) -> AsyncIterator[str]:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await handler(reader, writer)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+async def read_all(answer: LeanAnswer) -> bytes:
+    parts = []
+    while data := await answer.read():
+        parts.append(data)
+    return b"".join(parts)
+
+
+async def request_head(reader: asyncio.StreamReader) -> int:
+    """Read one request; its body's length."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    return length
+
+
+def client() -> LeanHTTP:
+    return LeanHTTP(connect_timeout_s=2.0, per_backend=8)
+
+
+async def test_each_framing_is_read_whole_and_a_finished_connection_is_reused() -> None:
+    lean = client()
+    async with aiohttp_pod() as (pod, seen):
+        answer = await lean.post(pod, "/whole", b"body", {"X-A": "1"}, timeout_s=5)
+        assert answer.status == 200 and answer.headers["content-length"] == "100004"
+        assert await read_all(answer) == b"x" * 100_000 + b"body"
+        answer.close()
+        answer = await lean.post(pod, "/chunked", b"{}", {}, timeout_s=5)
+        assert answer.headers["content-type"] == "text/event-stream"
+        assert await read_all(answer) == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+        answer.close()
+        assert seen[0] is seen[1], "the second request did not reuse the connection"
+    lean.close()
+
+
+async def test_an_answer_left_unread_closes_its_connection() -> None:
+    lean = client()
+    async with aiohttp_pod() as (pod, seen):
+        answer = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
+        assert await answer.read()
+        answer.close()  # not read to its end: the connection is not reused
+        again = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
+        await read_all(again)
+        again.close()
+        assert seen[0] is not seen[1]
+    lean.close()
+
+
+async def test_an_answer_delimited_by_the_connections_end() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"a": 1}')
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+        assert await read_all(answer) == b'{"a": 1}'
+        answer.close()
+    lean.close()
+
+
+async def test_a_stale_idle_connection_is_replaced_without_an_error() -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        # ... and the pod closes the kept-alive connection, as an idle timeout does.
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        for _ in range(3):
+            answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+            assert await read_all(answer) == b"ok"
+            answer.close()
+            await asyncio.sleep(0.05)
+    assert connections == 3
+    lean.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "match"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * (MAX_HEAD + 10) + b"\r\n\r\n", "over"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "Content-Length"),
+    ],
+)
+async def test_a_bad_head_is_an_error_and_bounded(answer: bytes, match: str) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        with pytest.raises(PodHTTPError, match=match):
+            await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+    lean.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (b"zz\r\ndata\r\n", "framing"),  # not a chunk size
+        (b"5\r\ndata: 1\r\n", "framing"),  # the chunk is longer than it said
+        (b"10\r\nshort", "closed"),  # cut mid-chunk
+    ],
+)
+async def test_broken_chunked_framing_is_an_error(body: bytes, match: str) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+        with pytest.raises(PodHTTPError, match=match):
+            await read_all(answer)
+        answer.close()
+    lean.close()
+
+
+async def test_a_stalled_answer_ends_at_the_deadline() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=0.3)
+        assert await answer.read() == b"abc"
+        with pytest.raises(PodHTTPError, match="timeout"):
+            await asyncio.wait_for(answer.read(), 3)
+        answer.close()
+    lean.close()
+
+
+async def test_a_refused_connection_is_a_connection_failure() -> None:
+    lean = client()
+    async with raw_pod(request_head) as pod:  # type: ignore[arg-type]
+        pass  # closed: nothing listens there now
+    with pytest.raises(PodHTTPError) as caught:
+        await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+    assert caught.value.connection_failure
+    lean.close()
+
+
+async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_once() -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await request_head(reader)  # the next request on this connection: closed, unanswered
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        for _ in range(2):
+            answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+            assert await read_all(answer) == b"ok"
+            answer.close()
+    assert connections == 2  # the second request went again on a new connection
+    lean.close()
+
+
+async def test_answers_open_to_one_pod_are_bounded() -> None:
+    lean = LeanHTTP(connect_timeout_s=2.0, per_backend=1)
+    async with aiohttp_pod() as (pod, seen):
+        first = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
+        second = asyncio.ensure_future(lean.post(pod, "/whole", b"", {}, timeout_s=5))
+        await asyncio.sleep(0.2)
+        assert not second.done() and len(seen) == 1  # waits for the first answer's close
+        await read_all(first)
+        first.close()
+        answer = await asyncio.wait_for(second, 5)
+        await read_all(answer)
+        answer.close()
+        assert seen[0] is seen[1]  # and took its connection
+    lean.close()
+
+
+async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(0.5)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+        assert answer.status == 200 and await read_all(answer) == b"ok"
+        answer.close()
+    lean.close()
+
+
+async def test_a_header_latin1_cannot_hold_is_sent_replaced_not_raised() -> None:
+    got: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        got.append(head)
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        headers = {"Authorization": "Bearer k\udcff\u4e2d"}
+        answer = await lean.post(pod, "/v1/completions", b"{}", headers, timeout_s=5)
+        assert answer.status == 401
+        answer.close()
+    assert b"Authorization: Bearer k??\r\n" in got[0]
+    lean.close()
