@@ -106,7 +106,14 @@ def test_unregistered_prompts_take_the_one_call_path_with_the_same_answer(
     decision is the contract's pick of key(window) over the loads, on either table."""
     urls = pods(7)
     pool, store = serving_pool(urls, hash_table=hash_table), PrefixStore()
-    router = make_router(pool, store, route_window_bytes=32, load_cap_floor=2, max_attempts=3)
+    router = make_router(
+        pool,
+        store,
+        route_window_bytes=32,
+        load_cap_floor=2,
+        max_attempts=3,
+        unregistered_routing="window",
+    )
     ring = pool.table.ring
     assert ring is not None
     assert type(ring).__name__ == ("Maglev" if hash_table == "maglev" else "Ring")

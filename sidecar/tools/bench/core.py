@@ -365,6 +365,11 @@ def router_paths(count: int, timer: Timer, seed: int) -> dict[str, float]:
         "home_kv_budget_tokens": 0,
         "home_balance_factor": 0.0,
         "bytes_per_token": config.bytes_per_token,
+        # The window route: what the one-call path serves (organic has its own section).
+        "unregistered_routing": "window",
+        "organic_home_spread": config.organic_home_spread,
+        "organic_table_blocks": config.organic_table_blocks,
+        "organic_load_cap_floor": config.organic_load_cap_floor,
     }
     policy = make_policy("prefix_affinity", config)
     routers = {
