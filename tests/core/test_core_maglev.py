@@ -147,3 +147,67 @@ def test_the_twins_build_the_same_weighted_table(twins: tuple[ModuleType, Module
     weights = [1 + (i * 7) % 5 for i in range(37)]
     assert c.Maglev(members, weights, 4099).table() == py.Maglev(members, weights, 4099).table()
     assert c.Maglev(members).shares() == py.Maglev(members).shares()
+
+
+# --- organic routing's session_home (contract 9b) on either table ---------------------------
+
+
+def _tables(core: ModuleType, members: list[str]) -> list[Any]:
+    return [core.Maglev(members, None, 8191), core.Ring(members)]
+
+
+def _session_home_by_definition(table: Any, family: int, homes: int, session: int) -> int:
+    """Contract 9b, literally: the first of preference(session, N) in preference(family, s)."""
+    home = set(table.preference(family, homes))
+    first = next(m for m in table.preference(session, len(table.members)) if m in home)
+    return table.members.index(first)
+
+
+@pytest.mark.parametrize("count", [5, 80], ids=["5-pods", "80-pods"])
+def test_session_home_is_the_preference_walks_on_both_tables(core: ModuleType, count: int) -> None:
+    """80 pods: a home set over 64 members takes the extension's allocated path."""
+    members = pods(count)
+    for table in _tables(core, members):
+        for family in (1, 12345678901234567, (1 << 64) - 1):
+            for homes in sorted({1, 2, 3, count // 2, 70, count, count + 3}):
+                for session in range(0, 1 << 64, (1 << 64) // 23):
+                    got = table.session_home(family, homes, session)
+                    assert got == _session_home_by_definition(table, family, homes, session)
+                    if homes >= count:
+                        assert table.members[got] == table.owner(session)
+
+
+def test_session_home_growing_the_home_set_moves_only_sessions_to_the_added_pod(
+    core: ModuleType,
+) -> None:
+    table = core.Maglev(pods(20), None, 4099)
+    family = 987654321
+    order = table.preference(family, 20)
+    sessions = range(1, 1 << 64, (1 << 64) // 997)
+    before = [table.session_home(family, 3, s) for s in sessions]
+    after = [table.session_home(family, 4, s) for s in sessions]
+    moved = {table.members[a] for b, a in zip(before, after, strict=True) if a != b}
+    assert moved == {order[3]}  # some moved, and only to the added member
+
+
+def test_session_home_refuses_bad_input_on_maglev(core: ModuleType) -> None:
+    table = core.Maglev(pods(3), None, 13)
+    with pytest.raises(ValueError, match="homes is 0"):
+        table.session_home(1, 0, 2)
+    with pytest.raises(TypeError, match="homes must"):
+        table.session_home(1, True, 2)
+    with pytest.raises(ValueError, match="out of range"):
+        table.session_home(-1, 1, 2)
+
+
+def test_the_twins_agree_on_session_homes_on_maglev(twins: tuple[ModuleType, ModuleType]) -> None:
+    c, py = twins
+    members = pods(40)
+    weights = [1 + i % 3 for i in range(40)]
+    one, other = c.Maglev(members, weights, 4099), py.Maglev(members, weights, 4099)
+    for family in range(1, 1 << 64, (1 << 64) // 7):
+        for homes in (1, 4, 40):
+            for session in range(3, 1 << 64, (1 << 64) // 31):
+                assert one.session_home(family, homes, session) == other.session_home(
+                    family, homes, session
+                )
