@@ -15,7 +15,7 @@ from libc.math cimport ceil
 from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport calloc, free, malloc, qsort
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 import array
 import hashlib
@@ -24,15 +24,46 @@ from sidecar._core_py import (
     BRANCH_FALLBACK,
     BRANCH_HOME,
     BRANCH_SPILL,
+    DEFAULT_TABLE_SIZE,
     DEFAULT_VNODES,
+    HASH_TABLES,
     MAX_BLOCK_BYTES,
+    MAX_TOTAL_LOAD,
+    _check_given_load,
     _check_members,
     _utf8,
     check_chain_args,
     check_homes,
     check_key,
     check_pick_args,
+    check_table_size,
+    check_total,
 )
+
+cdef extern from *:
+    void __builtin_prefetch(const void *address) nogil
+
+cdef extern from *:
+    """
+    #include <stdlib.h>
+    #include <sys/mman.h>
+    /* A ring of thousands of pods is tens of MB read at random: on 4 KB pages nearly every
+       lookup also misses the TLB. Ask Linux for transparent huge pages (THP "madvise" mode)
+       for big arrays; elsewhere, or if refused, it is plain memory. Freed with free(). */
+    static void *ps_alloc_big(size_t bytes) {
+    #if defined(MADV_HUGEPAGE)
+        const size_t huge = (size_t)2 << 20;
+        if (bytes >= huge) {
+            void *p = NULL;
+            if (posix_memalign(&p, huge, bytes) != 0) return NULL;
+            madvise(p, bytes, MADV_HUGEPAGE);
+            return p;
+        }
+    #endif
+        return malloc(bytes);
+    }
+    """
+    void *ps_alloc_big(size_t bytes) nogil
 
 cdef extern from "murmur3.h":
     uint64_t ps_murmur3_x64_128_h1(const void *key, size_t length, uint32_t seed) nogil
@@ -41,6 +72,8 @@ cdef extern from "murmur3.h":
 cdef size_t RELEASE_GIL_BYTES = 65536
 # Bucket index size: about one bucket per point, at most 2**20 buckets (4 MiB).
 cdef int MAX_INDEX_BITS = 20
+# An entry of the Maglev table not filled yet (member indexes are < 2**32 - 1).
+cdef uint32_t EMPTY_ENTRY = 0xFFFFFFFFU
 
 
 cdef inline uint64_t _hash(const char *data, size_t length) noexcept nogil:
@@ -49,30 +82,11 @@ cdef inline uint64_t _hash(const char *data, size_t length) noexcept nogil:
 
 def route_key(data):
     """key(data): the first 64-bit word of MurmurHash3_x64_128(data, seed=0), unsigned."""
-    cdef Py_buffer view
-    cdef uint64_t result
-    cdef size_t length
-    if type(data) is bytes:
-        length = <size_t>PyBytes_GET_SIZE(data)
-        if length < RELEASE_GIL_BYTES:
-            return _hash(PyBytes_AS_STRING(data), length)
-    elif not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(
-            f"route_key() needs bytes, got {type(data).__name__}; encode text as UTF-8 first"
-        )
-    if isinstance(data, memoryview) and not data.c_contiguous:
-        data = bytes(data)
-    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-    try:
-        with nogil:
-            result = _hash(<const char *>view.buf, <size_t>view.len)
-    finally:
-        PyBuffer_Release(&view)
-    return result
+    return _key_of(data)
 
 
 def chain_keys(data, block_bytes, max_blocks):
-    """Chained keys of the full blocks of `data` (routing contract 8a), vLLM style:
+    """Chained keys of the full blocks of `data` (routing contract 9a), vLLM style:
     c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, for the first min(len // B, max_blocks)
     blocks. One pass in C: a 32 KB prompt in 64-byte blocks is ~512 short hashes."""
     cdef Py_buffer view
@@ -158,171 +172,84 @@ cdef inline uint64_t _as_key(object key) except? 0:
     return <uint64_t>check_key(key)
 
 
-cdef class Ring:
-    """An immutable consistent-hash ring; build a new one when membership changes."""
+cdef class _Table:
+    """What Ring and Maglev share: a cycle of member indexes (`_owners`, `_size` long), where
+    a key enters it (`_start`, each subclass's own) and everything answered by walking it."""
 
     cdef readonly tuple members
     cdef readonly tuple weights
-    cdef readonly int vnodes
     cdef readonly int64_t total_weight
-    cdef uint64_t *_points
     cdef uint32_t *_owners
-    cdef uint32_t *_index
     cdef size_t _size
-    cdef int _shift
     cdef uint32_t _count
     cdef int64_t *_weights_c
+    # "Seen" marks for walks: a member is seen in this walk iff _stamps[m] == _epoch, so a walk
+    # starts in O(1) instead of clearing N flags (the request path holds the GIL throughout).
+    cdef uint32_t *_stamps
+    cdef uint32_t _epoch
 
     def __cinit__(self, *args, **kwargs):
-        self._points = NULL
         self._owners = NULL
-        self._index = NULL
         self._weights_c = NULL
-
-    def __init__(self, members, weights=None, vnodes=DEFAULT_VNODES):
-        cdef tuple member_tuple
-        cdef tuple weight_tuple
-        member_tuple, weight_tuple = _check_members(members, weights, vnodes)
-        self.members = member_tuple
-        self.weights = weight_tuple
-        self.vnodes = vnodes
-        self.total_weight = sum(weight_tuple)
-        self._count = <uint32_t>len(member_tuple)
-        self._build()
-
-    cdef void _build(self) except *:
-        cdef uint32_t count = self._count
-        cdef size_t size = <size_t>self.vnodes * <size_t>self.total_weight
-        cdef Entry *entries = <Entry *>malloc(size * sizeof(Entry))
-        cdef char *buffer = NULL
-        cdef size_t position = 0, bucket, buckets, name_length
-        cdef uint32_t member_index, rank
-        cdef int64_t i, npoints
-        cdef int written, bits
-        cdef bytes name
-        if entries == NULL:
-            raise MemoryError()
-        self._weights_c = <int64_t *>malloc(count * sizeof(int64_t))
-        if self._weights_c == NULL:
-            free(entries)
-            raise MemoryError()
-        ranks = {member: r for r, member in enumerate(sorted(self.members))}
-        try:
-            for member_index in range(count):
-                name = self.members[member_index].encode("utf-8")
-                name_length = <size_t>len(name)
-                buffer = <char *>malloc(name_length + 32)
-                if buffer == NULL:
-                    raise MemoryError()
-                memcpy(buffer, PyBytes_AS_STRING(name), name_length)
-                buffer[name_length] = b'#'
-                rank = ranks[self.members[member_index]]
-                self._weights_c[member_index] = self.weights[member_index]
-                npoints = <int64_t>self.vnodes * self.weights[member_index]
-                with nogil:
-                    for i in range(npoints):
-                        written = snprintf(buffer + name_length + 1, 24, "%lld", <long long>i)
-                        entries[position].point = _hash(buffer, name_length + 1 + written)
-                        entries[position].rank = rank
-                        entries[position].member = member_index
-                        position += 1
-                free(buffer)
-                buffer = NULL
-            with nogil:
-                qsort(entries, size, sizeof(Entry), _compare_entries)
-            self._points = <uint64_t *>malloc(size * sizeof(uint64_t))
-            self._owners = <uint32_t *>malloc(size * sizeof(uint32_t))
-            if self._points == NULL or self._owners == NULL:
-                raise MemoryError()
-            for position in range(size):
-                self._points[position] = entries[position].point
-                self._owners[position] = entries[position].member
-        finally:
-            free(entries)
-            free(buffer)
-        self._size = size
-        bits = 1
-        while bits < MAX_INDEX_BITS and (<size_t>1 << bits) < size:
-            bits += 1
-        self._shift = 64 - bits
-        buckets = <size_t>1 << bits
-        self._index = <uint32_t *>malloc((buckets + 1) * sizeof(uint32_t))
-        if self._index == NULL:
-            raise MemoryError()
-        # _index[b] = first point whose top bits are >= b; _index[buckets] = size.
-        position = 0
-        for bucket in range(buckets + 1):
-            while position < size and (self._points[position] >> self._shift) < bucket:
-                position += 1
-            self._index[bucket] = <uint32_t>position
+        self._stamps = NULL
+        self._epoch = 0
 
     def __dealloc__(self):
-        free(self._points)
         free(self._owners)
-        free(self._index)
         free(self._weights_c)
+        free(self._stamps)
+
+    cdef void _set_members(self, tuple members, tuple weights) except *:
+        cdef uint32_t i
+        self.members = members
+        self.weights = weights
+        self.total_weight = sum(weights)
+        self._count = <uint32_t>len(members)
+        self._weights_c = <int64_t *>malloc(self._count * sizeof(int64_t))
+        self._stamps = <uint32_t *>calloc(self._count, sizeof(uint32_t))
+        if self._weights_c == NULL or self._stamps == NULL:
+            raise MemoryError()
+        for i in range(self._count):
+            self._weights_c[i] = weights[i]
 
     def __len__(self):
         return self._count
 
-    def __repr__(self):
-        return f"Ring({self._count} members, {self._size} points)"
+    cdef size_t _start(self, uint64_t key) noexcept nogil:
+        return 0
 
-    def __reduce__(self):
-        return (Ring, (self.members, self.weights, self.vnodes))
+    cdef inline uint32_t _new_walk(self) noexcept:
+        """A fresh epoch: no member is seen yet."""
+        self._epoch += 1
+        if self._epoch == 0:  # wrapped after 2**32 walks: clear the marks once
+            memset(self._stamps, 0, self._count * sizeof(uint32_t))
+            self._epoch = 1
+        return self._epoch
 
-    cdef inline size_t _start(self, uint64_t key) noexcept nogil:
-        """Index of the first point >= key, wrapping to 0: a binary search inside one bucket."""
-        cdef size_t bucket = <size_t>(key >> self._shift)
-        cdef size_t low = self._index[bucket]
-        cdef size_t high = self._index[bucket + 1]
-        cdef size_t middle
-        while low < high:
-            middle = (low + high) >> 1
-            if self._points[middle] < key:
-                low = middle + 1
-            else:
-                high = middle
-        return 0 if low == self._size else low
-
-    def owner(self, key):
-        """The member of the first point >= key, wrapping to the first point."""
-        return self.members[self._owners[self._start(_as_key(key))]]
-
-    cdef uint32_t _walk(self, size_t start, uint32_t n, uint32_t *out) except? 0xFFFFFFFF:
-        """Write the first n distinct members clockwise from point `start` into out."""
-        cdef uint32_t found = 0, member, j
+    cdef uint32_t _walk(self, size_t start, uint32_t n, uint32_t *out) noexcept:
+        """Write the first n distinct members from position `start` into out."""
+        cdef uint32_t found = 0, member
+        cdef uint32_t epoch = self._new_walk()
         cdef size_t position = start
-        cdef uint8_t *seen = NULL
-        cdef bint duplicate
         if n > self._count:
             n = self._count
-        if n > 8:
-            seen = <uint8_t *>calloc(self._count, 1)
-            if seen == NULL:
-                raise MemoryError()
         while found < n:
             member = self._owners[position]
-            if seen != NULL:
-                duplicate = seen[member]
-                seen[member] = 1
-            else:
-                duplicate = False
-                for j in range(found):
-                    if out[j] == member:
-                        duplicate = True
-                        break
-            if not duplicate:
+            if self._stamps[member] != epoch:
+                self._stamps[member] = epoch
                 out[found] = member
                 found += 1
             position += 1
             if position == self._size:
                 position = 0
-        free(seen)
         return found
 
+    def owner(self, key):
+        """The member the key lands on."""
+        return self.members[self._owners[self._start(_as_key(key))]]
+
     def preference(self, key, n):
-        """The first n distinct members walking clockwise from owner(key), owner first."""
+        """The first n distinct members walking on from owner(key), owner first."""
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"n must be an int, got {type(n).__name__}")
         if n < 1:
@@ -356,11 +283,13 @@ cdef class Ring:
             return True
         return load < <int64_t>limit
 
-    def pick(self, key, loads, replicas=1, factor=1.25, min_cap=0):
+    def pick(self, key, loads, replicas=1, factor=1.25, min_cap=0, total=None):
         """Bounded-load pick over the replica set; returns (member, branch).
 
         `min_cap` floors every member's cap: below that many requests in flight a member
-        always fits, so a hot prefix stays on its warm home pod at low traffic.
+        always fits, so a hot prefix stays on its warm home pod at low traffic. `total`, when
+        given, must be sum(loads) (the caller's invariant, contract section 4): the pick then
+        reads only the loads it needs instead of summing them all.
         """
         cdef uint32_t want
         cdef double c = 0.0
@@ -373,19 +302,29 @@ cdef class Ring:
         cap_floor = _clamped_floor(min_cap)
         want = self._count if replicas > self._count else <uint32_t>replicas
         cdef uint64_t k = _as_key(key)
-        cdef Py_buffer view
-        _borrow_loads(loads, &view)
-        try:
-            return self._pick(k, <const int64_t *>view.buf, view.len // 8, want, NULL, c,
-                              cap_floor)
-        finally:
-            PyBuffer_Release(&view)
+        return self._pick_loads(self._start(k), loads, total, want, NULL, c, cap_floor)
 
-    def pick_among(self, key, loads, homes, factor=1.25, min_cap=0):
+    def pick_bytes(self, data, loads, replicas=1, factor=1.25, min_cap=0, total=None):
+        """pick(route_key(data), ...) in one call; returns (member, branch, key)."""
+        cdef uint32_t want
+        cdef double c = 0.0
+        cdef int64_t cap_floor = 0
+        if type(replicas) is int and type(factor) is float and type(min_cap) is int:
+            c = factor
+        if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1 and min_cap >= 0):
+            replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
+            c = factor
+        cap_floor = _clamped_floor(min_cap)
+        want = self._count if replicas > self._count else <uint32_t>replicas
+        cdef uint64_t k = _key_of(data)
+        member, branch = self._pick_loads(self._start(k), loads, total, want, NULL, c, cap_floor)
+        return member, branch, k
+
+    def pick_among(self, key, loads, homes, factor=1.25, min_cap=0, total=None):
         """pick with an explicit home set instead of the first R owners (contract 4b).
 
         `homes` are member indexes into `members` (a budgeted placement's home set, say),
-        the earlier one winning ties; the spill walk is pick's, clockwise from `key`.
+        the earlier one winning ties; the spill walk is pick's, from `key`.
         """
         cdef double c = 0.0
         cdef int64_t cap_floor
@@ -393,7 +332,6 @@ cdef class Ring:
         cdef uint32_t given[64]
         cdef uint32_t *home = given
         cdef uint64_t k
-        cdef Py_buffer view
         if type(factor) is float and type(min_cap) is int:
             c = factor
         if not (c >= 1.0 and c <= DBL_MAX and min_cap >= 0):
@@ -418,91 +356,102 @@ cdef class Ring:
                 home[want] = <uint32_t>index
                 want += 1
             k = _as_key(key)
-            _borrow_loads(loads, &view)
-            try:
-                return self._pick(k, <const int64_t *>view.buf, view.len // 8, want, home, c,
-                                  cap_floor)
-            finally:
-                PyBuffer_Release(&view)
+            return self._pick_loads(self._start(k), loads, total, want, home, c, cap_floor)
         finally:
             if home != given:
                 free(home)
 
-    cdef tuple _pick(self, uint64_t key, const int64_t *loads, Py_ssize_t length,
-                     uint32_t want, const uint32_t *given, double factor, int64_t min_cap):
-        """The home set is `given` (want members), or the first `want` owners of the key."""
-        cdef uint32_t count = self._count, i, chosen, member, least, found
-        cdef int64_t total = 0
-        cdef uint32_t home[64]
-        cdef uint32_t *walk = home
-        cdef size_t start, position
-        cdef uint8_t *seen
-        if length != count:
-            raise ValueError(
-                f"loads has {length} entries for {count} members; "
-                "give one load per member, aligned with ring.members"
-            )
-        for i in range(count):
-            if loads[i] < 0:
+    cdef tuple _pick_loads(self, size_t start, object loads, object total, uint32_t want,
+                           const uint32_t *given, double factor, int64_t min_cap):
+        """Borrow the loads, take or compute their total, then _pick."""
+        cdef Py_buffer view
+        cdef int64_t sum_ = 0
+        cdef bint checked = total is not None
+        _borrow_loads(loads, &view)
+        try:
+            if checked:
+                if type(total) is int and 0 <= total <= MAX_TOTAL_LOAD:
+                    sum_ = total
+                else:
+                    sum_ = check_total(total)
+            if view.len // 8 != self._count:
                 raise ValueError(
-                    f"load {loads[i]} is negative; loads are in-flight request counts"
+                    f"loads has {view.len // 8} entries for {self._count} members; "
+                    "give one load per member, aligned with ring.members"
                 )
-            if loads[i] > INT64_MAX - 1 - total:
-                raise ValueError(f"the loads sum to more than {INT64_MAX - 1} (2**63 - 2)")
-            total += loads[i]
-        start = self._start(key)
-        if given != NULL:
-            chosen = given[0]
-            for i in range(1, want):
-                if loads[given[i]] < loads[chosen]:
-                    chosen = given[i]
-        else:
+            if not checked:
+                sum_ = _sum_loads(<const int64_t *>view.buf, self._count)
+            return self._pick(start, <const int64_t *>view.buf, want, given, factor, min_cap,
+                              sum_, checked)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef inline int64_t _load(self, const int64_t *loads, uint32_t member, int64_t total,
+                              bint checked) except? -1:
+        """A load as read; with a given total, checked against it (the caller's invariant)."""
+        cdef int64_t load = loads[member]
+        if checked and (load < 0 or load > total):
+            _check_given_load(load, member, total)
+        return load
+
+    cdef tuple _pick(self, size_t start, const int64_t *loads, uint32_t want,
+                     const uint32_t *given, double factor, int64_t min_cap, int64_t total,
+                     bint checked):
+        """The home set is `given` (want members), or the first `want` members from start.
+        O(want) when the home fits; the spill walk stops at the first member that fits."""
+        cdef uint32_t count = self._count, i, chosen, member, least, found, epoch
+        cdef int64_t load, least_load
+        cdef uint32_t home[64]
+        cdef const uint32_t *members = given
+        cdef uint32_t *walk = home
+        cdef size_t position
+        if given == NULL:
             if want > 64:
                 walk = <uint32_t *>malloc(want * sizeof(uint32_t))
                 if walk == NULL:
                     raise MemoryError()
-            try:
-                found = self._walk(start, want, walk)
-                chosen = walk[0]
-                for i in range(1, found):
-                    if loads[walk[i]] < loads[chosen]:
-                        chosen = walk[i]
-            finally:
-                if walk != home:
-                    free(walk)
-        if self._fits(factor, total, chosen, loads[chosen], min_cap):
-            return self.members[chosen], BRANCH_HOME
-        # Spill: walk the whole preference order (skipping the chosen member), tracking the
-        # least-loaded member in ring order for the fallback in the same pass.
-        seen = <uint8_t *>calloc(count, 1)
-        if seen == NULL:
-            raise MemoryError()
+            want = self._walk(start, want, walk)
+            members = walk
         try:
-            found = 0
-            position = start
-            least = self._owners[start]
-            while found < count:
-                member = self._owners[position]
-                if not seen[member]:
-                    seen[member] = 1
-                    found += 1
-                    if loads[member] < loads[least]:
-                        least = member
-                    if member != chosen and self._fits(
-                        factor, total, member, loads[member], min_cap
-                    ):
-                        return self.members[member], BRANCH_SPILL
-                position += 1
-                if position == self._size:
-                    position = 0
+            chosen = members[0]
+            least_load = self._load(loads, chosen, total, checked)
+            for i in range(1, want):
+                load = self._load(loads, members[i], total, checked)
+                if load < least_load:
+                    chosen = members[i]
+                    least_load = load
         finally:
-            free(seen)
+            if walk != home:
+                free(walk)
+        if self._fits(factor, total, chosen, least_load, min_cap):
+            return self.members[chosen], BRANCH_HOME
+        # Spill: walk the preference order (skipping the chosen member), tracking the
+        # least-loaded member in that order for the fallback in the same pass.
+        epoch = self._new_walk()
+        found = 0
+        position = start
+        least = count
+        while found < count:
+            member = self._owners[position]
+            if self._stamps[member] != epoch:
+                self._stamps[member] = epoch
+                found += 1
+                load = self._load(loads, member, total, checked)
+                if least == count or load < least_load:
+                    least = member
+                    least_load = load
+                if member != chosen and self._fits(factor, total, member, load, min_cap):
+                    return self.members[member], BRANCH_SPILL
+            position += 1
+            if position == self._size:
+                position = 0
         return self.members[least], BRANCH_FALLBACK
 
     def session_home(self, family, homes, session):
         """The index of the first member of preference(session, N) that is one of
-        preference(family, homes) (routing contract 8b): consistent hashing of the session
-        key restricted to the family's home set, so growing the set moves few sessions."""
+        preference(family, homes) (routing contract 9b): consistent hashing of the session
+        key restricted to the family's home set, so growing the set moves few sessions.
+        Written on the preference walk, so a Maglev table answers it the same way."""
         if isinstance(homes, bool) or not isinstance(homes, int):
             raise TypeError(f"homes must be an int, got {type(homes).__name__}")
         if homes < 1:
@@ -512,8 +461,7 @@ cdef class Ring:
         cdef uint32_t want = self._count if homes > self._count else <uint32_t>homes
         cdef uint32_t given[64]
         cdef uint32_t *home = given
-        cdef uint8_t *marked
-        cdef uint32_t found, i
+        cdef uint32_t epoch
         cdef size_t position
         if want == self._count:
             return self._owners[self._start(k)]  # every member is home: the session's owner
@@ -521,25 +469,129 @@ cdef class Ring:
             home = <uint32_t *>malloc(want * sizeof(uint32_t))
             if home == NULL:
                 raise MemoryError()
-        marked = <uint8_t *>calloc(self._count, 1)
-        if marked == NULL:
-            if home != given:
-                free(home)
-            raise MemoryError()
         try:
-            found = self._walk(self._start(f), want, home)
-            for i in range(found):
-                marked[home[i]] = 1
+            # _walk stamps exactly the home set with its fresh epoch; nothing walks between
+            # it and the session's walk, so a stamp equal to that epoch marks a home member.
+            self._walk(self._start(f), want, home)
+            epoch = self._epoch
             position = self._start(k)
-            while not marked[self._owners[position]]:
+            while self._stamps[self._owners[position]] != epoch:
                 position += 1
                 if position == self._size:
                     position = 0
             return self._owners[position]
         finally:
-            free(marked)
             if home != given:
                 free(home)
+
+
+cdef class Ring(_Table):
+    """An immutable consistent-hash ring; build a new one when membership changes."""
+
+    cdef readonly int vnodes
+    cdef uint64_t *_points
+    cdef uint32_t *_index
+    cdef int _shift
+
+    def __cinit__(self, *args, **kwargs):
+        self._points = NULL
+        self._index = NULL
+
+    def __init__(self, members, weights=None, vnodes=DEFAULT_VNODES):
+        cdef tuple member_tuple
+        cdef tuple weight_tuple
+        member_tuple, weight_tuple = _check_members(members, weights, vnodes)
+        self._set_members(member_tuple, weight_tuple)
+        self.vnodes = vnodes
+        self._build()
+
+    cdef void _build(self) except *:
+        cdef uint32_t count = self._count
+        cdef size_t size = <size_t>self.vnodes * <size_t>self.total_weight
+        cdef Entry *entries = <Entry *>malloc(size * sizeof(Entry))
+        cdef char *buffer = NULL
+        cdef size_t position = 0, bucket, buckets, name_length
+        cdef uint32_t member_index, rank
+        cdef int64_t i, npoints
+        cdef int written, bits
+        cdef bytes name
+        if entries == NULL:
+            raise MemoryError()
+        ranks = {member: r for r, member in enumerate(sorted(self.members))}
+        try:
+            for member_index in range(count):
+                name = self.members[member_index].encode("utf-8")
+                name_length = <size_t>len(name)
+                buffer = <char *>malloc(name_length + 32)
+                if buffer == NULL:
+                    raise MemoryError()
+                memcpy(buffer, PyBytes_AS_STRING(name), name_length)
+                buffer[name_length] = b'#'
+                rank = ranks[self.members[member_index]]
+                npoints = <int64_t>self.vnodes * self.weights[member_index]
+                with nogil:
+                    for i in range(npoints):
+                        written = snprintf(buffer + name_length + 1, 24, "%lld", <long long>i)
+                        entries[position].point = _hash(buffer, name_length + 1 + written)
+                        entries[position].rank = rank
+                        entries[position].member = member_index
+                        position += 1
+                free(buffer)
+                buffer = NULL
+            with nogil:
+                qsort(entries, size, sizeof(Entry), _compare_entries)
+            self._points = <uint64_t *>ps_alloc_big(size * sizeof(uint64_t))
+            self._owners = <uint32_t *>ps_alloc_big(size * sizeof(uint32_t))
+            if self._points == NULL or self._owners == NULL:
+                raise MemoryError()
+            for position in range(size):
+                self._points[position] = entries[position].point
+                self._owners[position] = entries[position].member
+        finally:
+            free(entries)
+            free(buffer)
+        self._size = size
+        bits = 1
+        while bits < MAX_INDEX_BITS and (<size_t>1 << bits) < size:
+            bits += 1
+        self._shift = 64 - bits
+        buckets = <size_t>1 << bits
+        self._index = <uint32_t *>ps_alloc_big((buckets + 1) * sizeof(uint32_t))
+        if self._index == NULL:
+            raise MemoryError()
+        # _index[b] = first point whose top bits are >= b; _index[buckets] = size.
+        position = 0
+        for bucket in range(buckets + 1):
+            while position < size and (self._points[position] >> self._shift) < bucket:
+                position += 1
+            self._index[bucket] = <uint32_t>position
+
+    def __dealloc__(self):
+        free(self._points)
+        free(self._index)
+
+    def __repr__(self):
+        return f"Ring({self._count} members, {self._size} points)"
+
+    def __reduce__(self):
+        return (Ring, (self.members, self.weights, self.vnodes))
+
+    cdef size_t _start(self, uint64_t key) noexcept nogil:
+        """Index of the first point >= key, wrapping to 0: a binary search inside one bucket."""
+        cdef size_t bucket = <size_t>(key >> self._shift)
+        cdef size_t low = self._index[bucket]
+        cdef size_t high = self._index[bucket + 1]
+        cdef size_t middle
+        # On a big ring (5,000 pods: 5M points) the owner is another cache miss; fetch its
+        # line while the search reads the points (the bucket spans a few entries).
+        __builtin_prefetch(&self._owners[low])
+        while low < high:
+            middle = (low + high) >> 1
+            if self._points[middle] < key:
+                low = middle + 1
+            else:
+                high = middle
+        return 0 if low == self._size else low
 
     def shares(self):
         """The exact fraction of the 2**64 key space each member owns."""
@@ -580,6 +632,210 @@ cdef class Ring:
         return [(self._points[i], self.members[self._owners[i]]) for i in range(self._size)]
 
 
+cdef class Maglev(_Table):
+    """A Maglev lookup table (Eisenbud et al., NSDI 2016), weighted as Envoy's: owner(k) is
+    entry k mod M, O(1); the preference order walks on through the entries (section 8)."""
+
+    cdef readonly uint32_t table_size
+
+    def __init__(self, members, weights=None, table_size=DEFAULT_TABLE_SIZE):
+        cdef tuple member_tuple
+        cdef tuple weight_tuple
+        # One "point" per unit of weight: the members' checks without the ring's point budget.
+        member_tuple, weight_tuple = _check_members(members, weights, 1)
+        self.table_size = check_table_size(table_size, len(member_tuple))
+        self._set_members(member_tuple, weight_tuple)
+        self._build()
+
+    cdef void _build(self) except *:
+        cdef uint32_t count = self._count, size = self.table_size, rank, index
+        cdef uint32_t *order = <uint32_t *>malloc(count * sizeof(uint32_t))
+        cdef uint64_t *offsets = <uint64_t *>malloc(count * sizeof(uint64_t))
+        cdef uint64_t *skips = <uint64_t *>malloc(count * sizeof(uint64_t))
+        cdef int64_t *weights = <int64_t *>malloc(count * sizeof(int64_t))
+        cdef int64_t max_weight = max(self.weights)
+        cdef bytes name
+        cdef int result
+        self._owners = <uint32_t *>malloc(size * sizeof(uint32_t))
+        try:
+            if (order == NULL or offsets == NULL or skips == NULL or weights == NULL
+                    or self._owners == NULL):
+                raise MemoryError()
+            ranked = sorted(range(count), key=self.members.__getitem__)
+            for rank in range(count):
+                index = ranked[rank]
+                order[rank] = index
+                weights[rank] = self.weights[index]
+                name = self.members[index].encode("utf-8")
+                offsets[rank] = _hash(PyBytes_AS_STRING(name), len(name)) % size
+                skips[rank] = ps_murmur3_x64_128_h1(
+                    PyBytes_AS_STRING(name), len(name), 1) % (size - 1) + 1
+            with nogil:
+                result = _maglev_fill(count, order, offsets, skips, weights, max_weight, size,
+                                      self._owners)
+            if result == -1:
+                raise MemoryError()
+            if result >= 0:
+                raise ValueError(
+                    f"member {self.members[result]!r} got no entry of the {size}-entry Maglev "
+                    "table: its weight is too small next to the others'; raise table_size or "
+                    "its weight"
+                )
+        finally:
+            free(order)
+            free(offsets)
+            free(skips)
+            free(weights)
+        self._size = size
+
+    def __repr__(self):
+        return f"Maglev({self._count} members, {self.table_size} entries)"
+
+    def __reduce__(self):
+        return (Maglev, (self.members, self.weights, self.table_size))
+
+    cdef size_t _start(self, uint64_t key) noexcept nogil:
+        return <size_t>(key % self.table_size)
+
+    def shares(self):
+        """The exact fraction of the 2**64 key space each member owns: entry e holds the
+        keys k with k mod M == e."""
+        each, extra = divmod(1 << 64, self.table_size)
+        owned = [0] * self._count
+        cdef uint32_t entry
+        for entry in range(self.table_size):
+            owned[self._owners[entry]] += each + (1 if entry < extra else 0)
+        space = 1 << 64
+        return {member: owned[i] / space for i, member in enumerate(self.members)}
+
+    def table(self):
+        """The member of every entry, in entry order: for golden vectors and debugging."""
+        return [self.members[self._owners[i]] for i in range(self.table_size)]
+
+
+cdef inline bint _heap_less(const uint64_t *due, const uint32_t *rank, size_t a,
+                            size_t b) noexcept nogil:
+    return due[a] < due[b] or (due[a] == due[b] and rank[a] < rank[b])
+
+
+cdef inline void _heap_swap(uint64_t *due, uint32_t *rank, size_t a, size_t b) noexcept nogil:
+    cdef uint64_t d = due[a]
+    cdef uint32_t r = rank[a]
+    due[a] = due[b]
+    rank[a] = rank[b]
+    due[b] = d
+    rank[b] = r
+
+
+cdef int64_t _maglev_fill(uint32_t count, const uint32_t *order, const uint64_t *offsets,
+                          const uint64_t *skips, const int64_t *weights, int64_t max_weight,
+                          uint32_t size, uint32_t *table) noexcept nogil:
+    """Routing contract section 8, the twin's maglev_fill: members (by rank, code-point order
+    of their ids) take entries in order of (round, rank), the k-th entry of a member of
+    weight w due in round ceil(k * max_w / w); a binary heap yields that order. Returns -2 on
+    success, -1 when out of memory, or the index of a member that got no entry."""
+    cdef uint64_t *tried = <uint64_t *>calloc(count, sizeof(uint64_t))
+    cdef uint64_t *owned = <uint64_t *>calloc(count, sizeof(uint64_t))
+    cdef uint64_t *due = <uint64_t *>malloc(count * sizeof(uint64_t))
+    cdef uint32_t *rank = <uint32_t *>malloc(count * sizeof(uint32_t))
+    cdef uint32_t filled, r, i
+    cdef uint64_t entry, skip, j
+    cdef size_t at, child, parent
+    cdef int64_t result = -2
+    if tried == NULL or owned == NULL or due == NULL or rank == NULL:
+        result = -1
+    else:
+        for i in range(size):
+            table[i] = EMPTY_ENTRY
+        # The initial heap: rounds ceil(max_w / w), ranks ascending: already a valid heap
+        # only if sorted, so sift each one up.
+        for i in range(count):
+            due[i] = <uint64_t>((max_weight + weights[i] - 1) // weights[i])
+            rank[i] = i
+            at = i
+            while at > 0:
+                parent = (at - 1) >> 1
+                if not _heap_less(due, rank, at, parent):
+                    break
+                _heap_swap(due, rank, at, parent)
+                at = parent
+        for filled in range(size):
+            r = rank[0]
+            skip = skips[r]
+            j = tried[r]
+            entry = (offsets[r] + (j % size) * skip) % size
+            while table[entry] != EMPTY_ENTRY:
+                j += 1
+                entry += skip
+                if entry >= size:
+                    entry -= size
+            table[entry] = order[r]
+            tried[r] = j + 1
+            owned[r] += 1
+            # Its next entry's round replaces the top, which then sinks into place.
+            due[0] = <uint64_t>(((owned[r] + 1) * <uint64_t>max_weight + <uint64_t>weights[r] - 1)
+                                // <uint64_t>weights[r])
+            at = 0
+            while True:
+                child = 2 * at + 1
+                if child >= count:
+                    break
+                if child + 1 < count and _heap_less(due, rank, child + 1, child):
+                    child += 1
+                if not _heap_less(due, rank, child, at):
+                    break
+                _heap_swap(due, rank, at, child)
+                at = child
+        for r in range(count):
+            if owned[r] == 0:
+                result = order[r]
+                break
+    free(tried)
+    free(owned)
+    free(due)
+    free(rank)
+    return result
+
+
+cdef uint64_t _key_of(object data) except? 0:
+    """key(data) for route_key and pick_bytes: bytes-like only, the GIL released on big ones."""
+    cdef Py_buffer view
+    cdef uint64_t result
+    cdef size_t length
+    if type(data) is bytes:
+        length = <size_t>PyBytes_GET_SIZE(data)
+        if length < RELEASE_GIL_BYTES:
+            return _hash(PyBytes_AS_STRING(data), length)
+    elif not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"route_key() needs bytes, got {type(data).__name__}; encode text as UTF-8 first"
+        )
+    if isinstance(data, memoryview) and not data.c_contiguous:
+        data = bytes(data)
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            result = _hash(<const char *>view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return result
+
+
+cdef int64_t _sum_loads(const int64_t *loads, uint32_t count) except -1:
+    """sum(loads), checking each load (>= 0) and the total (<= 2**63 - 2): O(N)."""
+    cdef int64_t total = 0
+    cdef uint32_t i
+    for i in range(count):
+        if loads[i] < 0:
+            raise ValueError(
+                f"load {loads[i]} is negative; loads are in-flight request counts"
+            )
+        if loads[i] > INT64_MAX - 1 - total:
+            raise ValueError(f"the loads sum to more than {INT64_MAX - 1} (2**63 - 2)")
+        total += loads[i]
+    return total
+
+
 cdef int64_t _clamped_floor(object min_cap) except? -1:
     """Every load + 1 is <= 2**63 - 1 (the loads sum to <= 2**63 - 2), so a floor at or
     above INT64_MAX admits all of them: clamping it there is exact."""
@@ -617,3 +873,15 @@ cdef bint _get_loads(object loads, Py_buffer *view) except -1:
         return True
     PyBuffer_Release(view)
     return False
+
+
+HashTable = _Table  # what a routing table is, to its users: a Ring or a Maglev
+
+
+def make_table(kind, members, weights, vnodes):
+    """The routing table a fleet chose (config `hash_table`): "ring" or "maglev"."""
+    if kind == "ring":
+        return Ring(members, weights, vnodes)
+    if kind == "maglev":
+        return Maglev(members, weights)
+    raise ValueError(f"unknown hash table {kind!r}; choose one of {', '.join(HASH_TABLES)}")

@@ -8,18 +8,24 @@ Algorithm: a consistent-hash ring (libketama-style points, `vnodes` per unit of 
 MurmurHash3 x64-128 keys), built once per membership change and queried by binary search;
 `pick` adds bounded-load spill (Mirrokni et al., "Consistent Hashing with Bounded Loads")
 over a replica set of the first R distinct owners, with an optional floor on each cap.
-Complexity: build O(P log P) for P points; owner O(log P); preference(n) O(steps walked),
-about n * P/N * ln(N) in the worst case; pick O(N) for the load sum plus the walk.
+A Maglev table (Eisenbud et al., NSDI 2016) is the other routing table (section 8): owner
+is one modulo, and preference walks on through its entries; pick is the same code over it.
+Complexity: ring build O(P log P) for P points, Maglev build O(M log N) for M entries;
+owner O(log P) (ring) or O(1) (Maglev); preference(n) O(steps walked); pick O(N) for the
+load sum plus the walk, or, with the loads' total given, O(R) when a home fits and
+O(steps walked) when it spills.
 """
 
 from __future__ import annotations
 
 import array
 import hashlib
+import heapq
 import math
 import operator
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 import mmh3
 
@@ -34,7 +40,12 @@ MAX_POINTS = 1 << 24
 # Loads are int64 (the Cython twin reads them as array('q')); their total + 1 must fit too.
 MAX_TOTAL_LOAD = (1 << 63) - 2
 
-# Organic routing (routing contract section 8): block chain hashing of unregistered prompts.
+# Routing contract section 8: the Maglev table size, prime (Envoy's default); at most 2**24.
+DEFAULT_TABLE_SIZE = 65537
+MAX_TABLE_SIZE = 1 << 24
+HASH_TABLES = ("ring", "maglev")
+
+# Organic routing (routing contract section 9): block chain hashing of unregistered prompts.
 MAX_BLOCK_BYTES = 1 << 16
 
 BRANCH_HOME = "home"
@@ -78,7 +89,7 @@ def check_chain_args(data: object, block_bytes: object, max_blocks: object) -> N
 
 
 def chain_keys(data: bytes, block_bytes: int, max_blocks: int) -> list[int]:
-    """Chained keys of the full blocks of `data` (routing contract 8a), vLLM style:
+    """Chained keys of the full blocks of `data` (routing contract 9a), vLLM style:
     c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, for the first min(len // B, max_blocks)
     blocks. Two prompts share c_i only if they share their first (i + 1) * B bytes."""
     check_chain_args(data, block_bytes, max_blocks)
@@ -235,15 +246,236 @@ def _int64_loads(loads: Iterable[int]) -> list[int]:
     return values
 
 
-class Ring:
-    """An immutable consistent-hash ring; build a new one when membership changes."""
+class _Table:
+    """What the ring and the Maglev table share: a cycle of member indexes (`_owners`), where
+    a key enters it (`_start`), and everything answered by walking it from there."""
 
-    __slots__ = ("_owners", "_points", "members", "total_weight", "vnodes", "weights")
+    __slots__ = ("_owners", "members", "total_weight", "weights")
 
     members: tuple[str, ...]
     weights: tuple[int, ...]
-    vnodes: int
     total_weight: int
+    _owners: list[int]
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def _start(self, key: int) -> int:
+        raise NotImplementedError
+
+    def _distinct(self, start: int) -> Iterator[int]:
+        """Each member once, in the order first met walking the cycle from `start`. Every
+        member is on the cycle, so the walk ends after all of them."""
+        owners = self._owners
+        size = len(owners)
+        count = len(self.members)
+        seen: set[int] = set()
+        position = start
+        while True:
+            member = owners[position]
+            if member not in seen:
+                seen.add(member)
+                yield member
+                if len(seen) == count:
+                    return
+            position += 1
+            if position == size:
+                position = 0
+
+    def owner(self, key: int) -> str:
+        """The member the key lands on."""
+        return self.members[self._owners[self._start(check_key(key))]]
+
+    def preference(self, key: int, n: int) -> list[str]:
+        """The first n distinct members walking on from owner(key), owner first."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"n is {n}; ask for at least 1 member")
+        walk = self._distinct(self._start(check_key(key)))
+        return [self.members[i] for i in islice(walk, n)]
+
+    def pick(
+        self,
+        key: int,
+        loads: Sequence[int],
+        replicas: int = 1,
+        factor: float = 1.25,
+        min_cap: int = 0,
+        total: int | None = None,
+    ) -> tuple[str, str]:
+        """Bounded-load pick over the replica set; returns (member, branch).
+
+        `min_cap` floors every member's cap: below that many requests in flight a member
+        always fits, so a hot prefix stays on its warm home pod at low traffic. `total`, when
+        given, must be sum(loads) (the caller's invariant, contract section 4): the pick then
+        reads only the loads it needs instead of summing them all.
+        """
+        replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
+        start = self._start(check_key(key))
+        values, total, given = self._loads(loads, total)
+        home = list(islice(self._distinct(start), replicas))
+        return self._choose(start, values, total, given, home, factor, min_cap)
+
+    def pick_bytes(
+        self,
+        data: bytes,
+        loads: Sequence[int],
+        replicas: int = 1,
+        factor: float = 1.25,
+        min_cap: int = 0,
+        total: int | None = None,
+    ) -> tuple[str, str, int]:
+        """pick(route_key(data), ...) in one call; returns (member, branch, key)."""
+        replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
+        key = route_key(data)
+        start = self._start(key)
+        values, total, given = self._loads(loads, total)
+        home = list(islice(self._distinct(start), replicas))
+        member, branch = self._choose(start, values, total, given, home, factor, min_cap)
+        return member, branch, key
+
+    def pick_among(
+        self,
+        key: int,
+        loads: Sequence[int],
+        homes: Sequence[int],
+        factor: float = 1.25,
+        min_cap: int = 0,
+        total: int | None = None,
+    ) -> tuple[str, str]:
+        """pick with an explicit home set instead of the first R owners (contract 4b).
+
+        `homes` are member indexes into `members` (a budgeted placement's home set, say),
+        the earlier one winning ties; the spill walk is pick's, from `key`.
+        """
+        _, factor, min_cap = check_pick_args(1, factor, min_cap)
+        home = check_homes(homes, len(self.members))
+        start = self._start(check_key(key))
+        values, total, given = self._loads(loads, total)
+        return self._choose(start, values, total, given, home, factor, min_cap)
+
+    def _loads(self, loads: Sequence[int], total: int | None) -> tuple[Sequence[int], int, bool]:
+        """(loads, their total, whether the total was given). Summing checks every load;
+        a given total is checked alone, and each load when `_choose` reads it."""
+        if total is None:
+            values, total = self._checked_loads(loads)
+            return values, total, False
+        if isinstance(loads, array.array) and loads.typecode == "q":
+            given: Sequence[int] = loads  # read in place, as the Cython twin borrows it
+        else:
+            given = _int64_loads(loads)  # copied once, as the Cython twin does
+        total = check_total(total)
+        self._check_length(len(given))
+        return given, total, True
+
+    def _check_length(self, length: int) -> None:
+        count = len(self.members)
+        if length != count:
+            raise ValueError(
+                f"loads has {length} entries for {count} members; "
+                "give one load per member, aligned with ring.members"
+            )
+
+    def _checked_loads(self, loads: Sequence[int]) -> tuple[list[int], int]:
+        values = _int64_loads(loads)
+        self._check_length(len(values))
+        total = 0
+        for load in values:
+            if load < 0:
+                raise ValueError(f"load {load} is negative; loads are in-flight request counts")
+            total += load
+            if total > MAX_TOTAL_LOAD:
+                raise ValueError(f"the loads sum to more than {MAX_TOTAL_LOAD} (2**63 - 2)")
+        return values, total
+
+    def _choose(
+        self,
+        start: int,
+        loads: Sequence[int],
+        total: int,
+        given: bool,
+        home: list[int],
+        factor: float,
+        min_cap: int,
+    ) -> tuple[str, str]:
+        """The least-loaded home member if it fits its cap, else the spill walk: O(R) reads
+        when the home fits, and the walk stops at the first member that fits."""
+
+        def load_of(member: int) -> int:
+            load = loads[member]
+            if given:
+                _check_given_load(load, member, total)
+            return load
+
+        weights = self.weights
+        total_weight = self.total_weight
+        chosen = home[0]
+        least_load = load_of(chosen)
+        for member in home[1:]:
+            load = load_of(member)
+            if load < least_load:
+                chosen, least_load = member, load
+        if least_load + 1 <= cap(factor, total, weights[chosen], total_weight, min_cap):
+            return self.members[chosen], BRANCH_HOME
+        least = -1
+        for member in self._distinct(start):
+            load = load_of(member)
+            if least < 0 or load < least_load:
+                least, least_load = member, load
+            if member != chosen and load + 1 <= cap(
+                factor, total, weights[member], total_weight, min_cap
+            ):
+                return self.members[member], BRANCH_SPILL
+        return self.members[least], BRANCH_FALLBACK
+
+    def session_home(self, family: int, homes: int, session: int) -> int:
+        """The index of the first member of preference(session, N) that is one of
+        preference(family, homes) (routing contract 9b): consistent hashing of the session
+        key restricted to the family's home set, so growing the set moves few sessions.
+        Written on the preference walk, so a Maglev table answers it the same way."""
+        if isinstance(homes, bool) or not isinstance(homes, int):
+            raise TypeError(f"homes must be an int, got {type(homes).__name__}")
+        if homes < 1:
+            raise ValueError(f"homes is {homes}; a home set has at least 1 member")
+        home = set(islice(self._distinct(self._start(check_key(family))), homes))
+        owners = self._owners
+        position = self._start(check_key(session))
+        while owners[position] not in home:
+            position += 1
+            if position == len(owners):
+                position = 0
+        return owners[position]
+
+
+def _check_given_load(load: int, member: int, total: int) -> None:
+    """With a given total, each load read is checked against it (the caller's invariant)."""
+    if load < 0:
+        raise ValueError(f"load {load} is negative; loads are in-flight request counts")
+    if load > total:
+        raise ValueError(
+            f"load {load} of member {member} is above the given total {total}; "
+            "total must be sum(loads)"
+        )
+
+
+def check_total(total: object) -> int:
+    """Validate a given loads total: an int in 0..2**63 - 2 (the caller keeps it = sum(loads))."""
+    if isinstance(total, bool) or not isinstance(total, int):
+        raise TypeError(
+            f"total must be an int (the sum of the loads) or None, got {type(total).__name__}"
+        )
+    if not 0 <= total <= MAX_TOTAL_LOAD:
+        raise ValueError(f"total is {total}; it must be sum(loads), in 0..{MAX_TOTAL_LOAD}")
+    return total
+
+
+class Ring(_Table):
+    """An immutable consistent-hash ring; build a new one when membership changes."""
+
+    __slots__ = ("_points", "vnodes")
+
+    vnodes: int
 
     def __init__(
         self,
@@ -263,147 +495,12 @@ class Ring:
         self._points = [entry[0] for entry in entries]
         self._owners = [entry[2] for entry in entries]
 
-    def __len__(self) -> int:
-        return len(self.members)
-
     def __repr__(self) -> str:
         return f"Ring({len(self.members)} members, {len(self._points)} points)"
 
-    def _start(self, key: object) -> int:
-        index = bisect_left(self._points, check_key(key))
+    def _start(self, key: int) -> int:
+        index = bisect_left(self._points, key)
         return 0 if index == len(self._points) else index
-
-    def owner(self, key: int) -> str:
-        """The member of the first point >= key, wrapping to the first point."""
-        return self.members[self._owners[self._start(key)]]
-
-    def _walk(self, key: object, n: int) -> list[int]:
-        """Indexes of the first n distinct members clockwise from owner(key)."""
-        start = self._start(key)
-        n = min(n, len(self.members))
-        found: list[int] = []
-        seen = [False] * len(self.members)
-        owners = self._owners
-        size = len(owners)
-        position = start
-        while len(found) < n:
-            member = owners[position]
-            if not seen[member]:
-                seen[member] = True
-                found.append(member)
-            position += 1
-            if position == size:
-                position = 0
-        return found
-
-    def preference(self, key: int, n: int) -> list[str]:
-        """The first n distinct members walking clockwise from owner(key), owner first."""
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        if n < 1:
-            raise ValueError(f"n is {n}; ask for at least 1 member")
-        return [self.members[i] for i in self._walk(key, n)]
-
-    def pick(
-        self,
-        key: int,
-        loads: Sequence[int],
-        replicas: int = 1,
-        factor: float = 1.25,
-        min_cap: int = 0,
-    ) -> tuple[str, str]:
-        """Bounded-load pick over the replica set; returns (member, branch).
-
-        `min_cap` floors every member's cap: below that many requests in flight a member
-        always fits, so a hot prefix stays on its warm home pod at low traffic.
-        """
-        replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
-        check_key(key)
-        values, total = self._checked_loads(loads)
-        return self._choose(key, values, total, self._walk(key, replicas), factor, min_cap)
-
-    def pick_among(
-        self,
-        key: int,
-        loads: Sequence[int],
-        homes: Sequence[int],
-        factor: float = 1.25,
-        min_cap: int = 0,
-    ) -> tuple[str, str]:
-        """pick with an explicit home set instead of the first R owners (contract 4b).
-
-        `homes` are member indexes into `members` (a budgeted placement's home set, say),
-        the earlier one winning ties; the spill walk is pick's, clockwise from `key`.
-        """
-        _, factor, min_cap = check_pick_args(1, factor, min_cap)
-        home = check_homes(homes, len(self.members))
-        check_key(key)
-        values, total = self._checked_loads(loads)
-        return self._choose(key, values, total, home, factor, min_cap)
-
-    def _checked_loads(self, loads: Sequence[int]) -> tuple[list[int], int]:
-        values = _int64_loads(loads)
-        count = len(self.members)
-        if len(values) != count:
-            raise ValueError(
-                f"loads has {len(values)} entries for {count} members; "
-                "give one load per member, aligned with ring.members"
-            )
-        total = 0
-        for load in values:
-            if load < 0:
-                raise ValueError(f"load {load} is negative; loads are in-flight request counts")
-            total += load
-            if total > MAX_TOTAL_LOAD:
-                raise ValueError(f"the loads sum to more than {MAX_TOTAL_LOAD} (2**63 - 2)")
-        return values, total
-
-    def _choose(
-        self,
-        key: int,
-        loads: list[int],
-        total: int,
-        home: list[int],
-        factor: float,
-        min_cap: int,
-    ) -> tuple[str, str]:
-        """The least-loaded home member if it fits its cap, else the spill walk."""
-        weights = self.weights
-        chosen = home[0]
-        for member in home[1:]:
-            if loads[member] < loads[chosen]:
-                chosen = member
-        total_weight = self.total_weight
-        if loads[chosen] + 1 <= cap(factor, total, weights[chosen], total_weight, min_cap):
-            return self.members[chosen], BRANCH_HOME
-        order = self._walk(key, len(self.members))
-        for member in order:
-            if member != chosen and loads[member] + 1 <= cap(
-                factor, total, weights[member], total_weight, min_cap
-            ):
-                return self.members[member], BRANCH_SPILL
-        least = order[0]
-        for member in order[1:]:
-            if loads[member] < loads[least]:
-                least = member
-        return self.members[least], BRANCH_FALLBACK
-
-    def session_home(self, family: int, homes: int, session: int) -> int:
-        """The index of the first member of preference(session, N) that is one of
-        preference(family, homes) (routing contract 8b): consistent hashing of the session
-        key restricted to the family's home set, so growing the set moves few sessions."""
-        if isinstance(homes, bool) or not isinstance(homes, int):
-            raise TypeError(f"homes must be an int, got {type(homes).__name__}")
-        if homes < 1:
-            raise ValueError(f"homes is {homes}; a home set has at least 1 member")
-        check_key(family)
-        check_key(session)
-        home = set(self._walk(family, homes))
-        owners = self._owners
-        position = self._start(session)
-        while owners[position] not in home:
-            position = (position + 1) % len(owners)
-        return owners[position]
 
     def shares(self) -> dict[str, float]:
         """The exact fraction of the 2**64 key space each member owns."""
@@ -418,3 +515,124 @@ class Ring:
     def points(self) -> list[tuple[int, str]]:
         """The sorted (point, member) list: for golden vectors and debugging."""
         return [(p, self.members[m]) for p, m in zip(self._points, self._owners, strict=False)]
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    return all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
+def check_table_size(table_size: object, count: int) -> int:
+    """Validate a Maglev table size: a prime M with N <= M <= MAX_TABLE_SIZE."""
+    if isinstance(table_size, bool) or not isinstance(table_size, int):
+        raise TypeError(f"table_size must be an int, got {type(table_size).__name__}")
+    if not count <= table_size <= MAX_TABLE_SIZE:
+        raise ValueError(
+            f"table_size is {table_size}; it must be at least the member count ({count}) and "
+            f"at most {MAX_TABLE_SIZE} (and about 100x the member count for balance)"
+        )
+    if not _is_prime(table_size):
+        raise ValueError(f"table_size {table_size} is not prime; Maglev needs a prime (65537)")
+    return table_size
+
+
+def maglev_fill(members: tuple[str, ...], weights: tuple[int, ...], table_size: int) -> list[int]:
+    """Routing contract section 8: the Maglev lookup table (member indexes), weighted.
+
+    Members take entries in turn, in code-point order of their ids: the k-th entry of a member
+    of weight w is due in round ceil(k * max_w / w), rounds in order and, within a round,
+    members in that order; each takes the first empty entry of its permutation
+    offset, offset + skip, offset + 2 * skip, ... (mod M), from where it stopped last time.
+    A heap of (round, rank) yields that order in O(M log N), whatever the weights.
+    """
+    size = table_size
+    ranked = sorted(range(len(members)), key=lambda i: members[i])
+    max_weight = max(weights)
+    offsets, skips = [], []
+    for index in ranked:
+        name = members[index].encode("utf-8")
+        offsets.append(mmh3.hash64(name, seed=0, signed=False)[0] % size)
+        skips.append(mmh3.hash64(name, seed=1, signed=False)[0] % (size - 1) + 1)
+    tried = [0] * len(ranked)  # j: how far along its permutation each member has looked
+    owned = [0] * len(ranked)  # k: entries each member has taken
+    table = [-1] * size
+    heap = [(-(-max_weight // weights[index]), rank) for rank, index in enumerate(ranked)]
+    heapq.heapify(heap)
+    for _ in range(size):
+        _, rank = heapq.heappop(heap)
+        skip = skips[rank]
+        j = tried[rank]
+        entry = (offsets[rank] + j * skip) % size
+        while table[entry] >= 0:
+            j += 1
+            entry += skip
+            if entry >= size:
+                entry -= size
+        index = ranked[rank]
+        table[entry] = index
+        tried[rank] = j + 1
+        owned[rank] += 1
+        due = -(-(owned[rank] + 1) * max_weight // weights[index])  # ceil((k + 1) * max_w / w)
+        heapq.heappush(heap, (due, rank))
+    for rank, index in enumerate(ranked):
+        if owned[rank] == 0:
+            raise ValueError(
+                f"member {members[index]!r} got no entry of the {size}-entry Maglev table: "
+                "its weight is too small next to the others'; raise table_size or its weight"
+            )
+    return table
+
+
+class Maglev(_Table):
+    """A Maglev lookup table (Eisenbud et al., NSDI 2016), weighted as Envoy's: owner(k) is
+    entry k mod M, O(1); the preference order walks on through the entries (section 8)."""
+
+    __slots__ = ("table_size",)
+
+    table_size: int
+
+    def __init__(
+        self,
+        members: Iterable[str],
+        weights: Sequence[int] | None = None,
+        table_size: int = DEFAULT_TABLE_SIZE,
+    ) -> None:
+        # One "point" per unit of weight: the members' checks without the ring's point budget.
+        self.members, self.weights = _check_members(members, weights, 1)
+        self.table_size = check_table_size(table_size, len(self.members))
+        self.total_weight = sum(self.weights)
+        self._owners = maglev_fill(self.members, self.weights, self.table_size)
+
+    def __repr__(self) -> str:
+        return f"Maglev({len(self.members)} members, {self.table_size} entries)"
+
+    def _start(self, key: int) -> int:
+        return key % self.table_size
+
+    def shares(self) -> dict[str, float]:
+        """The exact fraction of the 2**64 key space each member owns: entry e holds the
+        keys k with k mod M == e."""
+        each, extra = divmod(KEY_SPACE, self.table_size)
+        owned = [0] * len(self.members)
+        for entry, member in enumerate(self._owners):
+            owned[member] += each + (1 if entry < extra else 0)
+        return {member: owned[i] / KEY_SPACE for i, member in enumerate(self.members)}
+
+    def table(self) -> list[str]:
+        """The member of every entry, in entry order: for golden vectors and debugging."""
+        return [self.members[m] for m in self._owners]
+
+
+HashTable = _Table  # what a routing table is, to its users: a Ring or a Maglev
+
+
+def make_table(
+    kind: str, members: Iterable[str], weights: Sequence[int] | None, vnodes: int
+) -> _Table:
+    """The routing table a fleet chose (config `hash_table`): "ring" or "maglev"."""
+    if kind == "ring":
+        return Ring(members, weights, vnodes)
+    if kind == "maglev":
+        return Maglev(members, weights)
+    raise ValueError(f"unknown hash table {kind!r}; choose one of {', '.join(HASH_TABLES)}")

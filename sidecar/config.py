@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from sidecar import fields
+from sidecar._core_py import HASH_TABLES
 from sidecar.fields import FieldError, above, at_least, one_of, setting
 from sidecar.hostport import is_loopback_host, split_host_port
 
@@ -200,6 +201,18 @@ def _port(value: int) -> str | None:
     return None if 0 <= value < 65536 else f"must be a port number (0 = off), got {value}"
 
 
+def _path_or_empty(value: str) -> str | None:
+    return (
+        None
+        if not value or value.startswith("/")
+        else f"must start with / (or be empty), got {value!r}"
+    )
+
+
+def _fraction(value: float) -> str | None:
+    return None if 0.0 <= value <= 1.0 else f"must be within 0 and 1, got {value}"
+
+
 POSITIVE = above(0)
 AT_LEAST_ONE = at_least(1)
 NOT_NEGATIVE = at_least(0)
@@ -279,7 +292,7 @@ class Config:
     metrics_host: str = setting("127.0.0.1", "the address the metrics port binds")
 
     model: str = setting("", "model sent to the pods when a request names none")
-    # How an unregistered prompt or chat routes (docs/organic-routing.md, routing contract 8):
+    # How an unregistered prompt or chat routes (docs/organic-routing.md, routing contract 9):
     # organic keys a chat by its system and first user message and a raw prompt by learnt
     # anchors, spreading a tenant's sessions over a home set sized by its share; window is
     # the original key of the first route_window_bytes bytes (a chat's first message).
@@ -346,8 +359,50 @@ class Config:
     bytes_per_token: float = setting(
         4.0, "UTF-8 bytes per token, to size prefixes for the budget", check=POSITIVE
     )
+    # The pods' own load and KV (docs/load-signals.md): every request asks for vLLM's ORCA
+    # load header, a few pods per interval are asked for /metrics, and a pod that queues or
+    # whose KV is full counts as over its bounded-load cap while the reading is fresh.
+    load_signals: bool = setting(True, "read the pods' load and KV (ORCA header, /metrics polls)")
+    # Measured harmful at 2x rate with 4 sidecars (docs/benchmarks.md "Pod load signals"):
+    # off by default; the readings, the KV budget and the token counts stay on.
+    load_report_saturation: bool = setting(
+        False, "count a pod that reports queueing or full KV as over its cap"
+    )
+    load_signal_max_age_s: float = setting(
+        2.0, "seconds a pod's load reading counts; older = own in-flight only", check=POSITIVE
+    )
+    load_poll_interval_s: float = setting(
+        0.5, "mean seconds between /metrics polls (jittered +-50 %)", check=POSITIVE
+    )
+    load_poll_sample: int = setting(
+        2, "pods asked per poll, among those not heard from lately", check=NOT_NEGATIVE
+    )
+    load_poll_timeout_s: float = setting(0.5, "seconds one /metrics poll may take", check=POSITIVE)
+    load_kv_threshold: float = setting(
+        0.95, "KV usage (0-1) at which a pod counts as saturated", check=_fraction
+    )
+    # With home_kv_budget_tokens 0, the budget follows from the pods' vllm:cache_config_info
+    # (the smallest reported KV size x this fraction; the rest is for in-flight requests).
+    home_kv_fraction: float = setting(
+        0.5,
+        "share of the pods' smallest reported KV a pod is home to, when no budget is set; 0 = off",
+        check=_fraction,
+    )
+    # Prefix sizes in tokens from a pod's own tokenizer at registration (vLLM's and
+    # llama.cpp's shapes); empty = sized from bytes (bytes_per_token).
+    tokenize_path: str = setting(
+        "/tokenize", "POST path that counts a prefix's tokens; empty = bytes", check=_path_or_empty
+    )
     vnodes: int = setting(
         0, "ring points per unit of weight; 0 = the core's default", check=_vnodes
+    )
+    # Routing contract section 8: the Maglev table moves a few more keys when a pod leaves
+    # but its lookup is one modulo and its balance is near exact. Every sidecar of a fleet
+    # must use the same table.
+    hash_table: str = setting(
+        "ring",
+        "the routing table: ring (contract 3) or maglev (contract 8)",
+        check=one_of(HASH_TABLES),
     )
     max_attempts: int = setting(
         3, "pods a request may try before its first token", check=AT_LEAST_ONE

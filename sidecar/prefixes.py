@@ -55,6 +55,9 @@ class PrefixEntry:
     replicas: int
     size: int  # UTF-8 bytes of the text
     chars: int
+    # KV size in tokens as a pod's own tokenizer counted it (POST /tokenize at registration,
+    # sidecar/upstream/tokenize.py); 0 until measured: placement then estimates from bytes.
+    tokens: int = 0
 
     @property
     def name(self) -> str:
@@ -177,6 +180,19 @@ class PrefixStore:
             self._max_chars = max(self._max_chars, entry.chars)
             self.generation += 1
             return entry, True
+
+    def set_tokens(self, prefix_id: str, tokens: int) -> bool:
+        """Record the prefix's measured token count; a change is a registry change (the
+        placement is rebuilt by the watchers). False when the prefix is gone or unchanged."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise PrefixError(f"a prefix's token count must be an int >= 1, got {tokens!r}")
+        with self._changing():
+            entry = self._by_id.get(prefix_id)
+            if entry is None or entry.tokens == tokens:
+                return False
+            entry.tokens = tokens
+            self.generation += 1
+            return True
 
     def get(self, prefix_id: str) -> PrefixEntry:
         entry = self._by_id.get(prefix_id)

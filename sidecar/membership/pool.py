@@ -9,9 +9,15 @@ then joins the ring. When no pod is serving (a cold start), traffic goes to the 
 are not ejected: a cold answer beats no answer.
 
 The ring is built once per change and swapped by one reference (Envoy's pattern), so the
-request path never locks; in-flight counts are kept per pod and mirrored into the
-snapshot's `loads` array, which `Ring.pick` reads without copying. Whatever is derived from
-the ring (the budgeted home placement) is rebuilt by a watcher, right after the swap.
+request path never locks. Each pod's load is kept per pod and mirrored into the snapshot's
+`loads` array, which `Ring.pick` reads without copying, together with their running total,
+so a pick never sums the array (routing contract section 4: the total is the caller's
+invariant). A pod's load is its *effective* load, max(own in-flight, pod-reported load):
+the sidecar's own requests, or what the pod says it is running and queueing when that is
+more (other sidecars' traffic); an unknown or stale report counts as 0, i.e. own in-flight
+alone. Every change moves one entry and the total by the same delta: O(1). Whatever is
+derived from the ring (the budgeted home placement) is rebuilt by a watcher, right after
+the swap.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ from sidecar.membership.sources import Member
 
 logger = logging.getLogger(__name__)
 
+# A pod's report is untrusted: clamp it so that no report can push the loads' total near the
+# int64 limit the core refuses (2**20 per pod x 2**24 pods at most is far below 2**63).
+MAX_REPORTED_LOAD = 1 << 20
+
 WARMING = "warming"
 SERVING = "serving"
 EJECTED = "ejected"
@@ -38,9 +48,16 @@ class Backend:
     weight: int = 1
     healthy: bool | None = None  # None until the first health check decides
     warm: bool = False
-    in_flight: int = 0
+    in_flight: int = 0  # this sidecar's own requests on the pod
+    reported_load: int | None = None  # the pod's own report (running + waiting); None: unknown
     warm_prefixes: set[str] = field(default_factory=set)
     last_error: str = ""
+
+    @property
+    def load(self) -> int:
+        """The effective load `pick` sees: max(own in-flight, reported or 0)."""
+        reported = self.reported_load
+        return self.in_flight if reported is None or reported < self.in_flight else reported
 
     @property
     def state(self) -> str:
@@ -51,14 +68,16 @@ class Backend:
         return WARMING
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RoutingTable:
-    """One immutable routing snapshot; `loads` is the only mutable part (in-flight counts)."""
+    """One routing snapshot. Only the pool mutates it, and only `loads` (each member's
+    effective load, aligned with `members`) and `total`, which is always sum(loads)."""
 
-    ring: _core.Ring | None
+    ring: _core.HashTable | None  # a Ring or a Maglev table (config hash_table)
     index: dict[str, int]
     loads: array.array[int]
     generation: int
+    total: int = 0
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -71,6 +90,7 @@ class BackendPool:
     def __init__(
         self,
         vnodes: int = DEFAULTS.vnodes,
+        hash_table: str = DEFAULTS.hash_table,
         warm_before_serve: bool = DEFAULTS.warm_before_serve,
         needs_warming: Callable[[], bool] = lambda: False,
         on_warm_needed: Callable[[str], None] | None = None,
@@ -78,6 +98,10 @@ class BackendPool:
     ) -> None:
         """`on_change` is the first watcher (see `watch`)."""
         self._vnodes = vnodes or _core.DEFAULT_VNODES
+        if hash_table not in _core.HASH_TABLES:
+            choices = ", ".join(_core.HASH_TABLES)
+            raise ValueError(f"unknown hash table {hash_table!r}; choose one of {choices}")
+        self._hash_table = hash_table
         self._warm_before_serve = warm_before_serve
         self._needs_warming = needs_warming
         self._on_warm_needed = on_warm_needed
@@ -85,7 +109,7 @@ class BackendPool:
         self.backends: dict[str, Backend] = {}
         self._generation = 0
         self.table = RoutingTable(None, {}, array.array("q"), 0)
-        self._target_ring: _core.Ring | None = None
+        self._target_ring: _core.HashTable | None = None
 
     def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
         """Call `watcher` with every new routing table, right after it is swapped in (and the
@@ -152,25 +176,49 @@ class BackendPool:
         for backend in self.backends.values():
             backend.warm_prefixes.discard(prefix_id)
 
-    # --- in-flight accounting --------------------------------------------------------------
+    # --- load accounting ----------------------------------------------------------------
 
     def acquire(self, url: str) -> None:
+        """One more of this sidecar's requests is in flight on `url`."""
         backend = self.backends.get(url)
         if backend is not None:
             backend.in_flight += 1
-        table = self.table
-        index = table.index.get(url)
-        if index is not None:
-            table.loads[index] += 1
+            self._publish(backend)
 
     def release(self, url: str) -> None:
+        """One of this sidecar's requests on `url` ended (never below zero)."""
         backend = self.backends.get(url)
         if backend is not None and backend.in_flight > 0:
             backend.in_flight -= 1
+            self._publish(backend)
+
+    def report_load(self, url: str, load: int | None) -> None:
+        """What the pod reports it is running and queueing, from its response headers or its
+        /metrics; None when that is unknown or stale: its load falls back to own in-flight.
+
+        A pod that is not (or no longer) in the membership is ignored. Reports above
+        MAX_REPORTED_LOAD are clamped (untrusted input)."""
+        if load is not None:
+            if isinstance(load, bool) or not isinstance(load, int):
+                kind = type(load).__name__
+                raise TypeError(f"a reported load must be an int or None, got {kind}")
+            if load < 0:
+                raise ValueError(f"a reported load must be >= 0, got {load}")
+            load = min(load, MAX_REPORTED_LOAD)
+        backend = self.backends.get(url)
+        if backend is not None and backend.reported_load != load:
+            backend.reported_load = load
+            self._publish(backend)
+
+    def _publish(self, backend: Backend) -> None:
+        """Mirror the pod's effective load into the table, moving the total by the same
+        delta: O(1), and sum(loads) == total holds after every call."""
         table = self.table
-        index = table.index.get(url)
-        if index is not None and table.loads[index] > 0:
-            table.loads[index] -= 1
+        index = table.index.get(backend.url)
+        if index is not None:
+            load = backend.load
+            table.total += load - table.loads[index]
+            table.loads[index] = load
 
     # --- outputs ------------------------------------------------------------------------
 
@@ -178,7 +226,7 @@ class BackendPool:
     def generation(self) -> int:
         return self._generation
 
-    def target_ring(self) -> _core.Ring | None:
+    def target_ring(self) -> _core.HashTable | None:
         """The ring over every pod that is not ejected: where prefixes *will* live once
         warming pods are warm. Prewarm targets come from here."""
         return self._target_ring
@@ -191,16 +239,17 @@ class BackendPool:
         same = not serving or len(serving) == len(alive)
         self._target_ring = ring if same else self._ring(alive)
         index = {url: i for i, url in enumerate(ring.members)} if ring is not None else {}
-        loads = array.array("q", (self.backends[url].in_flight for url in index))
+        loads = array.array("q", (self.backends[url].load for url in index))
         self._generation += 1
-        self.table = RoutingTable(ring, index, loads, self._generation)
+        self.table = RoutingTable(ring, index, loads, self._generation, sum(loads))
         for watcher in self._watchers:
             watcher(self.table)
 
-    def _ring(self, backends: Sequence[Backend]) -> _core.Ring | None:
+    def _ring(self, backends: Sequence[Backend]) -> _core.HashTable | None:
+        """The routing table over these pods: the ring, or the Maglev table (hash_table)."""
         if not backends:
             return None
         ordered = sorted(backends, key=lambda b: b.url)
-        return _core.Ring(
-            [b.url for b in ordered], [b.weight for b in ordered], vnodes=self._vnodes
+        return _core.make_table(
+            self._hash_table, [b.url for b in ordered], [b.weight for b in ordered], self._vnodes
         )

@@ -1,6 +1,6 @@
 """Learned anchors: where unregistered prompts branch, learnt from the traffic, bounded.
 
-A prompt is hashed in chained blocks (`_core.chain_keys`, routing contract 8a): block i's key
+A prompt is hashed in chained blocks (`_core.chain_keys`, routing contract 9a): block i's key
 depends on every byte before it, so two prompts share key i only if they share their first
 (i + 1) blocks, as in vLLM's prefix cache. The table remembers, for the first `learn_blocks`
 blocks of every prompt it sees, each block's first successor. When a new prompt follows a
@@ -15,7 +15,7 @@ same words share a block more) and a sidecar learns them or not depending on its
 routing on them would split sessions and make sidecars disagree; the shallowest is the
 structure every sidecar sees. (Each turn of a chat extends the previous one: no branch.)
 
-Family shares (the request share of each family, routing contract 8c) are counted here too.
+Family shares (the request share of each family, routing contract 9c) are counted here too.
 
 Bounds (docs/organic-routing.md): `seen` is two generations of at most `max_blocks` entries
 each (a full generation becomes the previous one, the older is dropped: LRU-like at
@@ -32,7 +32,7 @@ with `min_fanout` 2 a sidecar needs two distinct continuations of a block to see
 
 from __future__ import annotations
 
-# Routing contract 8: every sidecar of a fleet must hash the same blocks.
+# Routing contract 9: every sidecar of a fleet must hash the same blocks.
 BLOCK_BYTES = 64  # vLLM's 16-token block at ~4 bytes per token (the emulator's exactly)
 LEARN_BLOCKS = 128  # anchors are learnt in the first 8 KB of a prompt
 MIN_FANOUT = 2

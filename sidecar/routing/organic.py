@@ -1,4 +1,4 @@
-"""Organic routing: the two keys of an unregistered prompt or chat (routing contract 8).
+"""Organic routing: the two keys of an unregistered prompt or chat (routing contract 9).
 
 Every unregistered request gets a FAMILY key (what a tenant's or a template's requests
 share) and a SESSION key (what one conversation keeps across its turns, and what differs
@@ -16,11 +16,12 @@ between conversations of one family):
   it branches.
 
 The family's share of recent requests sizes its home set: `home_size` pods, the first of
-preference(family) (contract 8c), so a hot tenant spreads over several pods and a rare one
+preference(family) (contract 9c), so a hot tenant spreads over several pods and a rare one
 keeps one. The session picks its pod among them by consistent hashing restricted to the
-home set (`Ring.session_home`, 8b): a session's turns land on one pod, and the same pod
-in every sidecar. The bounded-load pick (`pick_among` over that one pod, 4b) spills a
-session in its own key's preference order, so a spilled session keeps spilling to one pod.
+home set (`session_home` of the ring or the Maglev table, 9b): a session's turns land on one
+pod, and the same pod in every sidecar. The bounded-load pick (`pick_among` over that one
+pod, 4b) spills a session in its own key's preference order, so a spilled session keeps
+spilling to one pod.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import NamedTuple
 from sidecar import _core
 from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
 
-HOME_SPREAD = 3.0  # pods per "fair share" of traffic a family's home set gets (8c)
+HOME_SPREAD = 3.0  # pods per "fair share" of traffic a family's home set gets (9c)
 LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
 SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
 FIRST_BLOCKS = 64  # blocks hashed first (4 KB): enough when the anchor is among them
@@ -49,12 +50,12 @@ MIN_HOMES = 1
 
 
 def home_size(share: float, members: int, spread: float = HOME_SPREAD) -> int:
-    """Contract 8c: min(N, max(1, ceil(spread * share * N))), in doubles in that order."""
+    """Contract 9c: min(N, max(1, ceil(spread * share * N))), in doubles in that order."""
     return min(members, max(MIN_HOMES, math.ceil(spread * share * float(members))))
 
 
 def message_keys(messages: Iterable[tuple[str, str]], limit: int) -> list[int]:
-    """Contract 8d: chained keys of a chat's first `limit` messages, as blocks are chained:
+    """Contract 9d: chained keys of a chat's first `limit` messages, as blocks are chained:
     m_i = key(le64(m_{i-1}) || utf8(role) || 0x00 || utf8(content)), m_{-1} = 0."""
     keys: list[int] = []
     parent = 0
@@ -135,7 +136,7 @@ class OrganicRouter:
             session = _core.route_key(chain[anchor].to_bytes(8, "little") + tail)
         return OrganicKeys(family, session, table.count(family), anchor)
 
-    def homes(self, ring: _core.Ring, keys: OrganicKeys) -> int:
-        """The session's pod (member index): contract 8b over the family's home set."""
+    def homes(self, ring: _core.HashTable, keys: OrganicKeys) -> int:
+        """The session's pod (member index): contract 9b over the family's home set."""
         size = home_size(keys.share, len(ring.members), self.spread)
         return ring.session_home(keys.family, size, keys.session)

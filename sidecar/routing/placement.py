@@ -51,7 +51,7 @@ class Placed:
 
 
 def place(
-    ring: _core.Ring, prefixes: Iterable[Placed], budget: int, balance: float = 0.0
+    ring: _core.HashTable, prefixes: Iterable[Placed], budget: int, balance: float = 0.0
 ) -> dict[str, list[int]]:
     """Home sets by prefix id, as member indexes in the prefix's preference order.
 
@@ -64,7 +64,7 @@ def place(
 
 
 def _place(
-    ring: _core.Ring, prefixes: Iterable[Placed], budget: int, balance: float = 0.0
+    ring: _core.HashTable, prefixes: Iterable[Placed], budget: int, balance: float = 0.0
 ) -> dict[str, tuple[list[int], list[int]]]:
     """(home set, whole preference order) by prefix id, both as member indexes."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -126,7 +126,7 @@ class HomePlacer:
         self.balance = balance
         # id(ring) -> (ring, store generation, homes): the routing and the target ring (one
         # when every pod serves). Replaced whole, so a reader sees one consistent map.
-        self._placements: dict[int, tuple[_core.Ring, int, dict[str, Homes]]] = {}
+        self._placements: dict[int, tuple[_core.HashTable, int, dict[str, Homes]]] = {}
         self.builds = 0  # placements computed: tests check the request path computes none
 
     @property
@@ -134,28 +134,28 @@ class HomePlacer:
         return self.budget_tokens > 0
 
     def tokens_of(self, entry: PrefixEntry) -> int:
-        """The prefix's KV size, estimated from its UTF-8 bytes (no tokenizer here)."""
-        return max(1, math.ceil(entry.size / self.bytes_per_token))
+        """The prefix's KV size: as a pod's tokenizer counted it, else from its UTF-8 bytes."""
+        return entry.tokens or max(1, math.ceil(entry.size / self.bytes_per_token))
 
-    def rebuild(self, *rings: _core.Ring | None) -> None:
+    def rebuild(self, *rings: _core.HashTable | None) -> None:
         """Place the registered set on each ring now, replacing every earlier placement."""
         if not self.enabled:
             return
         generation = self.store.generation
-        placements: dict[int, tuple[_core.Ring, int, dict[str, Homes]]] = {}
+        placements: dict[int, tuple[_core.HashTable, int, dict[str, Homes]]] = {}
         for ring in rings:
             if ring is not None and id(ring) not in placements:
                 placements[id(ring)] = (ring, generation, self._build(ring))
         self._placements = placements
 
-    def homes(self, ring: _core.Ring, entry: PrefixEntry) -> Homes | None:
+    def homes(self, ring: _core.HashTable, entry: PrefixEntry) -> Homes | None:
         """The entry's home set on `ring` (member indexes), or None when placement is off or
         the entry is not registered (an inline prefix routes on the plain ring)."""
         if not self.enabled:
             return None
         return self._placement(ring).get(entry.id)
 
-    def _placement(self, ring: _core.Ring) -> dict[str, Homes]:
+    def _placement(self, ring: _core.HashTable) -> dict[str, Homes]:
         generation = self.store.generation
         placed = self._placements.get(id(ring))
         if placed is not None and placed[0] is ring and placed[1] == generation:
@@ -168,7 +168,7 @@ class HomePlacer:
         self._placements = placements
         return homes
 
-    def _build(self, ring: _core.Ring) -> dict[str, Homes]:
+    def _build(self, ring: _core.HashTable) -> dict[str, Homes]:
         self.builds += 1
         placed = _place(
             ring,

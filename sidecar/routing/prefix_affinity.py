@@ -13,7 +13,9 @@ never see them. (Envoy wraps any hashing picker in bounded load; here the contra
 one hashing picker, the ring's replica set, and the core does the set and the spill walk in
 one call, so the wrapper and the picker are one class.)
 
-Complexity: O(N) for the load sum plus the walk, in the Cython core.
+Complexity: the pool keeps the loads' total (`RoutingTable.total`), so a pick reads only the
+home set's loads when a home fits, O(R), and walks on only when it spills; it does not grow
+with the fleet. `select_bytes` hashes the prompt's bytes and picks in one core call.
 """
 
 from __future__ import annotations
@@ -36,7 +38,25 @@ class PrefixAffinity:
         key, replicas, homes, min_cap = pick
         floor = self.load_cap_floor if min_cap is None else min_cap
         if homes:
-            member, branch = ring.pick_among(key, table.loads, homes, self.load_factor, floor)
+            member, branch = ring.pick_among(
+                key, table.loads, homes, self.load_factor, floor, table.total
+            )
         else:
-            member, branch = ring.pick(key, table.loads, replicas, self.load_factor, floor)
+            member, branch = ring.pick(
+                key, table.loads, replicas, self.load_factor, floor, table.total
+            )
         return member, _BRANCHES[branch]
+
+    def select_bytes(
+        self, table: RoutingTable, data: bytes, replicas: int, min_cap: int | None = None
+    ) -> tuple[str, Branch, int]:
+        """select() for the key of `data` (no budgeted homes), hashing and picking in one
+        core call; returns (pod, branch, route key). `min_cap` is Pick's: None is the
+        configured floor."""
+        ring = table.ring
+        assert ring is not None
+        floor = self.load_cap_floor if min_cap is None else min_cap
+        member, branch, key = ring.pick_bytes(
+            data, table.loads, replicas, self.load_factor, floor, table.total
+        )
+        return member, _BRANCHES[branch], key

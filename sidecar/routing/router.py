@@ -2,13 +2,17 @@
 
 Route keys follow routing contract v1: a prefix routes on key(its UTF-8 bytes); a raw
 prompt that starts with a registered prefix routes as that prefix. An unregistered prompt
-or chat routes by organic keys (contract section 8, `OrganicRouter`: a family's home set
+or chat routes by organic keys (contract section 9, `OrganicRouter`: a family's home set
 sized by its share, a session's pod inside it), or with `unregistered_routing: window` on
 key(first `route_window_bytes` bytes) - a chat on its first message.
 The failover order is the chosen pod, then the rest of its home set, then the rest of the
 key's preference order. A registered prefix's home set is the ring's first R owners, or,
 with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6), which
 is rebuilt when the pool swaps its ring or the store's registered set changes.
+
+An unregistered prompt's window is hashed and picked in one core call (`pick_bytes`) when the
+policy has that path (prefix_affinity); the table may be the ring or the Maglev table (config
+`hash_table`, contract section 8), and the pick reads the pool's running loads total.
 
 Every setting is required (`Router.from_config` passes the config's), so each has one
 default: the config's.
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from sidecar import _core
 from sidecar.config import Config
-from sidecar.membership.pool import BackendPool
+from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.prefixes import PrefixEntry, PrefixStore
 from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
 from sidecar.routing.organic import OrganicKeys, OrganicRouter
@@ -61,7 +65,7 @@ class Router:
         home_kv_budget_tokens: int,  # routing contract section 6; 0 = the ring's homes
         home_balance_factor: float,
         bytes_per_token: float,
-        unregistered_routing: str,  # "organic" (routing contract 8) or "window"
+        unregistered_routing: str,  # "organic" (routing contract 9) or "window"
         organic_home_spread: float,
         organic_table_blocks: int,
         organic_load_cap_floor: int,
@@ -85,6 +89,9 @@ class Router:
             balance=home_balance_factor,
         )
         self._placing = self.placer.enabled
+        # The one-call path from a prompt's bytes to a pod, when the policy has one.
+        self._select_bytes = getattr(policy, "select_bytes", None)
+        self._watching = False
         if unregistered_routing not in ("organic", "window"):
             raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
         self.organic = (
@@ -94,9 +101,24 @@ class Router:
         )
         self.organic_load_cap_floor = organic_load_cap_floor
         if self._placing:
-            pool.watch(lambda _table: self._place_homes())
-            store.watch(self._place_homes)
-            self._place_homes()
+            self._watch_and_place()
+
+    def _watch_and_place(self) -> None:
+        if not self._watching:
+            self._watching = True
+            self.pool.watch(lambda _table: self._place_homes())
+            self.store.watch(self._place_homes)
+        self._place_homes()
+
+    def set_kv_budget(self, tokens: int) -> None:
+        """A new KV budget (from the pods' reported KV, docs/load-signals.md); 0 = the
+        ring's homes. Placement changes only here and on membership or registry changes."""
+        if tokens == self.placer.budget_tokens:
+            return
+        self.placer.budget_tokens = tokens
+        self._placing = self.placer.enabled
+        if self._placing:
+            self._watch_and_place()
 
     @classmethod
     def from_config(
@@ -137,7 +159,7 @@ class Router:
         entry = self.store.match(text)
         if entry is not None and entry.size == len(text.encode("utf-8")):
             return self._decide(started, entry.route_key, entry)
-        return self._decide(started, _core.route_key(text.encode("utf-8")), None)
+        return self._decide_bytes(started, text.encode("utf-8"))
 
     def for_prompt(self, prompt: str) -> Decision:
         started = time.perf_counter_ns()
@@ -150,7 +172,20 @@ class Router:
             if keys is not None:
                 return self._decide_organic(started, keys)
         window = prompt.encode("utf-8")[: self.route_window_bytes]
-        return self._decide(started, _core.route_key(window), None)
+        return self._decide_bytes(started, window)
+
+    def _decide_bytes(self, started: int, data: bytes) -> Decision:
+        """An unregistered key: hashed and picked in one core call when the policy can."""
+        select_bytes = self._select_bytes
+        if select_bytes is None:
+            return self._decide(started, _core.route_key(data), None)
+        table = self.pool.table
+        ring = _serving(table)
+        replicas = self.default_replicas
+        backend, branch, key = select_bytes(table, data, replicas)
+        attempts = self.max_attempts
+        preference = ring.preference(key, replicas if replicas > attempts else attempts)
+        return self._decision(started, table, key, None, backend, branch, preference)
 
     def for_chat(self, messages: list[tuple[str, str]]) -> Decision:
         """An unregistered chat, messages as (role, text): its first message routes as a
@@ -163,14 +198,9 @@ class Router:
         return self._decide_organic(started, self.organic.for_chat(messages))
 
     def _decide_organic(self, started: int, keys: OrganicKeys) -> Decision:
-        """The session's pod in its family's home set, under bounded load (contract 8)."""
+        """The session's pod in its family's home set, under bounded load (contract 9)."""
         table = self.pool.table
-        ring = table.ring
-        if ring is None:
-            raise NoBackendError(
-                "no healthy vLLM pod: every backend is ejected or none is configured "
-                "(check --backend / backends_file / backends_dns and the pods' health)"
-            )
+        ring = _serving(table)
         assert self.organic is not None
         home = self.organic.homes(ring, keys)
         # The spill walks the family's preference order: its home set first, where the
@@ -194,12 +224,7 @@ class Router:
 
     def _decide(self, started: int, key: int, entry: PrefixEntry | None) -> Decision:
         table = self.pool.table
-        ring = table.ring
-        if ring is None:
-            raise NoBackendError(
-                "no healthy vLLM pod: every backend is ejected or none is configured "
-                "(check --backend / backends_file / backends_dns and the pods' health)"
-            )
+        ring = _serving(table)
         homes = None
         if entry is None:
             replicas = self.default_replicas
@@ -216,6 +241,18 @@ class Router:
             preference = list(homes.order[: home_count if home_count > attempts else attempts])
         else:
             preference = ring.preference(key, replicas if replicas > attempts else attempts)
+        return self._decision(started, table, key, entry, backend, branch, preference)
+
+    @staticmethod
+    def _decision(
+        started: int,
+        table: RoutingTable,
+        key: int,
+        entry: PrefixEntry | None,
+        backend: str,
+        branch: Branch,
+        preference: list[str],
+    ) -> Decision:
         # The chosen pod first, then the rest in order (cheaper than rebuilding the list).
         if preference[0] != backend:
             if backend in preference:
@@ -251,3 +288,14 @@ class Router:
             for url in self.home_set(entry):
                 totals[url] += self.placer.tokens_of(entry)
         return totals
+
+
+def _serving(table: RoutingTable) -> _core.HashTable:
+    """The table's ring, or the error that says why there is none."""
+    ring = table.ring
+    if ring is None:
+        raise NoBackendError(
+            "no healthy vLLM pod: every backend is ejected or none is configured "
+            "(check --backend / backends_file / backends_dns and the pods' health)"
+        )
+    return ring

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import signal
 import threading
@@ -28,6 +29,7 @@ from sidecar.config import Config
 from sidecar.hostport import split_host_port
 from sidecar.lifecycle import AsyncService
 from sidecar.membership.health import HealthMonitor
+from sidecar.membership.load_signals import LoadRule, LoadSignals, MetricsPoller
 from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.membership.sources import (
     CombinedSource,
@@ -58,6 +60,7 @@ from sidecar.server.unix_socket import (
     socket_identity,
 )
 from sidecar.upstream.client import UpstreamClient
+from sidecar.upstream.tokenize import PrefixSizer
 from sidecar.v1 import router_pb2
 
 logger = logging.getLogger(__name__)
@@ -70,15 +73,31 @@ class Sidecar(AsyncService):
         self.config = config
         self.metrics = Metrics(config.price_base, config.price_cache, config.price_out)
         self.store = PrefixStore(config.max_prefixes, config.max_prefix_bytes)
+        # The pods' own load and KV (docs/load-signals.md); None = own in-flight only.
+        self.signals = (
+            LoadSignals(
+                lambda url, load: self.pool.report_load(url, load),
+                LoadRule(
+                    max_age_s=config.load_signal_max_age_s,
+                    kv_threshold=config.load_kv_threshold,
+                ),
+                over_cap=self._over_cap_load if config.load_report_saturation else None,
+                on_kv=self._pods_kv_changed,
+            )
+            if config.load_signals
+            else None
+        )
         self.client = UpstreamClient(
             connect_timeout_s=config.connect_timeout_s,
             per_backend_connections=config.per_backend_connections,
             api_key=config.api_key(),
             # A request that waited for a pod connection is not sent if its caller left.
             trace_configs=[caller.trace_config()],
+            load_observer=self.signals,
         )
         self.pool = BackendPool(
             vnodes=config.vnodes,
+            hash_table=config.hash_table,
             warm_before_serve=config.warm_before_serve,
             needs_warming=lambda: len(self.store) > 0,
             on_warm_needed=self._warm_joiner,
@@ -96,6 +115,8 @@ class Sidecar(AsyncService):
             model=config.model,
         )
         self.health: HealthMonitor | None = None
+        self.poller: MetricsPoller | None = None
+        self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
         self._health_session: aiohttp.ClientSession | None = None
         self.server: grpc.aio.Server | None = None
         self.openai: OpenAIFront | None = None  # the HTTP front, when openai_listen is set
@@ -204,6 +225,26 @@ class Sidecar(AsyncService):
             self._set_members(first)
         self._tasks.append(asyncio.create_task(source.watch(self._set_members), name="membership"))
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+        if self.config.tokenize_path:
+            self.sizer = PrefixSizer(
+                self.store,
+                self._health_session,
+                lambda: sorted(url for url, b in self.pool.backends.items() if b.healthy),
+                path=self.config.tokenize_path,
+                model=self.config.model,
+            )
+            self.store.watch(self.sizer.wake)
+            self.sizer.wake()
+            self._tasks.append(asyncio.create_task(self.sizer.run(), name="prefix-sizer"))
+        if self.signals is not None and self.config.load_poll_sample > 0:
+            self.poller = MetricsPoller(
+                self.signals,
+                self._health_session,
+                interval_s=self.config.load_poll_interval_s,
+                sample=self.config.load_poll_sample,
+                timeout_s=self.config.load_poll_timeout_s,
+            )
+            self._tasks.append(asyncio.create_task(self.poller.run(), name="load-poll"))
         # What an abusive burst allocated goes back to the OS once freed (rapid reset).
         self._tasks.append(asyncio.create_task(memory.trim_forever(), name="memory-trim"))
         for service in ("", SERVICE):
@@ -365,13 +406,43 @@ class Sidecar(AsyncService):
 
     def _set_members(self, members: list[Member]) -> None:
         self.pool.set_members(members)
+        if self.signals is not None:
+            self.signals.set_members(m.url for m in members)
         # Pod IPs change on every rollout: drop every series of the pods that left (an
         # in-flight gauge of a stream still running stays until it ends, see Metrics._drop).
         self.metrics.forget_backends()
         if self.health is not None:
             self.health.set_members([m.url for m in members])
 
+    def _over_cap_load(self, url: str) -> int | None:
+        """The smallest load that puts `url` over its bounded-load cap (routing contract
+        section 4) on the current table, counting that the report itself joins the total:
+        v with v + 1 > max(min_cap, ceil(c (L - e + v + 1) s)), e being the pod's load in the
+        table and s its weight share; the smallest, so that the others' caps grow least.
+        None when no load can (c s >= 1: one pod, or c >= the pod count)."""
+        table = self.pool.table
+        index = table.index.get(url)
+        if index is None or table.ring is None:
+            return None
+        ring = table.ring
+        share = self.config.load_factor * float(ring.weights[index]) / float(ring.total_weight)
+        if share >= 1.0:
+            return None
+        others = table.total - table.loads[index] + 1
+        return max(self.config.load_cap_floor, math.ceil(share * others / (1.0 - share)))
+
+    def _pods_kv_changed(self, kv_tokens: int | None) -> None:
+        """The pods' agreed KV size changed: with no configured budget (the override), the
+        budget is that size x home_kv_fraction (docs/load-signals.md)."""
+        if self.config.home_kv_budget_tokens or not self.config.home_kv_fraction:
+            return
+        budget = int(kv_tokens * self.config.home_kv_fraction) if kv_tokens else 0
+        logger.info("home KV budget from the pods: %d tokens (pods' KV %s)", budget, kv_tokens)
+        self.router.set_kv_budget(budget)
+
     def _table_changed(self, table: RoutingTable) -> None:
+        if self.sizer is not None:
+            self.sizer.wake()  # a pod became healthy: prefixes not yet counted can be
         self.readiness.observe(backend.state for backend in self.pool.backends.values())
         for backend in self.pool.backends.values():
             self.metrics.set_backend(backend.url, backend.state, backend.healthy)

@@ -72,7 +72,7 @@ class FrontRequest:
     route_text: str  # the prompt, or the first message's text; its head when `matched`
     stream: bool
     # A chat's messages as (role, text), the first LEARN_MESSAGES + 1: what organic routing
-    # chains (routing contract 8d).
+    # chains (routing contract 9d).
     messages: tuple[tuple[str, str], ...] = ()
     # Whether the registered prefixes were already matched on the body's bytes: `prefix`
     # is then the longest one the route text starts with (None: none does), and

@@ -145,7 +145,7 @@ class ByteExchange:
             )
             return _AiohttpAnswer(response)
         try:
-            answer = await lean.post(
+            answer = await self.client.post_lean(
                 backend, self.path, self.body, self.headers, timeout_s=timeout_s
             )
         except PodHTTPError as exc:

@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from multidict import CIMultiDict
 
 from sidecar import __version__
 from sidecar.upstream.body import SplicedBody
-from sidecar.upstream.lean_http import LeanHTTP
+from sidecar.upstream.lean_http import LeanAnswer, LeanHTTP
 from sidecar.upstream.sse import POD_ERROR_CHARS, Delta, SSEDecoder, SSEProtocolError, clip
 
 READ_CHUNK = 64 * 1024
@@ -35,6 +35,18 @@ READ_CHUNK = 64 * 1024
 DRAIN_TIMEOUT_S = 1.0
 DRAIN_MAX_BYTES = 64 * 1024
 MAX_ERROR_BYTES = 1024
+
+
+LOAD_FORMAT_HEADER = "endpoint-load-metrics-format"  # asks the pod for its load ...
+LOAD_HEADER = "endpoint-load-metrics"  # ... which vLLM answers with (ORCA, docs/load-signals.md)
+
+
+class LoadObserver(Protocol):
+    """Where the pods' load reports go (sidecar.membership.load_signals.LoadSignals)."""
+
+    def note_sent(self, url: str) -> None: ...
+
+    def observe_header(self, url: str, value: str | None) -> None: ...
 
 
 def retryable_status(status: int) -> bool:
@@ -153,8 +165,12 @@ class UpstreamClient:
         per_backend_connections: int = 512,
         api_key: str = "",
         trace_configs: Sequence[aiohttp.TraceConfig] = (),
+        load_observer: LoadObserver | None = None,
     ) -> None:
+        """With a `load_observer`, every request asks the pod for its load report (vLLM's
+        `endpoint-load-metrics-format: TEXT`) and every answer's report is handed to it."""
         self._connect_timeout_s = connect_timeout_s
+        self.load_observer = load_observer
         self._trace_configs = list(trace_configs)
         self._per_backend = per_backend_connections
         self._headers = {
@@ -164,6 +180,8 @@ class UpstreamClient:
         }
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        if load_observer is not None:
+            self._headers[LOAD_FORMAT_HEADER] = "TEXT"
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
         self._draining: set[asyncio.Task[None]] = set()
@@ -236,6 +254,10 @@ class UpstreamClient:
         in, whatever its status but a redirect; UpstreamError (retryable) when the pod cannot
         be reached or answers 3xx. Both fronts send through here."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
+        observer = self.load_observer
+        if observer is not None:
+            observer.note_sent(backend)
+            headers = self._asking_load(headers)
         try:
             response = await self.session.post(
                 backend + path,
@@ -268,6 +290,8 @@ class UpstreamClient:
                 retryable=True,
                 status=response.status,
             )
+        if observer is not None:
+            observer.observe_header(backend, response.headers.get(LOAD_HEADER))
         return response
 
     async def refusal(self, backend: str, response: aiohttp.ClientResponse) -> UpstreamError:
@@ -281,6 +305,34 @@ class UpstreamClient:
             retryable=retryable_status(response.status),
             status=response.status,
         )
+
+    async def post_lean(
+        self,
+        backend: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float,
+    ) -> LeanAnswer:
+        """post() through the lean client (the HTTP front's http:// pods): the same load
+        report asked for and handed on; the lean client bounds the answer's headers."""
+        observer = self.load_observer
+        if observer is None:
+            return await self.lean.post(backend, path, body, headers, timeout_s=timeout_s)
+        observer.note_sent(backend)
+        answer = await self.lean.post(
+            backend, path, body, self._asking_load(headers), timeout_s=timeout_s
+        )
+        observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
+        return answer
+
+    def _asking_load(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """`headers` asking the pod for its load report (the fronts' own header sets may
+        lack it; the client's own already have it)."""
+        if LOAD_FORMAT_HEADER in headers:
+            return headers
+        return {**headers, LOAD_FORMAT_HEADER: "TEXT"}
 
     def _with_own(self, headers: Mapping[str, str]) -> CIMultiDict[str]:
         """`headers` plus the client's own, which replace any of the same name (any case)."""

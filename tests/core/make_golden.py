@@ -4,7 +4,8 @@ Run `python tests/core/make_golden.py` ONLY on a deliberate contract change (and
 CONTRACT_VERSION): every sidecar and every client in another language must reproduce these
 vectors to the bit, so a regenerated file means all of them must change together. (The
 min_cap vectors were added to v1 without a version bump: min_cap = 0 is the original pick, so
-every earlier vector kept its result.)
+every earlier vector kept its result; so were the Maglev table's, section 8, an option that
+leaves every ring result as it was, and organic routing's, section 9, which adds functions.)
 
 The vectors come from the small, slow reference below, written straight from
 docs/routing-contract.md and independent of both twins (it imports neither), so a bug the
@@ -26,6 +27,7 @@ import mmh3
 
 CONTRACT_VERSION = 1
 CONTRACT_DEFAULT_VNODES = 1024
+CONTRACT_DEFAULT_TABLE_SIZE = 65537
 KEY_SPACE = 1 << 64
 GOLDEN_PATH = Path(__file__).with_name("golden.json")
 
@@ -97,13 +99,26 @@ def pick_among(
     min_cap: int = 0,
 ) -> tuple[str, str]:
     """Rule 5b: pick with the home set given (distinct members) instead of preference(k, R)."""
+    return bounded(members, weights, loads, home, preference(points, k, len(members)), c, min_cap)
+
+
+def bounded(
+    members: list[str],
+    weights: list[int],
+    loads: list[int],
+    home: list[str],
+    order: list[str],
+    c: float,
+    min_cap: int,
+) -> tuple[str, str]:
+    """Rules 5/5b over any table: the home set, then the spill walk over `order`, the key's
+    whole preference order (the ring's, or the Maglev table's: rule 8)."""
     load = dict(zip(members, loads, strict=True))
     weight = dict(zip(members, weights, strict=True))
     total, total_w = sum(loads), sum(weights)
     chosen = min(home, key=lambda m: (load[m], home.index(m)))
     if fits(load[chosen], c, total, weight[chosen], total_w, min_cap):
         return chosen, "home"
-    order = preference(points, k, len(members))
     for m in order:
         if m != chosen and fits(load[m], c, total, weight[m], total_w, min_cap):
             return m, "spill"
@@ -151,8 +166,58 @@ def place(
     return homes
 
 
+def maglev_table(members: list[str], weights: list[int], size: int) -> list[str]:
+    """Rule 8: the Maglev table. Members in code-point order; member m's permutation is
+    (offset + j * skip) mod M, offset = key(m) mod M, skip = h1(m, seed 1) mod (M - 1) + 1.
+    In rounds t = 1, 2, ..., each member (in that order) whose next entry, its k-th, is due
+    now - ceil(k * max_w / w) == t - takes the first empty entry along its permutation from
+    where it stopped; until all M entries are taken. Slow and literal, on purpose."""
+    order = sorted(members)
+    weight = dict(zip(members, weights, strict=True))
+    max_w = max(weights)
+    offset = {m: key(m.encode()) % size for m in order}
+    skip = {m: mmh3.hash64(m.encode(), seed=1, signed=False)[0] % (size - 1) + 1 for m in order}
+    tried = dict.fromkeys(order, 0)
+    owned = dict.fromkeys(order, 0)
+    table: list[str | None] = [None] * size
+    filled, t = 0, 0
+    while filled < size:
+        t += 1
+        for m in order:
+            if filled == size or -(-(owned[m] + 1) * max_w // weight[m]) != t:
+                continue
+            j = tried[m]
+            while table[(offset[m] + j * skip[m]) % size] is not None:
+                j += 1
+            table[(offset[m] + j * skip[m]) % size] = m
+            tried[m], owned[m], filled = j + 1, owned[m] + 1, filled + 1
+    assert all(owned.values()), "every member must own an entry"
+    return [m for m in table if m is not None]
+
+
+def maglev_preference(table: list[str], k: int, n: int) -> list[str]:
+    """Rule 8: the first n distinct members of the entries k mod M, k mod M + 1, ... (wrapping)."""
+    n = min(n, len(set(table)))
+    found: list[str] = []
+    position = k % len(table)
+    while len(found) < n:
+        if table[position] not in found:
+            found.append(table[position])
+        position = (position + 1) % len(table)
+    return found
+
+
+def maglev_owned(table: list[str]) -> dict[str, int]:
+    """Rule 8: entry e holds the keys k < 2**64 with k mod M == e."""
+    each, extra = divmod(KEY_SPACE, len(table))
+    owned: dict[str, int] = {}
+    for entry, member in enumerate(table):
+        owned[member] = owned.get(member, 0) + each + (1 if entry < extra else 0)
+    return owned
+
+
 def chain_keys(data: bytes, block: int, max_blocks: int) -> list[int]:
-    """Rule 8a: c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, full blocks only."""
+    """Rule 9a: c_i = key(le64(c_{i-1}) || block_i), c_{-1} = 0, full blocks only."""
     keys: list[int] = []
     parent = 0
     for i in range(min(len(data) // block, max_blocks)):
@@ -162,19 +227,19 @@ def chain_keys(data: bytes, block: int, max_blocks: int) -> list[int]:
 
 
 def session_home(points: list[tuple[int, str]], family: int, homes: int, session: int) -> str:
-    """Rule 8b: the first of preference(session, N) that is in preference(family, homes)."""
+    """Rule 9b: the first of preference(session, N) that is in preference(family, homes)."""
     count = len({m for _, m in points})
     home = set(preference(points, family, homes))
     return next(m for m in preference(points, session, count) if m in home)
 
 
 def home_size(share: float, members: int, spread: float) -> int:
-    """Rule 8c: min(N, max(1, ceil(spread * share * N))), doubles in that order."""
+    """Rule 9c: min(N, max(1, ceil(spread * share * N))), doubles in that order."""
     return min(members, max(1, math.ceil(spread * share * float(members))))
 
 
 def message_keys(messages: list[tuple[str, str]], limit: int) -> list[int]:
-    """Rule 8d: m_i = key(le64(m_{i-1}) || utf8(role) || 0x00 || utf8(content))."""
+    """Rule 9d: m_i = key(le64(m_{i-1}) || utf8(role) || 0x00 || utf8(content))."""
     keys: list[int] = []
     parent = 0
     for role, content in messages[:limit]:
@@ -323,6 +388,36 @@ PICK_AMONG_CASES: list[tuple[dict[str, Any], str, list[int], list[int], float, i
     (RING_A, "hello", [0, 0, 0], [2, 0], 1.25, 0, "a home set that is not the ring's first R"),
 ]
 
+MAGLEV_A = {
+    "name": "Maglev: three members, weights [1, 2, 1], 13 entries",
+    "members": RING_A["members"],
+    "weights": [1, 2, 1],
+    "table_size": 13,
+}
+MAGLEV_B = {
+    "name": "Maglev: five equal members, default table size",
+    "members": RING_B["members"],
+    "weights": [1, 1, 1, 1, 1],
+    "table_size": CONTRACT_DEFAULT_TABLE_SIZE,
+}
+
+# (table, key expression, loads, replicas, homes by index or None, factor, min_cap, why)
+MAGLEV_PICK_CASES: list[
+    tuple[dict[str, Any], str, list[int], int, list[int] | None, float, int, str]
+] = [
+    (MAGLEV_A, "hello", [0, 0, 0], 1, None, 1.25, 0, "idle: the owner, entry k mod 13"),
+    (MAGLEV_A, "hello", [0, 9, 0], 1, None, 1.25, 0, "the owner over its cap: spill"),
+    (MAGLEV_A, "hello", [0, 0, 0], 3, None, 1.25, 0, "replicas 3: ties to the earlier"),
+    (MAGLEV_A, "hello", [2**51, 2**52, 2**51], 1, None, 1.0, 0, "fallback at 2**53"),
+    (MAGLEV_B, "compliance-rules-v7", [0, 0, 0, 0, 0], 1, None, 1.25, 0, "idle: the owner"),
+    (MAGLEV_B, "compliance-rules-v7", [2, 2, 2, 2, 40], 1, None, 1.25, 0, "hot owner spills"),
+    (MAGLEV_B, "compliance-rules-v7", [2, 2, 2, 2, 40], 2, None, 1.25, 0, "replicas 2: the other"),
+    (MAGLEV_B, "compliance-rules-v7", [0, 0, 0, 0, 1], 1, None, 1.25, 0, "no floor: 2nd spills"),
+    (MAGLEV_B, "compliance-rules-v7", [0, 0, 0, 0, 1], 1, None, 1.25, 8, "floor 8: home"),
+    (MAGLEV_B, "compliance-rules-v7", [2, 2, 2, 30, 30], 1, [3, 4], 1.25, 0, "given homes spill"),
+    (MAGLEV_B, "compliance-rules-v7", [0, 0, 0, 3, 1], 1, [3, 4], 1.25, 8, "the less-loaded given"),
+]
+
 MEGA_SALE = [
     ("rules", 60_000, 3),
     ("script", 12_000, 2),
@@ -418,6 +513,63 @@ def ring_vectors(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         vectors["points_head"] = [[str(p), m] for p, m in points[:8]]
     return vectors
+
+
+def maglev_vectors(spec: dict[str, Any]) -> dict[str, Any]:
+    members, size = spec["members"], spec["table_size"]
+    table = maglev_table(members, spec["weights"], size)
+    owned = maglev_owned(table)
+    probe_keys = [0, 1, size - 1, size, 1 << 63, KEY_SPACE - 1, key(b"hello"), key(b"world")]
+    vectors: dict[str, Any] = {
+        **spec,
+        "entries": {m: table.count(m) for m in members},
+        "owned": {m: str(owned[m]) for m in members},
+        "shares": {m: owned[m] / KEY_SPACE for m in members},
+        "lookups": [
+            {
+                "key": str(k),
+                "owner": table[k % size],
+                "preference_2": maglev_preference(table, k, 2),
+                "preference_all": maglev_preference(table, k, len(members)),
+            }
+            for k in sorted(set(probe_keys))
+        ],
+    }
+    if size <= 64:
+        vectors["table"] = table
+    else:
+        vectors["table_head"] = table[:16]
+    return vectors
+
+
+def maglev_pick_vectors() -> list[dict[str, Any]]:
+    tables: dict[str, list[str]] = {}
+    cases = []
+    for spec, text, loads, replicas, homes, factor, min_cap, why in MAGLEV_PICK_CASES:
+        members, weights = spec["members"], spec["weights"]
+        if spec["name"] not in tables:
+            tables[spec["name"]] = maglev_table(members, weights, spec["table_size"])
+        table = tables[spec["name"]]
+        k = key(text.encode())
+        order = maglev_preference(table, k, len(members))
+        home = order[:replicas] if homes is None else [members[i] for i in homes]
+        member, branch = bounded(members, weights, loads, home, order, factor, min_cap)
+        cases.append(
+            {
+                "table": spec["name"],
+                "key_of": text,
+                "key": str(k),
+                "loads": loads,
+                "replicas": replicas,
+                "homes": homes,
+                "factor": factor,
+                "min_cap": str(min_cap),
+                "member": member,
+                "branch": branch,
+                "why": why,
+            }
+        )
+    return cases
 
 
 def pick_vectors() -> list[dict[str, Any]]:
@@ -623,6 +775,9 @@ def build() -> dict[str, Any]:
         "picks": pick_vectors(),
         "picks_among": pick_among_vectors(),
         "placements": placement_vectors(),
+        "maglev_default_table_size": CONTRACT_DEFAULT_TABLE_SIZE,
+        "maglevs": [maglev_vectors(MAGLEV_A), maglev_vectors(MAGLEV_B)],
+        "maglev_picks": maglev_pick_vectors(),
         "organic": organic_vectors(),
     }
 

@@ -215,7 +215,7 @@ def test_the_placement_vectors_show_the_budget_binding(
             assert max(plain.values()) > case["budget"] >= max(case["homed_tokens"].values())
 
 
-# --- routing contract section 8: organic routing -------------------------------------------
+# --- routing contract section 9: organic routing -------------------------------------------
 
 
 def test_chain_keys(core: ModuleType, golden: dict[str, Any]) -> None:
@@ -251,7 +251,7 @@ def test_the_contract_document_shows_the_organic_vectors(golden: dict[str, Any])
     values += [k for case in organic["messages"] for k in case["keys"]]
     values += [case[field] for case in organic["session_homes"] for field in ("family", "session")]
     missing = [value for value in values if f"`{value}`" not in doc]
-    assert not missing, "section 8 of docs/routing-contract.md is out of date with golden.json"
+    assert not missing, "section 9 of docs/routing-contract.md is out of date with golden.json"
     rows = [
         f"| {c['ring'].split(',')[0]} | {c['homes']} | `{c['session_of']}` | "
         f"{_short(c['member'])} |"
@@ -262,4 +262,4 @@ def test_the_contract_document_shows_the_organic_vectors(golden: dict[str, Any])
         for c in organic["home_sizes"]
     ]
     missing = [row for row in rows if row not in doc]
-    assert not missing, f"section 8's tables lack {missing}"
+    assert not missing, f"section 9's tables lack {missing}"

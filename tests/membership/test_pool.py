@@ -3,7 +3,18 @@ they are the same pods, and the watchers that hear of every new table."""
 
 from __future__ import annotations
 
-from sidecar.membership.pool import EJECTED, SERVING, WARMING, BackendPool, RoutingTable
+import random
+
+import pytest
+
+from sidecar.membership.pool import (
+    EJECTED,
+    MAX_REPORTED_LOAD,
+    SERVING,
+    WARMING,
+    BackendPool,
+    RoutingTable,
+)
 from sidecar.membership.sources import Member
 
 URLS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
@@ -82,3 +93,106 @@ def test_in_flight_counts_are_mirrored_into_the_tables_loads() -> None:
     assert list(pool.table.loads) == [2]
     pool.release(URLS[1])
     assert pool.backends[URLS[1]].in_flight == 1 and list(pool.table.loads) == [1]
+
+
+def serving_pool(urls: list[str]) -> BackendPool:
+    pool = BackendPool(warm_before_serve=False)
+    pool.set_members(members(urls))
+    for url in urls:
+        pool.set_health(url, True)
+    return pool
+
+
+def test_the_tables_total_is_the_sum_of_its_loads_after_every_change() -> None:
+    pool = serving_pool(URLS[:3])
+    steps = [
+        lambda: pool.acquire(URLS[0]),
+        lambda: pool.acquire(URLS[0]),
+        lambda: pool.report_load(URLS[1], 5),
+        lambda: pool.acquire(URLS[1]),  # 1 own < 5 reported: no change
+        lambda: pool.report_load(URLS[0], 1),  # 1 reported < 2 own: own wins
+        lambda: pool.release(URLS[2]),  # never below zero
+        lambda: pool.report_load(URLS[1], None),  # stale: back to own in-flight
+        lambda: pool.set_health(URLS[2], False),  # a new table starts from the pods' loads
+        lambda: pool.release(URLS[0]),
+        lambda: pool.report_load(URLS[2], 7),  # not on the ring: the table is untouched
+        lambda: pool.set_health(URLS[2], True),
+    ]
+    for step in steps:
+        step()
+        table = pool.table
+        assert table.total == sum(table.loads)
+        assert list(table.loads) == [pool.backends[url].load for url in table.members]
+    assert list(pool.table.loads) == [1, 1, 7]
+
+
+def test_the_effective_load_is_the_larger_of_own_in_flight_and_the_report() -> None:
+    pool = serving_pool(URLS[:2])
+    pool.acquire(URLS[0])
+    pool.acquire(URLS[0])
+    pool.report_load(URLS[0], 6)
+    assert list(pool.table.loads) == [6, 0] and pool.table.total == 6
+    pool.report_load(URLS[0], 0)
+    assert list(pool.table.loads) == [2, 0] and pool.table.total == 2
+    pool.report_load(URLS[0], None)
+    assert pool.backends[URLS[0]].reported_load is None
+    assert list(pool.table.loads) == [2, 0] and pool.table.total == 2
+
+
+def test_a_reported_load_is_checked_and_clamped() -> None:
+    pool = serving_pool(URLS[:1])
+    with pytest.raises(ValueError, match=">= 0"):
+        pool.report_load(URLS[0], -1)
+    with pytest.raises(TypeError, match="int or None"):
+        pool.report_load(URLS[0], 2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="int or None"):
+        pool.report_load(URLS[0], True)
+    pool.report_load(URLS[0], 1 << 62)  # a hostile pod cannot overflow the total
+    assert pool.table.total == MAX_REPORTED_LOAD
+    pool.report_load("http://10.9.9.9:8000", 3)  # not a member: ignored
+    assert pool.table.total == MAX_REPORTED_LOAD
+
+
+def test_the_pool_builds_the_chosen_table_for_routing_and_target() -> None:
+    """hash_table "maglev": the routing and target tables are Maglev tables over the same pods
+    the ring would hold; warming and ejection work the same; the loads keep their total."""
+    pool = BackendPool(
+        needs_warming=lambda: True, on_warm_needed=lambda url: None, hash_table="maglev"
+    )
+    pool.set_members(members(URLS))
+    for url in URLS:
+        pool.set_health(url, True)
+        pool.mark_warm(url)
+    table = pool.table.ring
+    assert type(table).__name__ == "Maglev" and pool.target_ring() is table
+    assert table is not None and list(table.members) == URLS
+    pool.set_health(URLS[3], False)
+    pool.set_health(URLS[3], True)  # back, warming: on the target table only
+    routing, target = pool.table.ring, pool.target_ring()
+    assert routing is not None and target is not None
+    assert list(routing.members) == URLS[:3] and list(target.members) == URLS
+    assert type(routing) is type(target)
+    pool.acquire(URLS[0])
+    pool.report_load(URLS[1], 4)
+    assert pool.table.total == sum(pool.table.loads) == 5
+
+
+def test_the_total_invariant_holds_through_random_changes() -> None:
+    """pick trusts table.total == sum(table.loads) (routing contract section 4): keep it
+    through random acquires, releases, reports and health changes."""
+    chance = random.Random(15)
+    pool = serving_pool(URLS)
+    for _ in range(1500):
+        url = chance.choice(URLS)
+        action = chance.random()
+        if action < 0.4:
+            pool.acquire(url)
+        elif action < 0.75:
+            pool.release(url)
+        elif action < 0.95:
+            pool.report_load(url, chance.choice([None, 0, 1, 3, 9, 40]))
+        else:
+            pool.set_health(url, not pool.backends[url].healthy)
+        table = pool.table
+        assert table.total == sum(table.loads)
+        assert list(table.loads) == [pool.backends[u].load for u in table.members]

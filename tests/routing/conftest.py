@@ -34,9 +34,11 @@ def pods(count: int) -> list[str]:
     return [f"http://10.0.0.{i}:8000" for i in range(1, count + 1)]
 
 
-def serving_pool(urls: list[str], *, warm_before_serve: bool = False) -> BackendPool:
+def serving_pool(
+    urls: list[str], *, warm_before_serve: bool = False, hash_table: str = "ring"
+) -> BackendPool:
     """A pool whose pods are all healthy and serving (`warm_before_serve` off: no prewarm)."""
-    pool = BackendPool(warm_before_serve=warm_before_serve)
+    pool = BackendPool(warm_before_serve=warm_before_serve, hash_table=hash_table)
     pool.set_members([Member(url, 1) for url in urls])
     for url in urls:
         pool.set_health(url, True)

@@ -1,4 +1,4 @@
-"""Organic routing (routing contract 8) through the router, on an in-memory pool: sessions
+"""Organic routing (routing contract 9) through the router, on an in-memory pool: sessions
 stay together, tenants spread by share, independent routers agree, the table stays bounded,
 and the fallbacks. No server: the loads are all zero unless a test sets them."""
 
@@ -76,13 +76,14 @@ def route(router: Router, messages: list[tuple[str, str]], chat: bool) -> str:
     return decision.backend
 
 
+@pytest.mark.parametrize("hash_table", ["ring", "maglev"])
 @pytest.mark.parametrize("chat", [False, True], ids=["prompt", "chat"])
 def test_a_sessions_turns_land_on_one_pod_and_sessions_spread(
-    make_router: MakeRouter, chat: bool
+    make_router: MakeRouter, chat: bool, hash_table: str
 ) -> None:
     """Interleaved sessions of one hot tenant: every turn of a session on its first turn's
-    pod, while the tenant's sessions use several pods."""
-    router = make_router(serving_pool(pods(8)), PrefixStore())
+    pod, while the tenant's sessions use several pods; on either routing table."""
+    router = make_router(serving_pool(pods(8), hash_table=hash_table), PrefixStore())
     traffic = Traffic(1, 3)
     for _ in range(120):  # one-shot questions: the branch point and the share are learnt
         route(router, traffic.one_shot(0), chat)
@@ -95,9 +96,13 @@ def test_a_sessions_turns_land_on_one_pod_and_sessions_spread(
     assert len(set.union(*where.values())) >= 4  # share ~1: the home set is most of the fleet
 
 
+@pytest.mark.parametrize("hash_table", ["ring", "maglev"])
 @pytest.mark.parametrize("chat", [False, True], ids=["prompt", "chat"])
-def test_tenants_spread_by_their_share(make_router: MakeRouter, chat: bool) -> None:
-    router = make_router(serving_pool(pods(8)), PrefixStore(), organic_home_spread=2.0)
+def test_tenants_spread_by_their_share(
+    make_router: MakeRouter, chat: bool, hash_table: str
+) -> None:
+    pool = serving_pool(pods(8), hash_table=hash_table)
+    router = make_router(pool, PrefixStore(), organic_home_spread=2.0)
     traffic = Traffic(2, 6)
     rng = random.Random(3)
     used: dict[int, set[str]] = {t: set() for t in range(6)}

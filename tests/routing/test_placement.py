@@ -131,7 +131,7 @@ def texts(count: int) -> list[str]:
     return [f"rules {i} ".ljust(4 * TOKENS, "x") for i in range(count)]
 
 
-def expected_homes(ring: _core.Ring, store: PrefixStore, budget: int) -> dict[str, list[str]]:
+def expected_homes(ring: _core.HashTable, store: PrefixStore, budget: int) -> dict[str, list[str]]:
     """What place() says for the store's whole registered set, as member urls."""
     items = [Placed(e.route_key, TOKENS, e.replicas or 1, e.id) for e in store]
     return {

@@ -28,7 +28,7 @@ from .conftest import pods
 def table(ring: object, loads: list[int]) -> RoutingTable:
     members = ring.members  # type: ignore[attr-defined]
     index = {url: i for i, url in enumerate(members)}
-    return RoutingTable(ring, index, array.array("q", loads), 1)  # type: ignore[arg-type]
+    return RoutingTable(ring, index, array.array("q", loads), 1, sum(loads))  # type: ignore[arg-type]
 
 
 def test_branch_values_are_the_wire_and_metric_words() -> None:
@@ -143,3 +143,16 @@ def test_least_loaded_takes_the_idlest_pod_first_in_member_order(core: ModuleTyp
         Branch.LEAST_LOADED,
     )
     assert LeastLoaded().select(table(ring, [0, 0, 0, 0]), Pick(9, 1, None))[0] == members[0]
+
+
+@pytest.mark.parametrize("kind", ["ring", "maglev"])
+def test_prefix_affinity_select_bytes_is_select_of_the_key(core: ModuleType, kind: str) -> None:
+    ring = core.make_table(kind, pods(9), None, 16)
+    policy = PrefixAffinity(1.25, 2)
+    for n in range(50):
+        loads = [(n * 7 + i * 3) % 6 for i in range(9)]
+        snapshot = table(ring, loads)
+        data = f"prompt {n}".encode()
+        key = core.route_key(data)
+        member, branch = policy.select(snapshot, Pick(key, 2, None))
+        assert policy.select_bytes(snapshot, data, 2) == (member, branch, key)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from sidecar import _core
-from sidecar.config import build_config
+from sidecar.config import ConfigError, build_config
 from sidecar.membership.pool import BackendPool
 from sidecar.prefixes import PrefixStore
 from sidecar.routing.pick import Branch
@@ -96,3 +96,54 @@ def test_home_sets_and_homed_tokens_follow_the_target_ring(make_router: MakeRout
         for url in homes:
             totals[url] += 1_000  # 4,000 bytes at 4 bytes per token
     assert router.homed_tokens() == totals
+
+
+@pytest.mark.parametrize("hash_table", ["ring", "maglev"])
+def test_unregistered_prompts_take_the_one_call_path_with_the_same_answer(
+    make_router: MakeRouter, hash_table: str
+) -> None:
+    """for_prompt hashes and picks in one core call (pick_bytes, the pool's total): the
+    decision is the contract's pick of key(window) over the loads, on either table."""
+    urls = pods(7)
+    pool, store = serving_pool(urls, hash_table=hash_table), PrefixStore()
+    router = make_router(
+        pool,
+        store,
+        route_window_bytes=32,
+        load_cap_floor=2,
+        max_attempts=3,
+        unregistered_routing="window",
+    )
+    ring = pool.table.ring
+    assert ring is not None
+    assert type(ring).__name__ == ("Maglev" if hash_table == "maglev" else "Ring")
+    chance = random.Random(11)
+    for n in range(60):
+        url = chance.choice(urls)
+        if chance.random() < 0.7:
+            pool.acquire(url)
+        else:
+            pool.release(url)
+        if n % 7 == 0:
+            pool.report_load(chance.choice(urls), chance.choice([None, 0, 4, 12]))
+        prompt = f"tenant {n} asks: what does coupon {n * 37} cover? " * 2
+        decision = router.for_prompt(prompt)
+        key = _core.route_key(prompt.encode()[:32])
+        loads = pool.table.loads
+        assert pool.table.total == sum(loads)
+        assert (decision.backend, decision.branch) == ring.pick(key, list(loads), 1, 1.25, 2)
+        assert decision.route_key == key
+        order = ring.preference(key, 3)
+        assert decision.preference == [
+            decision.backend,
+            *(u for u in order if u != decision.backend),
+        ]
+
+
+def test_the_config_chooses_the_table(make_router: MakeRouter) -> None:
+    assert build_config({"hash_table": "maglev"}).hash_table == "maglev"
+    assert build_config({}).hash_table == "ring"
+    with pytest.raises(ConfigError, match="hash_table"):
+        build_config({"hash_table": "chord"})
+    with pytest.raises(ValueError, match="unknown hash table 'chord'"):
+        BackendPool(hash_table="chord")

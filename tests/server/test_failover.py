@@ -70,8 +70,11 @@ async def test_refused_connection_moves_to_the_next_pod(tmp_path: Path) -> None:
         pods += [await stack.enter_async_context(run_emulator(FAST, port=0)) for _ in range(2)]
         text = prefix_owned_by(pods, pods[0])
         # A high ejection threshold keeps the dead pod on the ring, as it is between the
-        # moment a pod dies and the moment health checks notice.
-        config = sidecar_config(tmp_path, pods, eject_after_failures=100)
+        # moment a pod dies and the moment health checks notice. The window route makes the
+        # unregistered Route below land where the prefix's key does (organic would not).
+        config = sidecar_config(
+            tmp_path, pods, eject_after_failures=100, unregistered_routing="window"
+        )
         _, stub = await stack.enter_async_context(running_sidecar(config))
         await dying.aclose()  # the owner's port now refuses connections
         route = await stub.Route(router_pb2.RouteRequest(prefix_id="", prompt=text))

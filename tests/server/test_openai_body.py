@@ -40,7 +40,7 @@ def test_a_chat_routes_on_its_first_message_the_system_one_included() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
     parsed = parse_request(body(messages=[{"role": "user", "content": parts}]), chat=True)
     assert parsed.route_text == "ab"
-    assert parsed.messages == (("user", "ab"),)  # organic routing's view (contract 8d)
+    assert parsed.messages == (("user", "ab"),)  # organic routing's view (contract 9d)
     many = [{"role": "user", "content": str(i)} for i in range(50)] + ["not an object"]
     parsed = parse_request(body(messages=many), chat=True)
     assert parsed.messages == tuple(("user", str(i)) for i in range(33))  # LEARN_MESSAGES + 1

@@ -6,9 +6,9 @@ emulator pods or small aiohttp pods that record what reaches them and misbehave 
 from __future__ import annotations
 
 import asyncio
-import logging
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket

@@ -1,6 +1,6 @@
 """Organic routing of chats through a real sidecar (gRPC Chat and the HTTP front's
 /v1/chat/completions) before six emulator pods: every turn of a session is served by one
-pod, and the sessions of one tenant are spread over several (routing contract 8).
+pod, and the sessions of one tenant are spread over several (routing contract 9).
 
 "Served by" is read from the pods' own request counters (gRPC) or the front's backend
 header, not from the router.

@@ -9,17 +9,27 @@ only the pick differs. Workload: one dominant 60k-token rules prefix plus a Zipf
 
 Times are modelled (the emulator's clock = real x --time-scale). The first --warmup
 seconds of the trace are replayed but not measured. Definitions: docs/benchmarks.md.
+
+The pods' own load is recorded through every run (their /metrics, sampled ~10 times a real
+second): the peak and mean in flight per pod (running + waiting) and vllm:num_requests_waiting.
+`--also-sidecars 8` adds runs with more sidecar processes; `--compare-signals` runs every
+sidecar policy again with the pod load signals off (`load_signals: false`, `_nosig`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import math
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
+
+from sidecar.membership.load_signals import MetricsError, fetch_metrics
 from sidecar.tools.emulator import EmulatorFleet
 from sidecar.tools.report import add_json_option, progress_printer, run_and_report, target_lines
 from sidecar.tools.workload.driver import TIMEOUT
@@ -41,14 +51,20 @@ TARGET_HIT_RATE = 0.964
 TARGET_MAX_OVER_MEAN = 1.25
 TARGET_P99_RATIO = 20.0
 HIT_RATE_TOLERANCE = 0.001  # "K sidecars lose no hit rate": within 0.1 percentage point
+TARGET_MANY_P99_RATIO = 1.5  # K sidecars' TTFT p99 within 1.5x of one sidecar's
+NO_SIGNALS = "_nosig"
+SAMPLE_INTERVAL_S = 0.1  # real seconds between two reads of every pod's /metrics
 
 
 def multi_name(sidecars: int) -> str:
     return f"{SIDECAR}_x{sidecars}"
 
 
-def evaluate_targets(results: dict[str, Any], sidecars: int) -> list[dict[str, Any]]:
-    """The three targets, as measured in this run."""
+def evaluate_targets(
+    results: dict[str, Any], sidecars: int, also: Sequence[int] = ()
+) -> list[dict[str, Any]]:
+    """The targets, as measured in this run: the three of the fleet bench, and for every K
+    sidecar processes that ran, TTFT p99 within 1.5x of one sidecar's."""
     one = results.get(SIDECAR)
     many = results.get(multi_name(sidecars))
     rr = results.get("round_robin")
@@ -72,6 +88,23 @@ def evaluate_targets(results: dict[str, Any], sidecars: int) -> list[dict[str, A
                 "met": many["hit_rate"] >= one["hit_rate"] - HIT_RATE_TOLERANCE,
             }
         )
+    for count in (sidecars, *also):
+        many = results.get(multi_name(count))
+        if one is None or many is None:
+            continue
+        ratio = many["ttft_ms"]["p99"] / one["ttft_ms"]["p99"]
+        targets.append(
+            {
+                "name": f"{count} sidecar processes: TTFT p99 within "
+                f"{TARGET_MANY_P99_RATIO:g}x of one sidecar's, hit rate unchanged",
+                "measured": f"{ratio:.2f}x ({many['ttft_ms']['p99']:,.0f} ms vs "
+                f"{one['ttft_ms']['p99']:,.0f} ms), hit rate {many['hit_rate']:.4f} vs "
+                f"{one['hit_rate']:.4f}",
+                "ratio": ratio,
+                "met": ratio <= TARGET_MANY_P99_RATIO
+                and many["hit_rate"] >= one["hit_rate"] - HIT_RATE_TOLERANCE,
+            }
+        )
     if one is not None and rr is not None:
         ratio = rr["ttft_ms"]["p99"] / one["ttft_ms"]["p99"]
         bound = ">=" if rr["ttft_ms"]["lower_bound"] else ""
@@ -88,9 +121,79 @@ def evaluate_targets(results: dict[str, Any], sidecars: int) -> list[dict[str, A
     return targets
 
 
+def policy_names(args: argparse.Namespace) -> list[str]:
+    """Every run of this bench, in order: the baselines, one sidecar, K sidecars (and each
+    sidecar run again without the pod signals with --compare-signals)."""
+    counts = [args.sidecars, *(k for k in args.also_sidecars if k != args.sidecars)]
+    sidecar = [SIDECAR, *(multi_name(k) for k in counts)]
+    if args.compare_signals:
+        sidecar = [variant for name in sidecar for variant in (name, name + NO_SIGNALS)]
+    names = [*BASELINES, *sidecar]
+    if args.policies:  # a subset, in the default order (validated in run())
+        names = [name for name in names if name in args.policies.split(",")]
+    return names
+
+
+def split_name(name: str) -> tuple[str, int, bool]:
+    """A run's name -> (policy, sidecar processes, pod signals on)."""
+    signals = not name.endswith(NO_SIGNALS)
+    base = name.removesuffix(NO_SIGNALS)
+    if base.startswith(SIDECAR + "_x"):
+        return SIDECAR, int(base[len(SIDECAR) + 2 :]), signals
+    return base, 1, signals
+
+
+class PodSampler:
+    """Reads every pod's own gauges every `interval_s` while a run goes: in flight per pod
+    (running + waiting) and vllm:num_requests_waiting, as the pods count them."""
+
+    def __init__(self, urls: Sequence[str], interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        self.urls = list(urls)
+        self.interval_s = interval_s
+        self.peak_in_flight = 0.0
+        self.in_flight_sum = 0.0  # sum over samples of the mean in flight per pod
+        self.peak_waiting = 0.0
+        self.waiting_sum = 0.0
+        self.samples = 0
+
+    async def run(self) -> None:
+        if self.interval_s <= 0:
+            return
+        async with aiohttp.ClientSession() as session:
+            while True:
+                reads = await asyncio.gather(
+                    *(fetch_metrics(session, url, timeout_s=2.0) for url in self.urls),
+                    return_exceptions=True,
+                )
+                reports = [r for r in reads if not isinstance(r, (MetricsError, BaseException))]
+                if len(reports) == len(self.urls):
+                    in_flight = [(r.running or 0.0) + (r.waiting or 0.0) for r in reports]
+                    waiting = [r.waiting or 0.0 for r in reports]
+                    self.peak_in_flight = max(self.peak_in_flight, *in_flight)
+                    self.in_flight_sum += sum(in_flight) / len(in_flight)
+                    self.peak_waiting = max(self.peak_waiting, *waiting)
+                    self.waiting_sum += sum(waiting) / len(waiting)
+                    self.samples += 1
+                await asyncio.sleep(self.interval_s)
+
+    def summary(self) -> dict[str, float]:
+        samples = max(1, self.samples)
+        mean = self.in_flight_sum / samples
+        return {
+            "samples": self.samples,
+            "peak_in_flight": self.peak_in_flight,
+            "mean_in_flight": mean,
+            "max_over_mean": self.peak_in_flight / mean if mean else 0.0,
+            "peak_waiting": self.peak_waiting,
+            "mean_waiting": self.waiting_sum / samples,
+        }
+
+
 async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     scale = args.time_scale
     config = mega_sale_pod(scale, args.kv_tokens, args.max_tokens)
+    if args.pod_load_header:  # pods that also report their load on streams
+        config = dataclasses.replace(config, load_header_on_streams=True)
     if getattr(args, "prefill_tps", None):  # bench plan-check: a slower pod (docs/plan.md)
         config = dataclasses.replace(config, prefill_tps=args.prefill_tps)
     prefixes = mega_sale_prefixes(
@@ -111,9 +214,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     trace = poisson_trace(prefixes, requests, args.rate, input_tokens=INPUT_TOKENS, seed=args.seed)
     tokens = [p.tokens for p in prefixes]
     timeout_s = args.first_token_timeout / scale
-    policies = [*BASELINES, SIDECAR, multi_name(args.sidecars)]
-    if args.policies:  # a subset, in the default order (validated in run())
-        policies = [name for name in policies if name in args.policies.split(",")]
+    policies = policy_names(args)
     results: dict[str, Any] = {}
     samples: dict[str, list[float]] = {}
     homes: dict[str, dict[str, list[str]]] = {}  # "ring" / "sidecar" -> prefix -> pods
@@ -124,12 +225,17 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             f"(modelled), warm-up {args.warmup:g} s, time x{scale:g}"
         )
         for name in policies:
-            many = name == multi_name(args.sidecars)
-            policy, sidecars = (SIDECAR, args.sidecars) if many else (name, 1)
-            settings: dict[str, object] = {"grace_s": 1}
+            policy, sidecars, signals = split_name(name)
+            settings: dict[str, object] = {
+                "grace_s": 1,
+                "load_signals": signals,
+                "load_report_saturation": signals,
+            }
             if policy == SIDECAR:  # the baselines keep the plain ring's homes for prewarm
                 settings["home_kv_budget_tokens"] = budget
                 settings["home_balance_factor"] = args.home_balance
+            sampler = PodSampler(fleet.urls, args.pod_sample_s)
+            sampling = asyncio.create_task(sampler.run())
             run = await run_policy(
                 fleet.urls,
                 policy,
@@ -143,6 +249,8 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 sidecars=sidecars,
                 settings=settings,
             )
+            sampling.cancel()
+            await asyncio.gather(sampling, return_exceptions=True)
             measured = [o for o, a in zip(run.outcomes, trace, strict=True) if a.at >= args.warmup]
             results[name] = summarize(
                 measured,
@@ -153,6 +261,8 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 loads=run.pod_requests,
             )
             results[name]["sidecars"] = sidecars
+            results[name]["load_signals"] = signals
+            results[name]["pods_own"] = sampler.summary()
             results[name]["wall_s"] = run.wall_s
             results[name]["hit_rate_by_prefix"] = {
                 p.name: hit_rate([o for o in measured if o.prefix == i], tokens)
@@ -164,10 +274,13 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             )
             homes["sidecar" if policy == SIDECAR else "ring"] = run.home_sets
             r = results[name]
+            own = r["pods_own"]
             progress(
                 f"{name:<22} hit {r['hit_rate']:.4f}  p50 {r['ttft_ms']['p50']:>9,.0f} ms  "
                 f"p99 {r['ttft_ms']['p99']:>9,.0f} ms  max/mean "
-                f"{r['load']['max_over_mean']:.2f}  ({run.wall_s:.0f} s)"
+                f"{r['load']['max_over_mean']:.2f}  in flight peak/mean "
+                f"{own['peak_in_flight']:.0f}/{own['mean_in_flight']:.1f}  waiting peak "
+                f"{own['peak_waiting']:.0f}  ({run.wall_s:.0f} s)"
             )
     homed: dict[str, dict[str, int]] = {}
     for placement, sets in homes.items():
@@ -202,7 +315,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         ],
         "measured_requests": sum(1 for a in trace if a.at >= args.warmup),
         "results": results,
-        "targets": evaluate_targets(results, args.sidecars),
+        "targets": evaluate_targets(results, args.sidecars, args.also_sidecars),
         "ttft_samples_ms": samples,
         "wall_s": time.perf_counter() - started,
     }
@@ -233,18 +346,28 @@ def render(report: dict[str, Any]) -> str:
             for placement, homed in report["homed_prefix_tokens"].items()
         ),
         "",
-        f"{'policy':<24}{'hit rate':>9}{'TTFT p50':>11}{'TTFT p99':>12}{'max/mean':>10}"
-        f"{'req/s':>8}{'timeouts':>10}{'yuan/day':>12}",
+        f"{'policy':<30}{'hit rate':>9}{'TTFT p50':>11}{'TTFT p99':>12}{'max/mean':>10}"
+        f"{'req/s':>8}{'timeouts':>10}{'yuan/day':>12}{'in flight pk/mean':>19}"
+        f"{'waiting pk':>11}",
     ]
     for name, r in report["results"].items():
         ttft = r["ttft_ms"]
         p99 = (">" if ttft["lower_bound"] else "") + f"{ttft['p99']:,.0f}"
+        own = r.get("pods_own", {})
         lines.append(
-            f"{name:<24}{r['hit_rate']:>9.4f}{ttft['p50']:>11,.0f}{p99:>12}"
+            f"{name:<30}{r['hit_rate']:>9.4f}{ttft['p50']:>11,.0f}{p99:>12}"
             f"{r['load']['max_over_mean']:>10.2f}{r['requests_per_s']:>8.1f}"
             f"{r['errors'].get('TTFT_TIMEOUT', 0):>10}{r['cost_yuan_per_day']:>12,.0f}"
+            f"{own.get('peak_in_flight', 0):>12.0f}/{own.get('mean_in_flight', 0):<6.1f}"
+            f"{own.get('peak_waiting', 0):>11.0f}"
         )
-    lines += ["", "TTFT in modelled ms; yuan/day by docs/mission.md's model at the hit rate", ""]
+    lines += [
+        "",
+        "TTFT in modelled ms; yuan/day by docs/mission.md's model at the hit rate; in flight"
+        " and waiting: the pods' own gauges (running + waiting, vllm:num_requests_waiting),"
+        " peak over pods and samples / mean per pod",
+        "",
+    ]
     lines.append("targets (as measured in this run)")
     lines += target_lines(report["targets"])
     lines.append(f"\nwall time {report['wall_s']:.0f} s")
@@ -294,6 +417,11 @@ def _positive(kind: type, name: str) -> Any:
     return parse
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    parse = _positive(int, "--also-sidecars")
+    return tuple(parse(part) for part in text.split(",") if part.strip())
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = bench_subparsers.add_parser(
         "fleet",
@@ -320,6 +448,30 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         help="the pods' prefill tokens/s (default: the emulator's 16,000)",
     )
     add("--sidecars", type=_positive(int, "--sidecars"), default=4, help="K processes (4)")
+    add(
+        "--also-sidecars",
+        type=_counts,
+        default=(),
+        metavar="K,L",
+        help="more runs with K, L... sidecar processes (e.g. 8)",
+    )
+    add(
+        "--compare-signals",
+        action="store_true",
+        help="run every sidecar policy again with the pod load signals off (_nosig)",
+    )
+    add(
+        "--pod-sample-s",
+        type=float,
+        default=SAMPLE_INTERVAL_S,
+        metavar="S",
+        help=f"real seconds between reads of the pods' own gauges ({SAMPLE_INTERVAL_S}; 0: off)",
+    )
+    add(
+        "--pod-load-header",
+        action="store_true",
+        help="the pods also send vLLM's load header on streams (vLLM: non-streaming only)",
+    )
     add(
         "--first-token-timeout",
         type=_positive(float, "--first-token-timeout"),
@@ -377,7 +529,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    known = [*BASELINES, SIDECAR, multi_name(args.sidecars)]
+    known = policy_names(argparse.Namespace(**{**vars(args), "policies": None}))
     unknown = set((args.policies or "").split(",")) - set(known) - {""}
     if unknown:
         print(

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from sidecar.tools.emulator.config import EmulatorConfig
 from sidecar.tools.emulator.engine import Engine, EngineStats, Outcome, Prepared
-from sidecar.tools.emulator.metrics import CONTENT_TYPE
+from sidecar.tools.emulator.metrics import CONTENT_TYPE, LOAD_FORMAT_HEADER
 from sidecar.tools.emulator.protocol import (
     SSE_DONE,
     ParsedRequest,
@@ -91,13 +91,17 @@ async def _inference(request: web.Request, chat: bool) -> web.StreamResponse:
         await asyncio.sleep(faults.stall_seconds)
     shaper = ResponseShaper(engine.config.model, chat)
     outcome = Outcome(prompt_tokens=prepared.prompt_tokens)
+    load_format = request.headers.get(LOAD_FORMAT_HEADER, "")
     if parsed.stream:
-        return await _stream(request, engine, prepared, parsed, shaper, outcome)
+        on_streams = engine.config.load_header_on_streams
+        load = engine.metrics.load_header(load_format) if on_streams else {}
+        return await _stream(request, engine, prepared, parsed, shaper, outcome, load)
     async with contextlib.aclosing(engine.generate(prepared, outcome)) as pieces:
         async for _ in pieces:
             pass
     body = shaper.full(outcome.text, outcome.finish_reason, outcome.stop_reason, _usage(outcome))
-    return web.json_response(body)
+    # Like vLLM: the pod's state as the response is made, after the request ran.
+    return web.json_response(body, headers=engine.metrics.load_header(load_format))
 
 
 def _usage(outcome: Outcome) -> dict[str, Any]:
@@ -111,10 +115,11 @@ async def _stream(
     parsed: ParsedRequest,
     shaper: ResponseShaper,
     outcome: Outcome,
+    load: dict[str, str],
 ) -> web.StreamResponse:
     faults = engine.config.faults
     response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **load}
     )
     await response.prepare(request)
     sent = 0  # data events written, for the drop/malformed faults

@@ -166,6 +166,13 @@ class EmulatorConfig:
         flag="--vocab-size",
         check=above(0),
     )
+    # vLLM (orca_metrics.py, api_server.py) attaches the endpoint-load-metrics header to
+    # non-streaming responses only; this also puts it on streams, as a pod patched to do so.
+    load_header_on_streams: bool = setting(
+        False,
+        "also answer endpoint-load-metrics on streaming responses (vLLM: non-streaming only)",
+        flag="--load-header-on-streams",
+    )
     stats_history: int = setting(
         1000, "recent prefills kept for /admin/stats", flag="--stats-history"
     )

@@ -115,6 +115,23 @@ class EngineStats:
     prefills: deque[dict[str, Any]] = field(default_factory=deque)
 
 
+def cache_config_info(config: EmulatorConfig) -> dict[str, str]:
+    """The labels vLLM puts on `vllm:cache_config_info` (its CacheConfig, str() of each
+    value); the ones a router reads are num_gpu_blocks and block_size."""
+    return {
+        "block_size": str(BLOCK_SIZE),
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "True",
+        "gpu_memory_utilization": "0.9",
+        "num_cpu_blocks": "0",
+        "num_gpu_blocks": str(config.kv_blocks),
+        "num_gpu_blocks_override": "None",
+        "prefix_caching_hash_algo": "builtin",
+        "sliding_window": "None",
+        "swap_space": "4",
+    }
+
+
 class Engine:
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
@@ -129,6 +146,7 @@ class Engine:
             running=lambda: float(self.running),
             waiting=lambda: float(self._running_slots.waiting),
             kv_usage=lambda: self.cache.pinned_blocks / self.cache.capacity_blocks,
+            cache_info=cache_config_info(config),
         )
         self._t0 = asyncio.get_running_loop().time()
 

@@ -7,6 +7,7 @@ are observed in MODELLED seconds (real seconds times the time scale).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -61,6 +62,8 @@ E2E_BUCKETS = (
     7680.0,
 )
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LOAD_FORMAT_HEADER = "endpoint-load-metrics-format"  # the request asks ...
+LOAD_HEADER = "endpoint-load-metrics"  # ... the response answers
 
 
 class PodMetrics:
@@ -70,9 +73,22 @@ class PodMetrics:
         running: Callable[[], float],
         waiting: Callable[[], float],
         kv_usage: Callable[[], float],
+        cache_info: dict[str, str] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
+        self.waiting = waiting
+        self.kv_usage = kv_usage
+        if cache_info:
+            # vLLM's info gauge: the CacheConfig as labels, value 1 (the KV budget reader's
+            # source: num_gpu_blocks x block_size).
+            info = Gauge(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                list(cache_info),
+                registry=self.registry,
+            )
+            info.labels(**cache_info).set(1.0)
         for name, text, read in (
             ("vllm:num_requests_running", "Requests running on the pod.", running),
             ("vllm:num_requests_waiting", "Requests waiting to run.", waiting),
@@ -126,3 +142,19 @@ class PodMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def load_header(self, metrics_format: str) -> dict[str, str]:
+        """vLLM's ORCA load report (vllm/entrypoints/openai/orca_metrics.py): the
+        `endpoint-load-metrics` response header in the format asked for by the request's
+        `endpoint-load-metrics-format` (TEXT or JSON, any case); other formats get none."""
+        named = (
+            ("kv_cache_usage_perc", float(self.kv_usage())),
+            ("num_requests_waiting", float(self.waiting())),
+        )
+        kind = metrics_format.lower()
+        if kind == "text":
+            text = ", ".join(f"named_metrics.{name}={value}" for name, value in named)
+            return {LOAD_HEADER: f"TEXT {text}"}
+        if kind == "json":
+            return {LOAD_HEADER: "JSON " + json.dumps({"named_metrics": dict(named)})}
+        return {}

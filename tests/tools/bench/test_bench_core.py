@@ -24,6 +24,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+SCALE = "10,100,400"  # the scaling part, kept small here: the default goes to 5,000 pods
+
+
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
@@ -38,7 +41,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
-    result = _bench("--json")
+    result = _bench("--json", "--scale-pods", SCALE)
     assert result.returncode == 0, result.stderr
     data: dict[str, Any] = json.loads(result.stdout)  # stdout holds only the JSON
     return data
@@ -50,7 +53,7 @@ def _positive(value: Any) -> bool:
 
 def test_report_has_every_section(report: dict[str, Any]) -> None:
     assert {"machine", "params", "definitions", "latency_ns", "rings", "ratios"} <= set(report)
-    assert {"targets", "throughput_mb_s"} <= set(report)
+    assert {"targets", "throughput_mb_s", "scaling", "churn"} <= set(report)
     assert report["params"]["quick"] is True
     assert report["params"]["pods"] == [8, 100]
     assert report["machine"]["python"] == sys.version.split()[0]
@@ -71,9 +74,15 @@ def test_latencies_and_ratios(report: dict[str, Any]) -> None:
 
 def test_targets_are_evaluated_at_100_pods(report: dict[str, Any]) -> None:
     names = [target["name"] for target in report["targets"]]
-    assert len(names) == 4 and all("100 pods" in name for name in names)
-    for target in report["targets"]:
+    assert len(names) == 6 and all("100 pods" in name for name in names[:4])
+    assert names[4:] == [
+        f"pick() at 400 pods <= 1.5x its cost at 10 ({kind}, total given)"
+        for kind in ("ring", "maglev")
+    ]
+    for target in report["targets"][:4]:  # speed-ups: at least the target
         assert target["met"] == (target["ratio"] >= target["target"])
+    for target in report["targets"][4:]:  # growth with the fleet: at most the target
+        assert target["met"] == (target["ratio"] <= target["target"])
 
 
 def test_ring_quality(report: dict[str, Any]) -> None:
@@ -91,6 +100,29 @@ def test_ring_quality(report: dict[str, Any]) -> None:
     assert report["rings"]["100"]["cython"]["busiest_over_mean"] <= 1.10
 
 
+def test_scaling_and_churn(report: dict[str, Any]) -> None:
+    scaling = report["scaling"]
+    assert scaling["pods"] == [10, 100, 400] == report["params"]["scale_pods"]
+    ops = {"owner", "pick", "pick_summed", "pick_bytes"}
+    for pods in ("10", "100", "400"):
+        for kind in ("ring", "maglev"):
+            by_op = scaling["latency_ns"][pods][kind]
+            assert set(by_op) == ops and all(_positive(ns) for ns in by_op.values())
+    for kind in ("ring", "maglev"):
+        ratios = scaling["ratio_most_over_fewest"][kind]
+        latency = scaling["latency_ns"]
+        assert math.isclose(
+            ratios["pick"], latency["400"][kind]["pick"] / latency["10"][kind]["pick"]
+        )
+    assert set(report["router_ns"]) == {"one_call", "three_calls"}
+    assert all(_positive(ns) for ns in report["router_ns"].values())
+    churn = report["churn"]
+    assert churn["ring"]["stray_pct"] == 0  # the ring moves only the leaving pod's keys
+    assert churn["maglev"]["busiest_over_mean"] <= 1.02
+    for moved in churn.values():
+        assert 0 < moved["leaving_share_pct"] < 2 and 0 < moved["moved_pct"] < 5
+
+
 def test_throughput(report: dict[str, Any]) -> None:
     names = set(report["throughput_mb_s"])
     assert {"route_key cython", "route_key python", "prefix_id cython", "prefix_id python"} <= names
@@ -99,12 +131,13 @@ def test_throughput(report: dict[str, Any]) -> None:
 
 def test_table_and_json_file(tmp_path: Path) -> None:
     out = tmp_path / "core.json"
-    result = _bench("--pods", "8", "--json", str(out))
+    result = _bench("--pods", "8", "--scale-pods", "10,20", "--json", str(out))
     assert result.returncode == 0, result.stderr
     assert "decision latency" in result.stdout and "busiest/mean" in result.stdout
     assert "not evaluated" in result.stdout  # 100 pods were not measured
     data = json.loads(out.read_text())
-    assert data["params"]["pods"] == [8] and data["targets"] == []
+    assert "decision cost as the fleet grows" in result.stdout and "churn" in result.stdout
+    assert data["params"]["pods"] == [8] and len(data["targets"]) == 2
 
 
 def test_bad_pods_argument_is_refused() -> None:

@@ -6,6 +6,7 @@ written), not that the targets are met: a seconds-long run on a shared box canno
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -14,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.tools.bench.fleet import BASELINES, SIDECAR, evaluate_targets, multi_name
+from sidecar.tools.bench.fleet import (
+    BASELINES,
+    SIDECAR,
+    evaluate_targets,
+    multi_name,
+    policy_names,
+    split_name,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -52,13 +60,19 @@ def test_quick_fleet_report_is_well_formed(tmp_path: Path) -> None:
     assert {p["name"] for p in report["prefixes"]} >= {"compliance-rules", "live-stream-script"}
     assert report["prefixes"][0]["tokens"] == 60_000
     assert all(1 <= p["replicas"] <= pods for p in report["prefixes"])
-    assert len(report["targets"]) == 3 and all(
+    assert len(report["targets"]) == 4 and all(
         isinstance(t["met"], bool) for t in report["targets"]
     )
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in expected:
         assert name in done.stdout
     assert "targets (as measured in this run)" in done.stdout
+    for name, result in report["results"].items():  # the pods' own gauges, sampled
+        own = result["pods_own"]
+        assert own["samples"] > 0, name
+        assert own["peak_in_flight"] >= own["mean_in_flight"] > 0, name
+        assert own["peak_waiting"] >= own["mean_waiting"] >= 0, name
+        assert result["load_signals"] is True, name
 
 
 def test_targets_follow_the_numbers() -> None:
@@ -74,13 +88,36 @@ def test_targets_follow_the_numbers() -> None:
         SIDECAR: result(0.99, 1.1, 200),
         multi_name(4): result(0.99, 1.2, 250),
     }
-    assert [t["met"] for t in evaluate_targets(good, 4)] == [True, True, True]
+    assert [t["met"] for t in evaluate_targets(good, 4)] == [True, True, True, True]
     bad = {
         "round_robin": result(0.9, 1.0, 2_000),
         SIDECAR: result(0.99, 1.4, 200),
         multi_name(4): result(0.95, 1.2, 250),
     }
-    assert [t["met"] for t in evaluate_targets(bad, 4)] == [False, False, False]
+    assert [t["met"] for t in evaluate_targets(bad, 4)] == [False, False, False, False]
+    # K sidecars: p99 within 1.5x of one sidecar's (and the hit rate kept)
+    many = {SIDECAR: result(0.99, 1.1, 200), multi_name(8): result(0.99, 1.1, 301)}
+    assert [t["met"] for t in evaluate_targets(many, 4, (8,))] == [True, False]
+    many[multi_name(8)] = result(0.99, 1.1, 300)
+    assert [t["met"] for t in evaluate_targets(many, 4, (8,))] == [True, True]
+    many[multi_name(8)] = result(0.98, 1.1, 300)  # p99 fine, hit rate lost
+    assert [t["met"] for t in evaluate_targets(many, 4, (8,))] == [True, False]
+
+
+def test_runs_with_more_sidecars_and_without_signals_are_named_apart() -> None:
+    args = argparse.Namespace(sidecars=4, also_sidecars=(8, 4), compare_signals=True, policies=None)
+    names = policy_names(args)
+    assert names[len(BASELINES) :] == [
+        SIDECAR,
+        SIDECAR + "_nosig",
+        multi_name(4),
+        multi_name(4) + "_nosig",
+        multi_name(8),
+        multi_name(8) + "_nosig",
+    ]
+    assert split_name(multi_name(8) + "_nosig") == (SIDECAR, 8, False)
+    assert split_name(SIDECAR) == (SIDECAR, 1, True)
+    assert split_name("round_robin") == ("round_robin", 1, True)
 
 
 @pytest.mark.parametrize(

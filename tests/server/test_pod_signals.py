@@ -1,0 +1,108 @@
+"""The pod signals wired into a running Sidecar against emulated pods on 127.0.0.1: loads
+reach the pool from the pods' own gauges, the KV budget follows the pods' cache config,
+prefixes are counted by the pod's tokenizer, and `load_signals: false` turns it all off."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from pathlib import Path
+
+import aiohttp
+
+from sidecar.server.app import Sidecar
+from sidecar.tools.emulator import EmulatorConfig, run_emulator
+from sidecar.tools.emulator.tokenizer import count_tokens
+
+from .conftest import sidecar_config, wait_for
+
+FAST = EmulatorConfig(time_scale=1000.0)
+
+
+async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Path) -> None:
+    big = dataclasses.replace(FAST, kv_tokens=320_000)
+    small = dataclasses.replace(FAST, kv_tokens=160_000, max_running=1, decode_tps=20.0)
+    small = dataclasses.replace(small, time_scale=10.0)
+    text = "compliance rules. " * 500
+    async with run_emulator(big) as a, run_emulator(small) as b:
+        config = sidecar_config(
+            tmp_path,
+            [a, b],
+            load_poll_interval_s=0.05,
+            load_poll_sample=2,
+            home_kv_fraction=0.5,
+            load_signal_max_age_s=0.5,
+            load_report_saturation=True,
+        )
+        async with Sidecar(config) as sidecar:
+            sidecar.store.register("rules", text)
+            entry = sidecar.store.by_name("rules")
+            await wait_for(lambda: entry.tokens > 0, what="the prefix's token count")
+            assert entry.tokens == count_tokens(text.encode())
+            # The smallest pod's KV x 0.5 is the budget: the router places with it.
+            await wait_for(
+                lambda: sidecar.router.placer.budget_tokens == 80_000, what="the KV budget"
+            )
+            assert sidecar.signals is not None and sidecar.signals.kv_tokens == 160_000
+            # Load the small pod behind the sidecar's back: its own gauges reach the pool.
+            async with aiohttp.ClientSession() as session:
+                body = {"prompt": "x", "max_tokens": 100}  # 0.5 s real each, one at a time
+                held = [
+                    asyncio.create_task(session.post(b + "/v1/completions", json=body))
+                    for _ in range(3)
+                ]
+                # 1 running, 2 waiting: saturated, reported at own (0) + its cap (the floor
+                # 8: nothing else is in flight), so the next pick spills past it.
+                await wait_for(
+                    lambda: sidecar.pool.backends[b].reported_load == 8,
+                    what="b reported over its cap",
+                )
+                table = sidecar.pool.table
+                assert table.loads[table.index[b]] == 8
+                for response in await asyncio.gather(*held):
+                    response.release()
+            await wait_for(
+                lambda: sidecar.pool.backends[b].reported_load is None, what="b idle again"
+            )
+
+
+async def test_signals_off_asks_nothing(tmp_path: Path) -> None:
+    async with run_emulator(FAST) as a:
+        config = sidecar_config(tmp_path, [a], load_signals=False, tokenize_path="")
+        async with Sidecar(config) as sidecar:
+            sidecar.store.register("rules", "some rules " * 100)
+            await asyncio.sleep(0.3)
+            assert sidecar.signals is None and sidecar.poller is None and sidecar.sizer is None
+            assert sidecar.pool.backends[a].reported_load is None
+            assert sidecar.store.by_name("rules").tokens == 0
+
+
+def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -> None:
+    """Whatever the loads, the report v puts the pod over its cap once it joins the total,
+    and v - 1 would not (unless the floor decides): the others' caps grow least."""
+    import random
+
+    from sidecar.membership.sources import Member
+
+    pods = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]
+    sidecar = Sidecar(sidecar_config(tmp_path, pods, load_cap_floor=8))
+    pool = sidecar.pool
+    pool.set_members([Member(url) for url in pods])
+    for url in pods:
+        pool.set_health(url, True)
+    rng = random.Random(7)
+    for _ in range(200):
+        url = rng.choice(pods)
+        for _ in range(rng.randrange(0, 40)):
+            pool.acquire(rng.choice(pods))
+        v = sidecar._over_cap_load(url)
+        assert v is not None
+        table = pool.table
+        rest = table.total - table.loads[table.index[url]]
+
+        def cap(load: int, rest: int = rest) -> float:
+            return max(8, math.ceil(1.25 * (rest + load + 1) / 5))
+
+        assert v + 1 > cap(v), (v, rest)
+        assert v == 8 or v <= cap(v - 1), (v, rest)  # one less would still fit
