@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from sidecar.membership.load_signals import MetricsError, fetch_metrics
+from sidecar.tools.bench.argtypes import positive
 from sidecar.tools.emulator import EmulatorFleet
 from sidecar.tools.report import add_json_option, progress_printer, run_and_report, target_lines
 from sidecar.tools.workload.driver import TIMEOUT
@@ -404,21 +405,8 @@ def plot(report: dict[str, Any], path: str) -> None:
     plt.close(figure)
 
 
-def _positive(kind: type, name: str) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} wants a number, got {text!r}") from None
-        if value <= 0 or (isinstance(value, float) and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
-        return value
-
-    return parse
-
-
 def _counts(text: str) -> tuple[int, ...]:
-    parse = _positive(int, "--also-sidecars")
+    parse = positive(int, "--also-sidecars")
     return tuple(parse(part) for part in text.split(",") if part.strip())
 
 
@@ -430,24 +418,24 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--pods", type=_positive(int, "--pods"), default=4, help="emulated pods (4)")
-    add("--prefixes", type=_positive(int, "--prefixes"), default=10, help="prefixes (10)")
+    add("--pods", type=positive(int, "--pods"), default=4, help="emulated pods (4)")
+    add("--prefixes", type=positive(int, "--prefixes"), default=10, help="prefixes (10)")
     add("--zipf", type=float, default=1.2, help="Zipf exponent of prefix popularity (1.2)")
-    add("--hot-tokens", type=_positive(int, "--hot-tokens"), default=60_000)
-    add("--tail-tokens", type=_positive(int, "--tail-tokens"), default=12_000)
-    add("--kv-tokens", type=_positive(int, "--kv-tokens"), default=150_000, help="per pod")
-    add("--rate", type=_positive(float, "--rate"), default=40.0, help="req/s, modelled (40)")
-    add("--duration", type=_positive(float, "--duration"), default=60.0, help="modelled s (60)")
+    add("--hot-tokens", type=positive(int, "--hot-tokens"), default=60_000)
+    add("--tail-tokens", type=positive(int, "--tail-tokens"), default=12_000)
+    add("--kv-tokens", type=positive(int, "--kv-tokens"), default=150_000, help="per pod")
+    add("--rate", type=positive(float, "--rate"), default=40.0, help="req/s, modelled (40)")
+    add("--duration", type=positive(float, "--duration"), default=60.0, help="modelled s (60)")
     add("--warmup", type=float, default=15.0, help="modelled s replayed but not measured (15)")
-    add("--time-scale", type=_positive(float, "--time-scale"), default=2.0, help="(2)")
-    add("--max-tokens", type=_positive(int, "--max-tokens"), default=16)
+    add("--time-scale", type=positive(float, "--time-scale"), default=2.0, help="(2)")
+    add("--max-tokens", type=positive(int, "--max-tokens"), default=16)
     add(
         "--prefill-tps",
-        type=_positive(float, "--prefill-tps"),
+        type=positive(float, "--prefill-tps"),
         default=None,
         help="the pods' prefill tokens/s (default: the emulator's 16,000)",
     )
-    add("--sidecars", type=_positive(int, "--sidecars"), default=4, help="K processes (4)")
+    add("--sidecars", type=positive(int, "--sidecars"), default=4, help="K processes (4)")
     add(
         "--also-sidecars",
         type=_counts,
@@ -474,7 +462,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     add(
         "--first-token-timeout",
-        type=_positive(float, "--first-token-timeout"),
+        type=positive(float, "--first-token-timeout"),
         default=30.0,
         help="callers give up after this many modelled s without a token (30)",
     )
