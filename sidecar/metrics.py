@@ -255,9 +255,12 @@ class Metrics:
                 with contextlib.suppress(KeyError):
                     metric.remove(*labels)
 
-    def watch_home_tokens(self, homed: Callable[[], dict[str, int]], budget: int) -> None:
-        """Export, at scrape time, the prefix tokens each pod is home to and the budget
-        (routing contract section 6): a pod near its budget is where KV will run short."""
+    def watch_home_tokens(
+        self, homed: Callable[[], dict[str, int]], budget: Callable[[], int]
+    ) -> None:
+        """Export, at scrape time, the prefix tokens each pod is home to and the budget in
+        use (routing contract section 6; configured, or from the pods' KV): a pod near its
+        budget is where KV will run short."""
         self._home_tokens = _HomeTokens(homed, budget)
         self.registry.register(self._home_tokens)
 
@@ -292,13 +295,13 @@ class _HomeTokens:
     """A scrape-time collector: the placement is computed lazily, so it is read, not pushed.
     `snapshot` reads it on the event loop; `collect` (possibly in a thread) renders that."""
 
-    def __init__(self, homed: Callable[[], dict[str, int]], budget: int) -> None:
+    def __init__(self, homed: Callable[[], dict[str, int]], budget: Callable[[], int]) -> None:
         self._homed = homed
         self._budget = budget
-        self._snapshot: dict[str, int] | None = None
+        self._snapshot: tuple[dict[str, int], int] | None = None
 
     def snapshot(self) -> None:
-        self._snapshot = self._homed()
+        self._snapshot = self._homed(), self._budget()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         tokens = GaugeMetricFamily(
@@ -306,14 +309,16 @@ class _HomeTokens:
             "Estimated prefix KV tokens each pod is home to (registered prefixes x replicas)",
             labels=["backend"],
         )
-        homed, self._snapshot = self._snapshot, None
-        for url, count in (homed if homed is not None else self._homed()).items():
+        snapshot, self._snapshot = self._snapshot, None
+        homed, budget = snapshot if snapshot is not None else (self._homed(), self._budget())
+        for url, count in homed.items():
             tokens.add_metric([url], count)
         yield tokens
         yield GaugeMetricFamily(
             "prefix_sidecar_home_kv_budget_tokens",
-            "Configured home_kv_budget_tokens per unit of pod weight (0: plain ring placement)",
-            value=self._budget,
+            "Home KV budget per unit of pod weight in use: home_kv_budget_tokens, else the "
+            "pods' reported KV x home_kv_fraction (0: plain ring placement)",
+            value=budget,
         )
 
 

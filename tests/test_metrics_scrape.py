@@ -34,7 +34,7 @@ def _big_metrics() -> Metrics:
         for status in ("OK", "CANCELLED", "UNAVAILABLE"):
             metrics.child(metrics.requests, "grpc", "Complete", url, "ring_hit", status).inc()
         metrics.child(metrics.ttft, "grpc", url).observe(0.05)
-        metrics.child(metrics.failovers, url, "http_503").inc()
+        metrics.child(metrics.failovers, "grpc", url, "http_503").inc()
     for index in range(NAMES):
         metrics.record_usage(f"prefix-{index}", 100, 90, 10)
     return metrics

@@ -104,7 +104,9 @@ class Sidecar(AsyncService):
             on_change=self._table_changed,
         )
         self.router = Router.from_config(self.pool, self.store, config, policy)
-        self.metrics.watch_home_tokens(self.router.homed_tokens, config.home_kv_budget_tokens)
+        self.metrics.watch_home_tokens(
+            self.router.homed_tokens, lambda: self.router.placer.budget_tokens
+        )
         self.metrics.track(lambda url: url in self.pool.backends, self.store.has_name)
         self.prewarmer = Prewarmer(
             self.client,

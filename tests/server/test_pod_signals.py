@@ -45,6 +45,9 @@ async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Pa
                 lambda: sidecar.router.placer.budget_tokens == 80_000, what="the KV budget"
             )
             assert sidecar.signals is not None and sidecar.signals.kv_tokens == 160_000
+            # The metric shows the budget in use, not the (unset) configured one.
+            scraped = sidecar.metrics.render().decode()
+            assert "\nprefix_sidecar_home_kv_budget_tokens 80000.0\n" in scraped
             # Load the small pod behind the sidecar's back: its own gauges reach the pool.
             async with aiohttp.ClientSession() as session:
                 body = {"prompt": "x", "max_tokens": 100}  # 0.5 s real each, one at a time
