@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from sidecar.upstream.capped import read_capped
+
 logger = logging.getLogger(__name__)
 
 FORMAT_HEADER = "endpoint-load-metrics-format"  # the request asks ...
@@ -370,11 +372,9 @@ async def fetch_metrics(
         ) as response:
             if response.status != 200:
                 raise MetricsError(f"{url}{path}: HTTP {response.status}")
-            body = bytearray()
-            while chunk := await response.content.read(64 * 1024):
-                body += chunk
-                if len(body) > max_bytes:
-                    raise MetricsError(f"{url}{path}: more than {max_bytes} bytes")
+            body = await read_capped(response, max_bytes)
+            if body is None:
+                raise MetricsError(f"{url}{path}: more than {max_bytes} bytes")
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise MetricsError(f"{url}{path}: {exc.__class__.__name__}") from None
     text = body.decode("utf-8", "replace")

@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from sidecar.prefixes import PrefixStore
+from sidecar.upstream.capped import read_capped
 
 logger = logging.getLogger(__name__)
 
@@ -68,17 +69,15 @@ async def _post(
         ) as response:
             if response.status != 200:
                 raise TokenizeError(f"HTTP {response.status}")
-            raw = bytearray()
-            while chunk := await response.content.read(64 * 1024):
-                raw += chunk
-                if len(raw) > limit:
-                    raise TokenizeError(f"the answer is over {limit} bytes")
+            raw = await read_capped(response, limit)
+            if raw is None:
+                raise TokenizeError(f"the answer is over {limit} bytes")
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise TokenizeError(exc.__class__.__name__) from None
     try:
         if len(raw) <= PARSE_INLINE_BYTES:
             return json.loads(raw)
-        return await asyncio.to_thread(json.loads, bytes(raw))
+        return await asyncio.to_thread(json.loads, raw)
     except (ValueError, RecursionError):
         raise TokenizeError("the answer is not JSON") from None
 
