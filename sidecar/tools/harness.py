@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,13 @@ ORPHAN_GUARD = (
 )
 STDERR = "-"  # a log_path that means: the child writes to our stderr
 SERVE = ("-m", "sidecar.cli")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the kernel's pick; a later bind may still race)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def guarded(argv: Sequence[str]) -> list[str]:

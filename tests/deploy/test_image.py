@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ import pytest
 import yaml
 
 from sidecar import inject
+from sidecar.tools.harness import free_port
 
 from .conftest import K8S_DIR, ROOT, load_all
 from .test_dockerfile import env_of, instructions, only, stages
@@ -216,12 +216,6 @@ class Running:
             return exc.code, exc.read().decode()
         except OSError as exc:  # nothing listens (any more)
             return 0, str(exc)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

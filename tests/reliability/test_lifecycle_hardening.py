@@ -32,7 +32,13 @@ import pytest
 from aiohttp import web
 
 from sidecar.tools.emulator import EmulatorFleet
-from sidecar.tools.harness import SidecarProcess, child_env, python_command, spawn_blocking
+from sidecar.tools.harness import (
+    SidecarProcess,
+    child_env,
+    free_port,
+    python_command,
+    spawn_blocking,
+)
 from sidecar.v1 import router_pb2_grpc
 from tests.reliability.helpers_b import (
     FAULT_PODS,
@@ -232,12 +238,6 @@ class FakePod:
     async def __aexit__(self, *exc: object) -> None:
         assert self.runner is not None
         await self.runner.cleanup()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def request_statuses(log: str) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -11,14 +10,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from sidecar.tools.harness import free_port
+
 StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_a_non_loopback_openai_front_serves_tls_and_refuses_plaintext(

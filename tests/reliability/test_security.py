@@ -11,7 +11,6 @@ import grp
 import logging
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -25,17 +24,12 @@ import pytest
 from aiohttp import web
 
 from sidecar.config import ConfigError, build_config
+from sidecar.tools.harness import free_port
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- the unix socket -------------------------------------------------------------------------

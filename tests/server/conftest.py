@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from sidecar import _core
 from sidecar.config import Config, build_config
 from sidecar.server.app import Sidecar
 from sidecar.tools.emulator import EmulatorConfig, get_stats, run_emulator
-from sidecar.tools.harness import SidecarProcess, child_env
+from sidecar.tools.harness import SidecarProcess, child_env, free_port
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 # Functional tests: 1000x faster than real time, every stage still modelled.
@@ -130,12 +129,6 @@ async def requests_per_pod(urls: list[str]) -> dict[str, int]:
     """Inference requests each pod has received (from the emulator's own counters)."""
     stats = await asyncio.gather(*(get_stats(url) for url in urls))
     return {url: int(s["requests"]) for url, s in zip(urls, stats, strict=True)}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -46,7 +45,7 @@ import grpc
 from sidecar.tools.bench.fastpod import measure_stream_load, render_stream_load
 from sidecar.tools.bench.http_proxy import http_proxy
 from sidecar.tools.emulator import EmulatorConfig, EmulatorFleet
-from sidecar.tools.harness import SidecarProcesses, python_command, spawn, terminate
+from sidecar.tools.harness import SidecarProcesses, free_port, python_command, spawn, terminate
 from sidecar.tools.percentile import percentile
 from sidecar.tools.report import add_json_option, progress_printer, run_and_report, target_lines
 from sidecar.tools.workload.driver import CHANNEL_OPTIONS
@@ -249,12 +248,6 @@ def _direct_body(prompt: str, model: str) -> bytes:
     ).encode()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def _wait_http_ready(session: aiohttp.ClientSession, url: str, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while True:
@@ -325,7 +318,7 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
     inputs = [merchant_query(rng) for _ in range(args.warmup + args.iterations)]
     config = EmulatorConfig(time_scale=1000.0, kv_tokens=400_000)
     samples: dict[str, list[float]] = {mode: [] for mode in MODES}
-    front = f"127.0.0.1:{_free_port()}"
+    front = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="prefix-sidecar-hop-") as workdir:
         echo_target = f"unix://{workdir}/echo.sock"
         async with (

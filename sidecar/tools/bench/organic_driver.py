@@ -21,7 +21,6 @@ import asyncio
 import json
 import math
 import random
-import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import grpc
 from sidecar.lifecycle import AsyncService
 from sidecar.tools.bench.organic_radix import CacheAwareRouter
 from sidecar.tools.bench.organic_trace import OrganicRequest, OrganicTrace
-from sidecar.tools.harness import STDERR, SidecarProcess
+from sidecar.tools.harness import STDERR, SidecarProcess, free_port
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 PATHS = ("grpc-complete", "grpc-chat", "http-complete", "http-chat")
@@ -62,13 +61,6 @@ class Result:
 
 
 Sender = Callable[[OrganicRequest, Result], Awaitable[None]]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 # --- the sidecars --------------------------------------------------------------------------

@@ -36,7 +36,6 @@ import contextlib
 import importlib.util
 import re
 import shutil
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from pathlib import Path
 import aiohttp
 
 from sidecar.lifecycle import AsyncService
-from sidecar.tools.harness import child_env, spawn, terminate
+from sidecar.tools.harness import child_env, free_port, spawn, terminate
 
 _PREFIX_MATCH = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt")
 _RAM_CACHE_HIT = "Llama._create_completion: cache hit"
@@ -111,12 +110,6 @@ def state_bytes(prompt_tokens: int, layers: int = 2, kv_dim: int = 64, vocab: in
     """Estimate one saved llama state: f16 K and V per token and layer, plus logits (checked
     against a measured state in docs/benchmarks.md)."""
     return prompt_tokens * layers * 2 * kv_dim * 2 + vocab * 4 + 64 * 1024
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LlamaPod:
@@ -248,7 +241,7 @@ class LlamaFleet(AsyncService):
             )
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for index in range(self.n):
-            port = _free_port()
+            port = free_port()
             pod = LlamaPod(port, self.log_dir / f"pod{index}-{port}.log")
             self.pods.append(pod)
             await pod.start(self.server_argv(port))
