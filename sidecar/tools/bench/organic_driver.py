@@ -33,10 +33,10 @@ from sidecar.lifecycle import AsyncService
 from sidecar.tools.bench.organic_radix import CacheAwareRouter
 from sidecar.tools.bench.organic_trace import OrganicRequest, OrganicTrace
 from sidecar.tools.harness import STDERR, SidecarProcess, free_port
+from sidecar.tools.workload.driver import TIMEOUT, read_stream
 from sidecar.v1 import router_pb2, router_pb2_grpc
 
 PATHS = ("grpc-complete", "grpc-chat", "http-complete", "http-chat")
-TIMEOUT = "TTFT_TIMEOUT"
 STREAM_TIMEOUT = "STREAM_TIMEOUT"  # the first token came, the end did not
 STREAM_TIMEOUT_FACTOR = 2.0  # a whole stream may take this many first-token timeouts
 BACKEND_HEADER = "x-prefix-sidecar-backend"
@@ -53,6 +53,7 @@ class Result:
     total_s: float = math.nan
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    completion_tokens: int = 0
     error: str = ""
 
     @property
@@ -155,23 +156,7 @@ def grpc_sender(
             )
             started = time.perf_counter()
             call = stub.Chat(message, timeout=whole_call_s)
-        try:
-            chunk = await asyncio.wait_for(call.read(), first_token_timeout_s)
-            while chunk is not grpc.aio.EOF:
-                if math.isnan(result.ttft_s):
-                    result.ttft_s = time.perf_counter() - started
-                if chunk.backend:
-                    result.backend = chunk.backend
-                if chunk.HasField("usage"):
-                    result.prompt_tokens = chunk.usage.prompt_tokens
-                    result.cached_tokens = chunk.usage.cached_tokens
-                chunk = await call.read()
-            result.total_s = time.perf_counter() - started
-        except TimeoutError:
-            call.cancel()
-            result.error = TIMEOUT
-        except grpc.aio.AioRpcError as exc:
-            result.error = f"{exc.code().name}: {exc.details()}"
+        await read_stream(call, result, started, first_token_timeout_s)
 
     return send
 

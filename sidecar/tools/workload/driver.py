@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 
@@ -73,27 +74,46 @@ async def _one(
     """Stream one request; a caller that waits longer than `first_token_timeout_s` for the
     first token gives up and hangs up (as a merchant's client would)."""
     call = stub.Complete(request)
+    first_s = max(0.001, first_token_timeout_s - (time.perf_counter() - scheduled))
+    await read_stream(call, outcome, scheduled, first_s)
+
+
+class StreamRecord(Protocol):
+    """What read_stream fills in (Outcome here, the organic bench's Result)."""
+
+    backend: str
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    error: str
+
+
+async def read_stream(
+    call: Any, record: StreamRecord, started: float, first_token_timeout_s: float
+) -> None:
+    """Read a Complete/Chat stream to its end into `record`, times from `started`; a caller
+    that waits longer than `first_token_timeout_s` for the first chunk hangs up."""
     try:
-        chunk = await asyncio.wait_for(
-            call.read(), max(0.001, first_token_timeout_s - (time.perf_counter() - scheduled))
-        )
+        chunk = await asyncio.wait_for(call.read(), first_token_timeout_s)
         while chunk is not grpc.aio.EOF:
             assert isinstance(chunk, router_pb2.Chunk)
-            if math.isnan(outcome.ttft_s):
-                outcome.ttft_s = time.perf_counter() - scheduled
+            if math.isnan(record.ttft_s):
+                record.ttft_s = time.perf_counter() - started
             if chunk.backend:
-                outcome.backend = chunk.backend
+                record.backend = chunk.backend
             if chunk.HasField("usage"):
-                outcome.prompt_tokens = chunk.usage.prompt_tokens
-                outcome.cached_tokens = chunk.usage.cached_tokens
-                outcome.completion_tokens = chunk.usage.completion_tokens
+                record.prompt_tokens = chunk.usage.prompt_tokens
+                record.cached_tokens = chunk.usage.cached_tokens
+                record.completion_tokens = chunk.usage.completion_tokens
             chunk = await call.read()
-        outcome.total_s = time.perf_counter() - scheduled
+        record.total_s = time.perf_counter() - started
     except TimeoutError:
         call.cancel()
-        outcome.error = TIMEOUT
+        record.error = TIMEOUT
     except grpc.aio.AioRpcError as exc:
-        outcome.error = f"{exc.code().name}: {exc.details()}"
+        record.error = f"{exc.code().name}: {exc.details()}"
 
 
 async def drive(
