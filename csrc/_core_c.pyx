@@ -283,6 +283,23 @@ cdef class _Table:
             return True
         return load < <int64_t>limit
 
+    cdef tuple _pick_from(self, object source, bint from_bytes, object loads, object replicas,
+                          object factor, object min_cap, object total, uint64_t *key_out):
+        """pick and pick_bytes: the parameters checked first (a fast path for the plain
+        types), then the key (of `source`, or hashed from its bytes), then the pick."""
+        cdef uint32_t want
+        cdef double c = 0.0
+        cdef int64_t cap_floor = 0
+        if type(replicas) is int and type(factor) is float and type(min_cap) is int:
+            c = factor
+        if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1 and min_cap >= 0):
+            replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
+            c = factor
+        cap_floor = _clamped_floor(min_cap)
+        want = self._count if replicas > self._count else <uint32_t>replicas
+        key_out[0] = _key_of(source) if from_bytes else _as_key(source)
+        return self._pick_loads(self._start(key_out[0]), loads, total, want, NULL, c, cap_floor)
+
     def pick(self, key, loads, replicas=1, factor=1.25, min_cap=0, total=None):
         """Bounded-load pick over the replica set; returns (member, branch).
 
@@ -291,33 +308,13 @@ cdef class _Table:
         given, must be sum(loads) (the caller's invariant, contract section 4): the pick then
         reads only the loads it needs instead of summing them all.
         """
-        cdef uint32_t want
-        cdef double c = 0.0
-        cdef int64_t cap_floor = 0
-        if type(replicas) is int and type(factor) is float and type(min_cap) is int:
-            c = factor
-        if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1 and min_cap >= 0):
-            replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
-            c = factor
-        cap_floor = _clamped_floor(min_cap)
-        want = self._count if replicas > self._count else <uint32_t>replicas
-        cdef uint64_t k = _as_key(key)
-        return self._pick_loads(self._start(k), loads, total, want, NULL, c, cap_floor)
+        cdef uint64_t k
+        return self._pick_from(key, False, loads, replicas, factor, min_cap, total, &k)
 
     def pick_bytes(self, data, loads, replicas=1, factor=1.25, min_cap=0, total=None):
         """pick(route_key(data), ...) in one call; returns (member, branch, key)."""
-        cdef uint32_t want
-        cdef double c = 0.0
-        cdef int64_t cap_floor = 0
-        if type(replicas) is int and type(factor) is float and type(min_cap) is int:
-            c = factor
-        if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1 and min_cap >= 0):
-            replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
-            c = factor
-        cap_floor = _clamped_floor(min_cap)
-        want = self._count if replicas > self._count else <uint32_t>replicas
-        cdef uint64_t k = _key_of(data)
-        member, branch = self._pick_loads(self._start(k), loads, total, want, NULL, c, cap_floor)
+        cdef uint64_t k
+        member, branch = self._pick_from(data, True, loads, replicas, factor, min_cap, total, &k)
         return member, branch, k
 
     def pick_among(self, key, loads, homes, factor=1.25, min_cap=0, total=None):
