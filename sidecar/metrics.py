@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import (
@@ -174,6 +175,7 @@ class Metrics:
         self._live_backend: Callable[[str], bool] = _always
         self._live_prefix: Callable[[str], bool] = _always
         self._home_tokens: _HomeTokens | None = None
+        self._pod_loads: _PodLoads | None = None
 
     def child(self, metric: M, *labels: str) -> M:
         """`metric.labels(*labels)`, memoised: labels() takes a lock and rebuilds the key on
@@ -261,8 +263,13 @@ class Metrics:
         """Export, at scrape time, the prefix tokens each pod is home to and the budget in
         use (routing contract section 6; configured, or from the pods' KV): a pod near its
         budget is where KV will run short."""
-        self._home_tokens = _HomeTokens(homed, budget)
+        self._home_tokens = _HomeTokens(lambda: (homed(), budget()))
         self.registry.register(self._home_tokens)
+
+    def watch_pod_loads(self, read: Callable[[], PodLoads]) -> None:
+        """Export, at scrape time, the loads bounded load picks on (bounded: member pods)."""
+        self._pod_loads = _PodLoads(read)
+        self.registry.register(self._pod_loads)
 
     def render(self) -> bytes:
         self._prepare_scrape()
@@ -279,8 +286,9 @@ class Metrics:
     def _prepare_scrape(self) -> None:
         self.forget_backends()
         self.forget_prefixes()
-        if self._home_tokens is not None:
-            self._home_tokens.snapshot()
+        for collector in (self._home_tokens, self._pod_loads):
+            if collector is not None:
+                collector.snapshot()
 
 
 def _label_sets(metric: MetricWrapperBase) -> list[tuple[str, ...]]:
@@ -291,26 +299,35 @@ def _label_sets(metric: MetricWrapperBase) -> list[tuple[str, ...]]:
         return [tuple(labels) for labels in metric._metrics]
 
 
-class _HomeTokens:
-    """A scrape-time collector: the placement is computed lazily, so it is read, not pushed.
-    `snapshot` reads it on the event loop; `collect` (possibly in a thread) renders that."""
+class _ScrapeTime:
+    """A scrape-time collector: routing state is read, not pushed. `snapshot` reads it on
+    the event loop; `collect` (possibly in a thread) renders that reading."""
 
-    def __init__(self, homed: Callable[[], dict[str, int]], budget: Callable[[], int]) -> None:
-        self._homed = homed
-        self._budget = budget
-        self._snapshot: tuple[dict[str, int], int] | None = None
+    def __init__(self, read: Callable[[], object]) -> None:
+        self._read = read
+        self._snapshot: object = None
 
     def snapshot(self) -> None:
-        self._snapshot = self._homed(), self._budget()
+        self._snapshot = self._read()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        snapshot, self._snapshot = self._snapshot, None
+        yield from self.families(snapshot if snapshot is not None else self._read())
+
+    def families(self, state: Any) -> Iterator[GaugeMetricFamily]:
+        raise NotImplementedError
+
+
+class _HomeTokens(_ScrapeTime):
+    """The prefix tokens each pod is home to and the budget in use (lazily computed)."""
+
+    def families(self, state: tuple[dict[str, int], int]) -> Iterator[GaugeMetricFamily]:
+        homed, budget = state
         tokens = GaugeMetricFamily(
             "prefix_sidecar_home_prefix_tokens",
             "Estimated prefix KV tokens each pod is home to (registered prefixes x replicas)",
             labels=["backend"],
         )
-        snapshot, self._snapshot = self._snapshot, None
-        homed, budget = snapshot if snapshot is not None else (self._homed(), self._budget())
         for url, count in homed.items():
             tokens.add_metric([url], count)
         yield tokens
@@ -320,6 +337,43 @@ class _HomeTokens:
             "pods' reported KV x home_kv_fraction (0: plain ring placement)",
             value=budget,
         )
+
+
+class _PodLoads(_ScrapeTime):
+    """What bounded load picks on, per member pod: the effective load, the pod's own fresh
+    report, and the fleet view's K-estimate (docs/load-signals.md)."""
+
+    def families(self, state: PodLoads) -> Iterator[GaugeMetricFamily]:
+        effective = GaugeMetricFamily(
+            "prefix_sidecar_backend_load",
+            "The load bounded-load picks see per pod: own in-flight, or the pod's report "
+            "when a load rule uses it (docs/load-signals.md)",
+            labels=["backend"],
+        )
+        reported = GaugeMetricFamily(
+            "prefix_sidecar_backend_reported_load",
+            "The pod's own fresh report in use (running + waiting, or the saturation "
+            "report); absent while none is fresh",
+            labels=["backend"],
+        )
+        for url, (load, report) in state.loads.items():
+            effective.add_metric([url], load)
+            if report is not None:
+                reported.add_metric([url], report)
+        yield effective
+        yield reported
+        yield GaugeMetricFamily(
+            "prefix_sidecar_fleet_scale",
+            "The fleet view's estimate of how many sidecars' requests a pod carries per one "
+            "of ours (1 without the fleet view)",
+            value=state.fleet_scale,
+        )
+
+
+@dataclass(frozen=True)
+class PodLoads:
+    loads: dict[str, tuple[int, int | None]]  # url -> (effective load, report or None)
+    fleet_scale: float
 
 
 async def start_metrics_server(

@@ -215,6 +215,7 @@ class PodState:
     asked_at: float = -math.inf  # the last /metrics poll sent, answered or not
     sent_at: float = -math.inf  # the last request this sidecar sent it
     pushed: int | None = None  # the last load given to the pool
+    read: bool = False  # the fleet view: a reading of the pod's load is in the pool
 
     def take(self, report: PodReport, now: float) -> None:
         if report.running is not None:
@@ -244,12 +245,16 @@ class LoadSignals:
         rule: LoadRule | None = None,
         *,
         over_cap: Callable[[str], int | None] | None = None,
+        on_reading: Callable[[str, int | None], None] | None = None,
         on_kv: Callable[[int | None], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`on_reading` is the fleet view (rule 3): each fresh reading of a pod's running +
+        waiting, as it arrives, and None once it is stale."""
         self.rule = rule or LoadRule()
         self._on_load = on_load
         self._over_cap = over_cap
+        self._on_reading = on_reading
         self._on_kv = on_kv
         self._clock = clock
         self.pods: dict[str, PodState] = {}
@@ -291,6 +296,11 @@ class LoadSignals:
         kv_before = pod.kv_tokens
         now = self._clock()
         pod.take(report, now)
+        if self._on_reading is not None and report.running is not None:
+            # Only a reading that counts the running requests is a load; a header (waiting
+            # and KV only) adds to the last one while it is fresh.
+            pod.read = True
+            self._on_reading(url, _fleet_load(pod, now - self.rule.max_age_s))
         if self._check_all_saturated(now):
             self._push_all(now)
         else:
@@ -303,6 +313,12 @@ class LoadSignals:
         now = self._clock()
         self._check_all_saturated(now)
         self._push_all(now)
+        if self._on_reading is not None:
+            fresh = now - self.rule.max_age_s
+            for url, pod in self.pods.items():
+                if pod.read and pod.running_at < fresh:
+                    pod.read = False
+                    self._on_reading(url, None)
 
     def saturated(self, url: str) -> bool | None:
         pod = self.pods.get(url)
@@ -312,9 +328,15 @@ class LoadSignals:
         return self._clock()
 
     def stale(self, refresh_after_s: float) -> list[str]:
-        """Pods not heard from for refresh_after_s: what the poller may ask."""
+        """Pods not heard from for refresh_after_s: what the poller may ask. The fleet view
+        needs the running count, which only /metrics says."""
         limit = self._clock() - refresh_after_s
-        return [url for url, pod in self.pods.items() if max(pod.heard_at, pod.asked_at) < limit]
+        fleet = self._on_reading is not None
+        return [
+            url
+            for url, pod in self.pods.items()
+            if max(pod.running_at if fleet else pod.heard_at, pod.asked_at) < limit
+        ]
 
     def _check_all_saturated(self, now: float) -> bool:
         """Whether every member is saturated now; True when that changed. Then no pod is
@@ -348,6 +370,14 @@ class LoadSignals:
             self.kv_tokens = agreed
             if self._on_kv is not None:
                 self._on_kv(agreed)
+
+
+def _fleet_load(pod: PodState, fresh: float) -> int | None:
+    """running + waiting (waiting 0 when not read since `fresh`), rounded; None unread."""
+    if pod.running is None or pod.running_at < fresh:
+        return None
+    waiting = pod.waiting if pod.waiting is not None and pod.waiting_at >= fresh else 0.0
+    return round(pod.running + waiting)
 
 
 class MetricsError(Exception):

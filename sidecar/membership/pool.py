@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import array
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +37,11 @@ logger = logging.getLogger(__name__)
 # A pod's report is untrusted: clamp it so that no report can push the loads' total near the
 # int64 limit the core refuses (2**20 per pod x 2**24 pods at most is far below 2**63).
 MAX_REPORTED_LOAD = 1 << 20
+# The fleet view's K-estimate (how many sidecars' traffic a pod carries per request of
+# ours) is bounded, and taken only from readings that saw enough of our own requests.
+MAX_FLEET_SCALE = 4096.0
+MIN_SCALE_SAMPLE = 4  # own requests in flight on freshly read pods, summed
+SCALE_STEP = 0.1  # a new estimate within 10 % of the one in use changes nothing
 
 WARMING = "warming"
 SERVING = "serving"
@@ -50,14 +56,27 @@ class Backend:
     warm: bool = False
     in_flight: int = 0  # this sidecar's own requests on the pod
     reported_load: int | None = None  # the pod's own report (running + waiting); None: unknown
+    # The fleet view: own in-flight when the pod's reading was taken; our requests since
+    # then move the reported load by as many (None: the report is taken as it is).
+    anchor: int | None = None
+    fleet_scale: float = 1.0  # the pool's K-estimate, for a pod without a fresh reading
     warm_prefixes: set[str] = field(default_factory=set)
     last_error: str = ""
 
     @property
     def load(self) -> int:
-        """The effective load `pick` sees: max(own in-flight, reported or 0)."""
+        """The effective load `pick` sees: max(own in-flight, reported or 0); in the fleet
+        view max(own, reported + (own - anchor) x K), or own x K while unread (K: the
+        K-estimate)."""
         reported = self.reported_load
-        return self.in_flight if reported is None or reported < self.in_flight else reported
+        own = self.in_flight
+        if reported is None:
+            return own if self.fleet_scale == 1.0 else math.ceil(own * self.fleet_scale)
+        if self.anchor is not None:
+            # Our requests since the reading, and as many per sidecar from the others
+            # (the K-estimate): every sidecar sees the pods it just filled as fuller.
+            reported += round((own - self.anchor) * self.fleet_scale)
+        return own if reported < own else reported
 
     @property
     def state(self) -> str:
@@ -110,6 +129,9 @@ class BackendPool:
         self._generation = 0
         self.table = RoutingTable(None, {}, array.array("q"), 0)
         self._target_ring: _core.HashTable | None = None
+        self._fleet_scale = 1.0
+        self._read_reported = 0  # the fleet view's sums over the read pods: reported loads
+        self._read_own = 0  # ... and own in-flight when they were read
 
     def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
         """Call `watcher` with every new routing table, right after it is swapped in (and the
@@ -124,15 +146,16 @@ class BackendPool:
         for url in list(self.backends):
             if url not in wanted:
                 logger.info("backend %s left the membership", url)
-                del self.backends[url]
+                self._unread(self.backends.pop(url))
         for url, weight in wanted.items():
             backend = self.backends.get(url)
             if backend is None:
                 logger.info("backend %s joined the membership (weight %d)", url, weight)
-                self.backends[url] = Backend(url=url, weight=weight)
+                self.backends[url] = Backend(url, weight, fleet_scale=self._fleet_scale)
             else:
                 backend.weight = weight
         self._rebuild()
+        self._rescale()
 
     def set_health(self, url: str, healthy: bool, reason: str | None = None) -> None:
         """Health monitor callback: ejection, admission and re-admission."""
@@ -209,6 +232,50 @@ class BackendPool:
         if backend is not None and backend.reported_load != load:
             backend.reported_load = load
             self._publish(backend)
+
+    def report_reading(self, url: str, load: int | None) -> None:
+        """The fleet view (docs/load-signals.md, rule 3): the pod's own running + waiting,
+        read just now, counts every sidecar's requests on it; ours since the reading move
+        it by as many. None: the reading is unknown or stale, and the pod counts as own
+        in-flight x the K-estimate, the ratio of the pods' reported loads to our own
+        requests on them, over the pods read, so that every pod's load is in the same
+        (fleet-wide) units. Bounded like report_load."""
+        backend = self.backends.get(url)
+        if backend is None:
+            return
+        self._unread(backend)
+        self.report_load(url, load)
+        if backend.reported_load is not None:
+            backend.anchor = backend.in_flight
+            self._read_reported += backend.reported_load
+            self._read_own += backend.anchor
+        self._publish(backend)
+        self._rescale()
+
+    def _unread(self, backend: Backend) -> None:
+        """Take a pod's reading out of the K-estimate's sums."""
+        if backend.anchor is not None and backend.reported_load is not None:
+            self._read_reported -= backend.reported_load
+            self._read_own -= backend.anchor
+        backend.anchor = None
+
+    def _rescale(self) -> None:
+        """Re-estimate K from the read pods' sums (O(1)); the unread pods follow when it
+        moved by more than SCALE_STEP (O(pods) then, not on a request's path)."""
+        scale = 1.0
+        if self._read_own >= MIN_SCALE_SAMPLE:
+            scale = min(max(self._read_reported / self._read_own, 1.0), MAX_FLEET_SCALE)
+        if abs(scale - self._fleet_scale) <= SCALE_STEP * self._fleet_scale:
+            return
+        self._fleet_scale = scale
+        for backend in self.backends.values():
+            backend.fleet_scale = scale
+            self._publish(backend)
+
+    @property
+    def fleet_scale(self) -> float:
+        """The fleet view's K-estimate in use (1.0 without the fleet view)."""
+        return self._fleet_scale
 
     def _publish(self, backend: Backend) -> None:
         """Mirror the pod's effective load into the table, moving the total by the same

@@ -41,7 +41,7 @@ from sidecar.membership.sources import (
     StaticSource,
     parse_dns_target,
 )
-from sidecar.metrics import Metrics, start_metrics_server
+from sidecar.metrics import Metrics, PodLoads, start_metrics_server
 from sidecar.prefixes import PrefixError, PrefixStore
 from sidecar.prewarm import WARMED, Prewarmer
 from sidecar.routing.router import Router
@@ -82,6 +82,11 @@ class Sidecar(AsyncService):
                     kv_threshold=config.load_kv_threshold,
                 ),
                 over_cap=self._over_cap_load if config.load_report_saturation else None,
+                on_reading=(
+                    (lambda url, load: self.pool.report_reading(url, load))
+                    if config.load_fleet_view
+                    else None
+                ),
                 on_kv=self._pods_kv_changed,
             )
             if config.load_signals
@@ -107,6 +112,7 @@ class Sidecar(AsyncService):
         self.metrics.watch_home_tokens(
             self.router.homed_tokens, lambda: self.router.placer.budget_tokens
         )
+        self.metrics.watch_pod_loads(self._pod_loads)
         self.metrics.track(lambda url: url in self.pool.backends, self.store.has_name)
         self.prewarmer = Prewarmer(
             self.client,
@@ -415,6 +421,11 @@ class Sidecar(AsyncService):
         self.metrics.forget_backends()
         if self.health is not None:
             self.health.set_members([m.url for m in members])
+
+    def _pod_loads(self) -> PodLoads:
+        backends = self.pool.backends.values()
+        loads = {b.url: (b.load, b.reported_load) for b in backends}
+        return PodLoads(loads, self.pool.fleet_scale)
 
     def _over_cap_load(self, url: str) -> int | None:
         """The smallest load that puts `url` over its bounded-load cap (routing contract

@@ -389,3 +389,52 @@ async def test_pod_reports_reach_the_pick_through_the_emulator() -> None:
         for response in await asyncio.gather(*tasks):
             response.release()
     assert pool.table.loads[0] == 77  # 1 running, 2 waiting: saturated, over its cap
+
+
+# --- the fleet view (rule 3) ------------------------------------------------------------------
+
+
+def test_the_fleet_view_takes_running_plus_waiting_until_stale() -> None:
+    clock = Clock()
+    readings: list[tuple[str, int | None]] = []
+    rule = LoadRule(max_age_s=2.0)
+    signals = LoadSignals(
+        lambda url, load: None, rule, on_reading=lambda u, n: readings.append((u, n)), clock=clock
+    )
+    signals.set_members(["http://a:1", "http://b:1"])
+    signals.observe("http://a:1", PodReport(running=6.0, waiting=2.0, kv_usage=0.3))
+    signals.observe_header("http://a:1", VLLM_TEXT)  # no running count: not a load
+    assert readings == [("http://a:1", 8)]
+    # A header keeps a pod "heard" but not read: the poller still asks it for /metrics.
+    clock.now += 1.5
+    assert signals.stale(1.0) == ["http://a:1", "http://b:1"]
+    signals.observe("http://a:1", PodReport(running=4.4))  # the header's 3 waiting is fresh
+    assert readings[-1] == ("http://a:1", 7)
+    clock.now += 2.5
+    signals.expire()
+    assert readings[-1] == ("http://a:1", None)
+    signals.expire()  # once
+    assert len(readings) == 3
+
+
+async def test_the_fleet_view_reaches_the_pool_through_the_emulator() -> None:
+    """A real emulated pod running 1 and queueing 2 of another caller's requests: a sidecar
+    with none of its own sees 3 after one poll, and its own next send as K more."""
+    config = EmulatorConfig(model="m", max_running=1, decode_tps=20.0, time_scale=10.0)
+    pool = BackendPool()
+    async with run_emulator(config) as url, ClientSession() as session:
+        pool.set_members([Member(url)])
+        pool.set_health(url, True)
+        signals = LoadSignals(lambda u, n: None, on_reading=pool.report_reading)
+        signals.set_members([url])
+        body = {"prompt": "same", "max_tokens": 11}
+        tasks = [
+            asyncio.create_task(session.post(url + "/v1/completions", json=body)) for _ in range(3)
+        ]
+        await asyncio.sleep(0.02)
+        await MetricsPoller(signals, session, sample=1, timeout_s=0.5).poll_once()
+        assert pool.table.loads[0] == 3
+        pool.acquire(url)
+        assert pool.table.loads[0] == 4  # K is 1 until enough of ours were counted
+        for response in await asyncio.gather(*tasks):
+            response.release()

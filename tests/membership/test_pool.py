@@ -3,12 +3,14 @@ they are the same pods, and the watchers that hear of every new table."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from sidecar.membership.pool import (
     EJECTED,
+    MAX_FLEET_SCALE,
     MAX_REPORTED_LOAD,
     SERVING,
     WARMING,
@@ -191,6 +193,82 @@ def test_the_total_invariant_holds_through_random_changes() -> None:
             pool.release(url)
         elif action < 0.95:
             pool.report_load(url, chance.choice([None, 0, 1, 3, 9, 40]))
+        else:
+            pool.set_health(url, not pool.backends[url].healthy)
+        table = pool.table
+        assert table.total == sum(table.loads)
+        assert list(table.loads) == [pool.backends[u].load for u in table.members]
+
+
+# --- the fleet view (docs/load-signals.md, rule 3) ---------------------------------------------
+
+
+def test_the_fleet_view_moves_a_reading_by_our_sends_times_the_k_estimate() -> None:
+    """Each pod read at 4 of ours and 16 in all: K = 4. A send of ours since counts as K;
+    an unread pod counts own x K; a stale reading takes its pod back to own x K."""
+    pool = serving_pool(URLS[:3])
+    for url in URLS[:2]:
+        for _ in range(4):
+            pool.acquire(url)
+        pool.report_reading(url, 16)
+    assert pool.fleet_scale == 4.0
+    pool.acquire(URLS[2])
+    assert list(pool.table.loads) == [16, 16, 4]
+    pool.acquire(URLS[0])  # one more of ours: about K more of everyone's
+    pool.release(URLS[1])  # one of ours ended: about K fewer
+    assert list(pool.table.loads) == [20, 12, 4]
+    pool.report_reading(URLS[0], 30)  # a new reading re-anchors at our 5
+    assert pool.table.loads[0] == 30
+    pool.report_reading(URLS[1], None)  # stale: own x K
+    assert pool.table.loads[1] == math.ceil(3 * pool.fleet_scale)
+    assert pool.table.total == sum(pool.table.loads)
+
+
+def test_the_fleet_view_never_goes_below_own_and_one_sidecar_sees_its_own() -> None:
+    pool = serving_pool(URLS[:2])
+    for _ in range(5):
+        pool.acquire(URLS[0])
+    pool.report_reading(URLS[0], 5)  # alone: the pod counts exactly our requests
+    assert pool.fleet_scale == 1.0 and pool.table.loads[0] == 5
+    pool.report_reading(URLS[0], 0)  # a reading that lags our sends: own still counts
+    assert pool.table.loads[0] == 5
+    for _ in range(5):
+        pool.release(URLS[0])
+    assert pool.table.loads[0] == 0
+
+
+def test_the_k_estimate_needs_enough_of_our_requests_and_is_bounded() -> None:
+    pool = serving_pool(URLS[:3])
+    pool.acquire(URLS[0])
+    pool.report_reading(URLS[0], 50)  # one request of ours is no sample: K stays 1
+    assert pool.fleet_scale == 1.0
+    for _ in range(4):
+        pool.acquire(URLS[1])
+    pool.report_reading(URLS[1], 1 << 40)  # hostile: clamped to MAX_REPORTED_LOAD
+    assert pool.fleet_scale == MAX_FLEET_SCALE
+    pool.report_reading(URLS[1], 3)  # over both read pods: (50 + 3) / (1 + 4)
+    assert pool.fleet_scale == pytest.approx(10.6)
+    pool.report_reading(URLS[0], 0)  # fewer than ours: K is never below 1
+    assert pool.fleet_scale == 1.0
+    pool.report_reading(URLS[0], 97)
+    assert pool.fleet_scale == 20.0
+    pool.set_members(members(URLS[1:]))  # a pod that leaves leaves the estimate
+    assert pool.fleet_scale == 1.0  # 3 reported / 4 of ours
+    pool.report_reading("http://10.9.9.9:8000", 3)  # not a member: ignored
+
+
+def test_the_total_invariant_holds_in_the_fleet_view() -> None:
+    chance = random.Random(3)
+    pool = serving_pool(URLS)
+    for _ in range(1500):
+        url = chance.choice(URLS)
+        action = chance.random()
+        if action < 0.4:
+            pool.acquire(url)
+        elif action < 0.7:
+            pool.release(url)
+        elif action < 0.95:
+            pool.report_reading(url, chance.choice([None, 0, 5, 30, 200]))
         else:
             pool.set_health(url, not pool.backends[url].healthy)
         table = pool.table

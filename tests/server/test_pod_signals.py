@@ -109,3 +109,39 @@ def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -
 
         assert v + 1 > cap(v), (v, rest)
         assert v == 8 or v <= cap(v - 1), (v, rest)  # one less would still fit
+
+
+async def test_the_fleet_view_sees_another_callers_load_and_exports_it(tmp_path: Path) -> None:
+    """load_fleet_view: a pod busy with someone else's requests counts at its running +
+    waiting in the pool and in the metrics, and the pick sees it."""
+    slow = dataclasses.replace(FAST, max_running=1, decode_tps=20.0, time_scale=10.0)
+    async with run_emulator(FAST) as a, run_emulator(slow) as b:
+        config = sidecar_config(
+            tmp_path,
+            [a, b],
+            load_poll_interval_s=0.05,
+            load_poll_sample=2,
+            load_signal_max_age_s=0.5,
+            load_fleet_view=True,
+        )
+        async with Sidecar(config) as sidecar, aiohttp.ClientSession() as session:
+            body = {"prompt": "x", "max_tokens": 100}  # 0.5 s real each, one at a time
+            held = [
+                asyncio.create_task(session.post(b + "/v1/completions", json=body))
+                for _ in range(3)
+            ]
+            await wait_for(
+                lambda: sidecar.pool.table.loads[sidecar.pool.table.index[b]] == 3,
+                what="b's 1 running + 2 waiting in the pool",
+            )
+            scraped = sidecar.metrics.render().decode()
+            assert f'prefix_sidecar_backend_load{{backend="{b}"}} 3.0' in scraped
+            assert f'prefix_sidecar_backend_reported_load{{backend="{b}"}} 3.0' in scraped
+            assert f'prefix_sidecar_backend_load{{backend="{a}"}} 0.0' in scraped
+            assert "\nprefix_sidecar_fleet_scale 1.0\n" in scraped
+            for response in await asyncio.gather(*held):
+                response.release()
+            await wait_for(
+                lambda: sidecar.pool.table.loads[sidecar.pool.table.index[b]] == 0,
+                what="b idle again",
+            )

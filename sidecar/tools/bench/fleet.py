@@ -54,6 +54,9 @@ TARGET_P99_RATIO = 20.0
 HIT_RATE_TOLERANCE = 0.001  # "K sidecars lose no hit rate": within 0.1 percentage point
 TARGET_MANY_P99_RATIO = 1.5  # K sidecars' TTFT p99 within 1.5x of one sidecar's
 NO_SIGNALS = "_nosig"
+FLEET_VIEW = "_fleet"  # the pod signals as rule 3, the fleet view (load_fleet_view)
+# How a run reads the pods: not at all, the saturation report (rule 2), the fleet view.
+SIGNALS_OFF, SATURATION, FLEET = "off", "saturation", "fleet"
 SAMPLE_INTERVAL_S = 0.1  # real seconds between two reads of every pod's /metrics
 
 
@@ -127,18 +130,25 @@ def policy_names(args: argparse.Namespace) -> list[str]:
     sidecar run again without the pod signals with --compare-signals)."""
     counts = [args.sidecars, *(k for k in args.also_sidecars if k != args.sidecars)]
     sidecar = [SIDECAR, *(multi_name(k) for k in counts)]
+    suffixes = [""]
     if args.compare_signals:
-        sidecar = [variant for name in sidecar for variant in (name, name + NO_SIGNALS)]
+        suffixes.append(NO_SIGNALS)
+    if args.fleet_view:
+        suffixes.append(FLEET_VIEW)
+    sidecar = [name + suffix for name in sidecar for suffix in suffixes]
     names = [*BASELINES, *sidecar]
     if args.policies:  # a subset, in the default order (validated in run())
         names = [name for name in names if name in args.policies.split(",")]
     return names
 
 
-def split_name(name: str) -> tuple[str, int, bool]:
-    """A run's name -> (policy, sidecar processes, pod signals on)."""
-    signals = not name.endswith(NO_SIGNALS)
-    base = name.removesuffix(NO_SIGNALS)
+def split_name(name: str) -> tuple[str, int, str]:
+    """A run's name -> (policy, sidecar processes, how it reads the pods)."""
+    signals = SATURATION
+    base = name
+    for suffix, mode in ((NO_SIGNALS, SIGNALS_OFF), (FLEET_VIEW, FLEET)):
+        if name.endswith(suffix):
+            signals, base = mode, name.removesuffix(suffix)
     if base.startswith(SIDECAR + "_x"):
         return SIDECAR, int(base[len(SIDECAR) + 2 :]), signals
     return base, 1, signals
@@ -229,8 +239,9 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             policy, sidecars, signals = split_name(name)
             settings: dict[str, object] = {
                 "grace_s": 1,
-                "load_signals": signals,
-                "load_report_saturation": signals,
+                "load_signals": signals != SIGNALS_OFF,
+                "load_report_saturation": signals == SATURATION,
+                "load_fleet_view": signals == FLEET,
             }
             if policy == SIDECAR:  # the baselines keep the plain ring's homes for prewarm
                 settings["home_kv_budget_tokens"] = budget
@@ -262,7 +273,8 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 loads=run.pod_requests,
             )
             results[name]["sidecars"] = sidecars
-            results[name]["load_signals"] = signals
+            results[name]["load_signals"] = signals != SIGNALS_OFF
+            results[name]["load_rule"] = signals
             results[name]["pods_own"] = sampler.summary()
             results[name]["wall_s"] = run.wall_s
             results[name]["hit_rate_by_prefix"] = {
@@ -447,6 +459,11 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "--compare-signals",
         action="store_true",
         help="run every sidecar policy again with the pod load signals off (_nosig)",
+    )
+    add(
+        "--fleet-view",
+        action="store_true",
+        help="run every sidecar policy again with the fleet view (load_fleet_view, _fleet)",
     )
     add(
         "--pod-sample-s",
