@@ -73,7 +73,7 @@ class Prepared:
     seed: int | None = None
     temperature: float = 1.0
     prompt_tokens: int = 0
-    hashes: list[bytes] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -241,7 +241,7 @@ class Engine:
         metrics.prompt_tokens.inc(request.prompt_tokens)
         stats.prefills.append(
             {
-                "fingerprint": request.hashes[0].hex()[:16] if request.hashes else "",
+                "fingerprint": f"{request.hashes[0]:016x}" if request.hashes else "",
                 "prompt_tokens": request.prompt_tokens,
                 "cached_tokens": cached_tokens,
                 "uncached_tokens": uncached,

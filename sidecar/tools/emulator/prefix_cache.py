@@ -33,8 +33,8 @@ class PrefixCache:
         if capacity_blocks < 1:
             raise ValueError("capacity_blocks must be >= 1")
         self.capacity_blocks = capacity_blocks
-        self._refs: dict[bytes, int] = {}  # pinned blocks -> number of requests using them
-        self._free: OrderedDict[bytes, None] = OrderedDict()  # cached, unpinned; LRU first
+        self._refs: dict[int, int] = {}  # pinned blocks -> number of requests using them
+        self._free: OrderedDict[int, None] = OrderedDict()  # cached, unpinned; LRU first
         self.counters = CacheCounters()
 
     @property
@@ -45,10 +45,10 @@ class PrefixCache:
     def pinned_blocks(self) -> int:
         return len(self._refs)
 
-    def contains(self, block_hash: bytes) -> bool:
+    def contains(self, block_hash: int) -> bool:
         return block_hash in self._refs or block_hash in self._free
 
-    def hit_blocks(self, hashes: Sequence[bytes], prompt_tokens: int) -> int:
+    def hit_blocks(self, hashes: Sequence[int], prompt_tokens: int) -> int:
         """Leading blocks of `hashes` that are cached (capped: the last token is recomputed)."""
         limit = min(len(hashes), max(prompt_tokens - 1, 0) // BLOCK_SIZE)
         hits = 0
@@ -56,35 +56,40 @@ class PrefixCache:
             hits += 1
         return hits
 
-    def can_allocate(self, hashes: Sequence[bytes]) -> bool:
-        """Would pinning all of `hashes` fit, evicting only unpinned blocks?"""
-        free_hit = sum(1 for h in hashes if h in self._free)
-        missing = sum(1 for h in hashes if not self.contains(h))
-        return len(self._refs) + free_hit + missing <= self.capacity_blocks
+    def can_allocate(self, hashes: Sequence[int]) -> bool:
+        """Would pinning all of `hashes` fit, evicting only unpinned blocks? (A prompt's
+        hashes are chained, so no two are equal: what it adds is what is not pinned.)"""
+        pinned = len(self._refs.keys() & hashes)  # one C-level pass
+        return len(self._refs) + len(hashes) - pinned <= self.capacity_blocks
 
-    def fits_ever(self, hashes: Sequence[bytes]) -> bool:
+    def fits_ever(self, hashes: Sequence[int]) -> bool:
         """Could this prompt fit an otherwise empty cache?"""
         return len(hashes) <= self.capacity_blocks
 
-    def allocate(self, hashes: Sequence[bytes]) -> None:
+    def allocate(self, hashes: Sequence[int]) -> None:
         """Pin every block of a prompt, inserting missing ones; call can_allocate first."""
         if not self.can_allocate(hashes):
             raise RuntimeError("prefix cache: allocation does not fit; check can_allocate")
+        refs, free = self._refs, self._free
+        missing: list[int] = []
         for h in hashes:  # pin hits first so eviction below cannot take them
-            if h in self._refs:
-                self._refs[h] += 1
-            elif h in self._free:
-                del self._free[h]
-                self._refs[h] = 1
-        for h in hashes:
-            if h not in self._refs:
-                while self.cached_blocks >= self.capacity_blocks:
-                    self._free.popitem(last=False)
-                    self.counters.evicted_blocks += 1
-                self._refs[h] = 1
-                self.counters.inserted_blocks += 1
+            count = refs.get(h)
+            if count is not None:
+                refs[h] = count + 1
+            elif h in free:
+                del free[h]
+                refs[h] = 1
+            else:
+                missing.append(h)
+        evict = len(refs) + len(free) + len(missing) - self.capacity_blocks
+        for _ in range(max(evict, 0)):
+            free.popitem(last=False)
+        self.counters.evicted_blocks += max(evict, 0)
+        for h in missing:
+            refs[h] = 1
+        self.counters.inserted_blocks += len(missing)
 
-    def release(self, hashes: Sequence[bytes]) -> None:
+    def release(self, hashes: Sequence[int]) -> None:
         """Unpin a finished request's blocks; the tail goes first in eviction order."""
         for h in reversed(hashes):
             count = self._refs.get(h)

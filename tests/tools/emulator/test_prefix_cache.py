@@ -46,7 +46,7 @@ def test_tokenizer_is_fast_for_a_240kb_prompt() -> None:
     assert per_call < 0.02, f"{per_call * 1000:.1f} ms per 60k-token prompt"
 
 
-def hashes_for(n_blocks: int, tag: bytes = b"p") -> list[bytes]:
+def hashes_for(n_blocks: int, tag: bytes = b"p") -> list[int]:
     return block_hashes(tag * (64 * n_blocks))
 
 
