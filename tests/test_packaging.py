@@ -9,7 +9,6 @@ import ast
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from sidecar.tools.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # What only the tooling extras bring. Not h2: dnspython imports httpx for DNS-over-HTTPS when
@@ -114,7 +115,7 @@ def test_the_declared_minimum_versions_are_enough(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
     socket_path = tmp_path / "s.sock"
-    front = f"127.0.0.1:{_free_port()}"
+    front = f"127.0.0.1:{free_port()}"
     with _stdlib_pod() as pod:
         serve = subprocess.Popen(
             [cli, "serve", "--listen", f"unix://{socket_path}", "--backend", pod,
@@ -168,12 +169,6 @@ def _post(base: str, body: bytes) -> bytes:
     with urllib.request.urlopen(request, timeout=10) as reply:
         assert reply.status == 200
         return bytes(reply.read())
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class _PodHandler(BaseHTTPRequestHandler):
