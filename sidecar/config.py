@@ -371,8 +371,9 @@ class Config:
     # Rule 3 (docs/load-signals.md): every pod's load in fleet-wide units - its reported
     # running + waiting plus our requests since the reading, or own in-flight x the
     # K-estimate while unread - so K sidecars' bounded-load caps are one central router's.
+    # Needs load_signals; load_report_saturation, when on, replaces it.
     load_fleet_view: bool = setting(
-        False, "pick on the pods' reported running + waiting (all sidecars' requests)"
+        True, "pick on the pods' reported running + waiting (all sidecars' requests)"
     )
     load_signal_max_age_s: float = setting(
         2.0, "seconds a pod's load reading counts; older = own in-flight only", check=POSITIVE
@@ -511,13 +512,6 @@ def _validate(config: Config) -> Config:
                 raise _fail(name, reason)
         if config.tls_client_ca_file and not config.tls_cert_file:
             raise _fail("tls_client_ca_file", "needs tls_cert_file and tls_key_file (mTLS)")
-    if config.load_fleet_view and config.load_report_saturation:
-        raise _fail(
-            "load_fleet_view",
-            "and load_report_saturation are two rules for the same loads; turn one off",
-        )
-    if config.load_fleet_view and not config.load_signals:
-        raise _fail("load_fleet_view", "needs load_signals: true (the pods' readings)")
     names = [p.name for p in config.prefixes]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:

@@ -268,16 +268,3 @@ def test_coerce_scalar(kind: type, raw: Any, value: Any) -> None:
 def test_coerce_scalar_refuses(kind: type, raw: Any, words: str) -> None:
     with pytest.raises(fields.FieldError, match=f"config field 'f' must be .*{words}"):
         fields.coerce_scalar("f", raw, kind)
-
-
-@pytest.mark.parametrize(
-    ("values", "words"),
-    [
-        ({"load_fleet_view": True, "load_report_saturation": True}, "two rules"),
-        ({"load_fleet_view": True, "load_signals": False}, "needs load_signals"),
-    ],
-)
-def test_the_load_rules_are_one_at_a_time(values: dict[str, Any], words: str) -> None:
-    with pytest.raises(ConfigError, match=words):
-        build_config(values)
-    assert build_config({"load_fleet_view": True}).load_fleet_view

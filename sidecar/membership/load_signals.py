@@ -13,13 +13,13 @@ anyone who asks (docs/load-signals.md):
 Everything a pod sends is untrusted: the header and the page are size-bounded, parsed in
 one linear pass, and every number must be finite and in range or it is ignored.
 
-`LoadSignals` keeps one timestamped record per pod. A pod whose fresh readings say it queues
-(waiting > 0) or its KV is full is reported to the pool at a load over its bounded-load cap,
-so every sidecar that saw it spills past it alike (the rule in docs/load-signals.md); any
-other pod, and one whose readings are older than `max_age_s`, reports None: the pool picks
-on its own in-flight count (today's behaviour). Why not running + waiting as the load: a
-reading is up to an interval old, and K sidecars adding to the same stale number overfill
-a pod K times faster than one (measured, docs/benchmarks.md).
+`LoadSignals` keeps one timestamped record per pod and hands the pool one of two rules
+(docs/load-signals.md). The fleet view (rule 3, the default): each fresh running + waiting
+reading, which the pool moves by our sends since it times the K-estimate (K sidecars adding
+only their own sends to the same stale number would overfill a pod K times faster than one).
+The saturation report (rule 2): a pod whose fresh readings say it queues or its KV is full
+is reported at a load over its bounded-load cap. A reading older than `max_age_s` is None:
+the pool falls back to own in-flight counts (scaled by K in the fleet view).
 """
 
 from __future__ import annotations

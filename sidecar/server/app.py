@@ -84,7 +84,7 @@ class Sidecar(AsyncService):
                 over_cap=self._over_cap_load if config.load_report_saturation else None,
                 on_reading=(
                     (lambda url, load: self.pool.report_reading(url, load))
-                    if config.load_fleet_view
+                    if config.load_fleet_view and not config.load_report_saturation
                     else None
                 ),
                 on_kv=self._pods_kv_changed,

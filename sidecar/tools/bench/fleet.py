@@ -13,7 +13,9 @@ seconds of the trace are replayed but not measured. Definitions: docs/benchmarks
 The pods' own load is recorded through every run (their /metrics, sampled ~10 times a real
 second): the peak and mean in flight per pod (running + waiting) and vllm:num_requests_waiting.
 `--also-sidecars 8` adds runs with more sidecar processes; `--compare-signals` runs every
-sidecar policy again with the pod load signals off (`load_signals: false`, `_nosig`).
+sidecar policy again with the pod load signals off (`load_signals: false`, `_nosig`);
+`--compare-rules` with the pods' readings used otherwise than by the default fleet view:
+not for picks (`_own`, v1's own in-flight loads) or as the saturation report (`_sat`).
 """
 
 from __future__ import annotations
@@ -53,10 +55,12 @@ TARGET_MAX_OVER_MEAN = 1.25
 TARGET_P99_RATIO = 20.0
 HIT_RATE_TOLERANCE = 0.001  # "K sidecars lose no hit rate": within 0.1 percentage point
 TARGET_MANY_P99_RATIO = 1.5  # K sidecars' TTFT p99 within 1.5x of one sidecar's
-NO_SIGNALS = "_nosig"
-FLEET_VIEW = "_fleet"  # the pod signals as rule 3, the fleet view (load_fleet_view)
-# How a run reads the pods: not at all, the saturation report (rule 2), the fleet view.
-SIGNALS_OFF, SATURATION, FLEET = "off", "saturation", "fleet"
+# How a sidecar run reads the pods (docs/load-signals.md), by the suffix of its name: the
+# sidecar's defaults (the fleet view, rule 3), not at all, the saturation report (rule 2),
+# or readings kept but picks on own in-flight counts only (v1's loads).
+FLEET, SIGNALS_OFF, SATURATION, OWN = "fleet", "off", "saturation", "own"
+NO_SIGNALS, WITH_SATURATION, OWN_COUNTS = "_nosig", "_sat", "_own"
+SUFFIXES = {NO_SIGNALS: SIGNALS_OFF, WITH_SATURATION: SATURATION, OWN_COUNTS: OWN}
 SAMPLE_INTERVAL_S = 0.1  # real seconds between two reads of every pod's /metrics
 
 
@@ -133,8 +137,8 @@ def policy_names(args: argparse.Namespace) -> list[str]:
     suffixes = [""]
     if args.compare_signals:
         suffixes.append(NO_SIGNALS)
-    if args.fleet_view:
-        suffixes.append(FLEET_VIEW)
+    if args.compare_rules:
+        suffixes += [OWN_COUNTS, WITH_SATURATION]
     sidecar = [name + suffix for name in sidecar for suffix in suffixes]
     names = [*BASELINES, *sidecar]
     if args.policies:  # a subset, in the default order (validated in run())
@@ -144,9 +148,9 @@ def policy_names(args: argparse.Namespace) -> list[str]:
 
 def split_name(name: str) -> tuple[str, int, str]:
     """A run's name -> (policy, sidecar processes, how it reads the pods)."""
-    signals = SATURATION
+    signals = FLEET
     base = name
-    for suffix, mode in ((NO_SIGNALS, SIGNALS_OFF), (FLEET_VIEW, FLEET)):
+    for suffix, mode in SUFFIXES.items():
         if name.endswith(suffix):
             signals, base = mode, name.removesuffix(suffix)
     if base.startswith(SIDECAR + "_x"):
@@ -241,7 +245,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 "grace_s": 1,
                 "load_signals": signals != SIGNALS_OFF,
                 "load_report_saturation": signals == SATURATION,
-                "load_fleet_view": signals == FLEET,
+                "load_fleet_view": signals == FLEET,  # the sidecar's default
             }
             if policy == SIDECAR:  # the baselines keep the plain ring's homes for prewarm
                 settings["home_kv_budget_tokens"] = budget
@@ -461,9 +465,10 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         help="run every sidecar policy again with the pod load signals off (_nosig)",
     )
     add(
-        "--fleet-view",
+        "--compare-rules",
         action="store_true",
-        help="run every sidecar policy again with the fleet view (load_fleet_view, _fleet)",
+        help="run every sidecar policy again picking on own in-flight counts (_own) and with "
+        "the saturation report (_sat) instead of the fleet view",
     )
     add(
         "--pod-sample-s",

@@ -106,7 +106,7 @@ def test_targets_follow_the_numbers() -> None:
 
 def test_runs_with_more_sidecars_and_without_signals_are_named_apart() -> None:
     args = argparse.Namespace(
-        sidecars=4, also_sidecars=(8, 4), compare_signals=True, fleet_view=False, policies=None
+        sidecars=4, also_sidecars=(8, 4), compare_signals=True, compare_rules=False, policies=None
     )
     names = policy_names(args)
     assert names[len(BASELINES) :] == [
@@ -117,17 +117,20 @@ def test_runs_with_more_sidecars_and_without_signals_are_named_apart() -> None:
         multi_name(8),
         multi_name(8) + "_nosig",
     ]
-    args.compare_signals, args.fleet_view, args.also_sidecars = False, True, ()
+    args.compare_signals, args.compare_rules, args.also_sidecars = False, True, ()
     assert policy_names(args)[len(BASELINES) :] == [
         SIDECAR,
-        SIDECAR + "_fleet",
+        SIDECAR + "_own",
+        SIDECAR + "_sat",
         multi_name(4),
-        multi_name(4) + "_fleet",
+        multi_name(4) + "_own",
+        multi_name(4) + "_sat",
     ]
     assert split_name(multi_name(8) + "_nosig") == (SIDECAR, 8, "off")
-    assert split_name(multi_name(4) + "_fleet") == (SIDECAR, 4, "fleet")
-    assert split_name(SIDECAR) == (SIDECAR, 1, "saturation")
-    assert split_name("round_robin") == ("round_robin", 1, "saturation")
+    assert split_name(multi_name(4) + "_sat") == (SIDECAR, 4, "saturation")
+    assert split_name(multi_name(4) + "_own") == (SIDECAR, 4, "own")
+    assert split_name(SIDECAR) == (SIDECAR, 1, "fleet")
+    assert split_name("round_robin") == ("round_robin", 1, "fleet")
 
 
 @pytest.mark.parametrize(
