@@ -296,12 +296,16 @@ class LoadSignals:
         kv_before = pod.kv_tokens
         now = self._clock()
         pod.take(report, now)
-        if self._on_reading is not None and report.running is not None:
-            # Only a reading that counts the running requests is a load; a header (waiting
-            # and KV only) adds to the last one while it is fresh.
-            pod.read = True
-            self._on_reading(url, _fleet_load(pod, now - self.rule.max_age_s))
-        if self._check_all_saturated(now):
+        changed = self._check_all_saturated(now)
+        if self._on_reading is not None:
+            if changed:
+                self._read_all(now)
+            elif report.running is not None and not self.all_saturated:
+                # Only a reading that counts the running requests is a load; a header
+                # (waiting and KV only) adds to the last one while it is fresh.
+                pod.read = True
+                self._on_reading(url, _fleet_load(pod, now - self.rule.max_age_s))
+        if changed:
             self._push_all(now)
         else:
             self._push(url, pod, now)
@@ -311,14 +315,28 @@ class LoadSignals:
     def expire(self) -> None:
         """Give the pool None for every pod whose readings aged out since the last push."""
         now = self._clock()
-        self._check_all_saturated(now)
+        changed = self._check_all_saturated(now)
         self._push_all(now)
         if self._on_reading is not None:
+            if changed:
+                self._read_all(now)
             fresh = now - self.rule.max_age_s
             for url, pod in self.pods.items():
                 if pod.read and pod.running_at < fresh:
                     pod.read = False
                     self._on_reading(url, None)
+
+    def _read_all(self, now: float) -> None:
+        """The fleet view after every pod became saturated, or one stopped being: while all
+        are, no reading is used (each sidecar's own live counts spread an overload better
+        than readings up to an interval old that all say "full"); after, the fresh ones."""
+        assert self._on_reading is not None
+        fresh = now - self.rule.max_age_s
+        for url, pod in self.pods.items():
+            load = None if self.all_saturated else _fleet_load(pod, fresh)
+            if load is not None or pod.read:
+                pod.read = load is not None
+                self._on_reading(url, load)
 
     def saturated(self, url: str) -> bool | None:
         pod = self.pods.get(url)

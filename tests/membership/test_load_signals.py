@@ -426,15 +426,29 @@ async def test_the_fleet_view_reaches_the_pool_through_the_emulator() -> None:
         pool.set_members([Member(url)])
         pool.set_health(url, True)
         signals = LoadSignals(lambda u, n: None, on_reading=pool.report_reading)
-        signals.set_members([url])
+        signals.set_members([url, "http://127.0.0.1:9"])  # another pod, not known saturated
         body = {"prompt": "same", "max_tokens": 11}
         tasks = [
             asyncio.create_task(session.post(url + "/v1/completions", json=body)) for _ in range(3)
         ]
         await asyncio.sleep(0.02)
-        await MetricsPoller(signals, session, sample=1, timeout_s=0.5).poll_once()
+        await MetricsPoller(signals, session, sample=2, timeout_s=0.5).poll_once()
         assert pool.table.loads[0] == 3
         pool.acquire(url)
         assert pool.table.loads[0] == 4  # K is 1 until enough of ours were counted
         for response in await asyncio.gather(*tasks):
             response.release()
+
+
+def test_the_fleet_view_uses_no_reading_while_every_pod_is_saturated() -> None:
+    """All pods queueing: the readings all say "full" and are up to an interval old; each
+    sidecar's own live counts decide until one pod drains, then the fresh readings again."""
+    readings: dict[str, int | None] = {}
+    signals = LoadSignals(lambda u, n: None, on_reading=readings.__setitem__, clock=Clock())
+    signals.set_members(["http://a:1", "http://b:1"])
+    signals.observe("http://a:1", PodReport(running=256.0, waiting=9.0))
+    assert readings == {"http://a:1": 265}
+    signals.observe("http://b:1", PodReport(running=256.0, waiting=4.0))  # now all
+    assert readings == {"http://a:1": None} and signals.all_saturated
+    signals.observe("http://a:1", PodReport(running=250.0, waiting=0.0))  # a drained
+    assert readings == {"http://a:1": 250, "http://b:1": 260}
