@@ -9,7 +9,10 @@ the OpenAI HTTP front's /v1/completions and /v1/chat/completions) under each pol
   message), with 1 and with K sidecar processes;
 - radix: a central router with one shared approximate radix tree like SGLang's
   cache_aware (organic_radix), routing in this process and posting straight to the pods;
-- sidecar / sidecar_xK: the sidecar's own default for unregistered prompts, 1 and K.
+- sidecar / sidecar_xK: the sidecar's own default for unregistered prompts, 1 and K;
+- hashed / hashed_xK (only when --policies names it): organic routing with flow starts
+  sent to their session's pod like later turns (organic_balance_starts off), the scheme
+  before starts were balanced: a before/after on the same pods, so the same ring.
 Every run starts with the pods' caches emptied. The oracle (organic_oracle) gives the hit
 rate of one infinite cache over the same trace; every policy is reported as a fraction of
 it, whole run and per class. Times are modelled (the emulator's clock = real x
@@ -77,10 +80,15 @@ def sidecar_default_scheme() -> str:
     return str(getattr(Config(), SCHEME_SETTING))
 
 
-def policy_names(sidecars: int, with_scheme: bool) -> list[str]:
+BALANCE_SETTING = "organic_balance_starts"  # off in the "hashed" runs
+
+
+def policy_names(sidecars: int, with_scheme: bool, hashed: bool = False) -> list[str]:
     names = ["round_robin", "window", f"window_x{sidecars}", "radix"]
     if with_scheme:
         names += ["sidecar", f"sidecar_x{sidecars}"]
+        if hashed:
+            names += ["hashed", f"hashed_x{sidecars}"]
     return names
 
 
@@ -139,6 +147,8 @@ async def run_one(
             settings["policy"] = "round_robin"
         elif policy == "window" and scheme_flag_exists():
             settings[SCHEME_SETTING] = "window"
+        elif policy == "hashed":
+            settings[BALANCE_SETTING] = False
         group = SidecarGroup(
             sidecars, urls, settings, socket_dir=socket_dir, http_front=path.startswith("http")
         )
@@ -197,9 +207,9 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     trace = build_trace(params)
     ceilings = oracle([r.prompt for r in trace.requests])
     with_scheme = scheme_flag_exists()
-    names = policy_names(args.sidecars, with_scheme)
-    if args.policies:
-        wanted = args.policies.split(",")
+    wanted = args.policies.split(",") if args.policies else []
+    names = policy_names(args.sidecars, with_scheme, hashed="hashed" in wanted)
+    if wanted:
         names = [n for n in names if n.partition("_x")[0] in wanted]
     paths = args.paths.split(",") if args.paths else list(PATHS)
     runs: dict[str, dict[str, Any]] = {}
@@ -382,7 +392,8 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add("--paths", help=f"comma-separated subset of {', '.join(PATHS)} (default all)")
     add(
         "--policies",
-        help="comma-separated subset of round_robin, window, radix, sidecar (default all)",
+        help="comma-separated subset of round_robin, window, radix, sidecar (default all "
+        "four), and hashed (only when named: organic_balance_starts off)",
     )
     add(
         "--radix-tree-chars",
@@ -415,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    policies = {"round_robin", "window", "radix", "sidecar"}
+    policies = {"round_robin", "window", "radix", "sidecar", "hashed"}
     unknown = set((args.policies or "").split(",")) - policies - {""}
     if unknown:
         print(

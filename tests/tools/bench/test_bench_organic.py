@@ -365,6 +365,31 @@ def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
     assert "radix" in done.stdout and "oracle ceiling" in done.stdout
 
 
+def test_hashed_runs_only_when_named(tmp_path: Path) -> None:
+    """`hashed` is the before of a before/after on the same pods: organic routing with
+    flow starts unbalanced (organic_balance_starts off), run only when named."""
+    assert "hashed" not in policy_names(2, True)
+    assert policy_names(2, True, hashed=True)[-2:] == ["hashed", "hashed_x2"]
+    report_path = tmp_path / "organic.json"
+    done = _bench(
+        "--quick",
+        "--paths",
+        "grpc-chat",
+        "--policies",
+        "sidecar,hashed",
+        "--json",
+        str(report_path),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(report_path.read_text())["paths"]["grpc-chat"]
+    assert set(runs) == {"sidecar", "sidecar_x2", "hashed", "hashed_x2"}
+    requests = json.loads(report_path.read_text())["trace"]["requests"]
+    for run in runs.values():
+        _check_run(run, requests)
+    assert runs["hashed_x2"]["sidecars"] == 2
+
+
 @pytest.mark.slow
 def test_quick_every_path_and_policy(tmp_path: Path) -> None:
     report_path = tmp_path / "organic.json"
