@@ -320,6 +320,11 @@ class Config:
         "organic routing: the floor under every pod's cap (min_cap) for unregistered requests",
         check=at_least(0, " (0 = no floor)"),
     )
+    # A request that starts a flow goes to the least-loaded pod of its family's home set
+    # (docs/organic-routing.md, contract 9f); off: to its session's pod, as later turns.
+    organic_balance_starts: bool = setting(
+        True, "organic routing: send flow starts to the least-loaded pod of the home set"
+    )
     organic_table_blocks: int = setting(
         32768,
         "organic routing: block keys remembered per generation (two generations; ~8 MB at the "

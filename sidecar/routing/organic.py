@@ -22,6 +22,13 @@ home set (`session_home` of the ring or the Maglev table, 9b): a session's turns
 pod, and the same pod in every sidecar. The bounded-load pick (`pick_among` over that one
 pod, 4b) spills a session in its own key's preference order, so a spilled session keeps
 spilling to one pod.
+
+A request that STARTS a flow (`OrganicKeys.start`: the chat ends at the message after its
+anchor; a whole raw prompt ends within START_BLOCKS blocks past its anchor, too short to
+hold an answer and a second question) has no history to find, only its family's head, warm
+on every pod of the home set: the router sends it to the least-loaded pod of the home set
+(`StartBalancer`, contract 9f), which evens out the pods where the hash placement leaves
+them uneven, at no cost in hit rate.
 """
 
 from __future__ import annotations
@@ -32,11 +39,17 @@ from typing import NamedTuple
 
 from sidecar import _core
 from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
+from sidecar.routing.start_balance import StartBalancer
 
 HOME_SPREAD = 3.0  # pods per "fair share" of traffic a family's home set gets (9c)
 LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
 SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
 FIRST_BLOCKS = 64  # blocks hashed first (4 KB): enough when the anchor is among them
+# The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
+HEAD_BYTES = (LEARN_BLOCKS + 1) * BLOCK_BYTES
+# A whole prompt that ends within 8 blocks (512 bytes) past its anchor starts a flow: a
+# question fits, a question, an answer and the next question rarely do.
+START_BLOCKS = 8
 
 
 class OrganicKeys(NamedTuple):
@@ -44,6 +57,9 @@ class OrganicKeys(NamedTuple):
     session: int
     share: float  # the family's share of this sidecar's recent unregistered requests
     anchor: int  # the anchor's depth in blocks (a prompt) or messages (a chat); -1: none
+    # Whether the request starts a flow (no history past its anchor): it may go to any pod
+    # of its family's home set (contract 9f).
+    start: bool = False
 
 
 MIN_HOMES = 1
@@ -82,9 +98,12 @@ def leading_system(messages: Iterable[tuple[str, str]]) -> int:
 class OrganicRouter:
     """Keys for unregistered prompts and chats, and the table they are learnt in."""
 
-    def __init__(self, table: AnchorTable, spread: float = HOME_SPREAD) -> None:
+    def __init__(
+        self, table: AnchorTable, spread: float = HOME_SPREAD, *, balance_starts: bool = True
+    ) -> None:
         self.table = table
         self.spread = spread
+        self.balancer = StartBalancer() if balance_starts else None
 
     def for_chat(self, messages: list[tuple[str, str]]) -> OrganicKeys:
         """A chat's keys: its messages are its blocks. The anchor is the shallowest learnt
@@ -100,11 +119,14 @@ class OrganicRouter:
         if anchor < 0:
             anchor = leading_system(messages) - 1
         session = chain[anchor + 1] if anchor + 1 < len(chain) else chain[max(anchor, 0)]
-        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor)
+        # A start: the chat ends with the message after its anchor (its first question).
+        start = anchor >= 0 and len(messages) == anchor + 2
+        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor, start)
 
     def for_prompt(self, data: bytes) -> OrganicKeys | None:
         """The prompt's keys, or None when it is shorter than one block (it then routes on
-        its window key, as before)."""
+        its window key, as before). `data` is the prompt's UTF-8, cut at HEAD_BYTES: a
+        shorter one is the whole prompt."""
         # Most anchors sit in the first 4 KB: hash those first, the rest only when needed
         # (the result is the same as hashing LEARN_BLOCKS + 1 blocks at once).
         chain = _core.chain_keys(data, BLOCK_BYTES, FIRST_BLOCKS)
@@ -134,9 +156,24 @@ class OrganicRouter:
             # The prompt ends inside the block after its anchor: key its tail.
             tail = data[(anchor + 1) * BLOCK_BYTES : (anchor + 2) * BLOCK_BYTES]
             session = _core.route_key(chain[anchor].to_bytes(8, "little") + tail)
-        return OrganicKeys(family, session, table.count(family), anchor)
+        start = (
+            anchor >= 0
+            and len(data) < HEAD_BYTES
+            and len(data) <= (anchor + 1 + START_BLOCKS) * BLOCK_BYTES
+        )
+        return OrganicKeys(family, session, table.count(family), anchor, start)
 
     def homes(self, ring: _core.HashTable, keys: OrganicKeys) -> int:
-        """The session's pod (member index): contract 9b over the family's home set."""
+        """The request's pod (member index): the session's pod in the family's home set
+        (contract 9b); a start, the least-loaded pod of the home set by this sidecar's
+        counts (9f)."""
         size = home_size(keys.share, len(ring.members), self.spread)
-        return ring.session_home(keys.family, size, keys.session)
+        home = ring.session_home(keys.family, size, keys.session)
+        if keys.start and size > 1 and self.balancer is not None:
+            return self.balancer.choose(ring, keys.family, size, home)
+        return home
+
+    def sent(self, ring: _core.HashTable, backend: str) -> None:
+        """Count an organic request sent to `backend` (what starts are balanced on)."""
+        if self.balancer is not None:
+            self.balancer.sent(ring, backend)

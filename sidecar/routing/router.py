@@ -27,14 +27,14 @@ from sidecar import _core
 from sidecar.config import Config
 from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.prefixes import PrefixEntry, PrefixStore
-from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
-from sidecar.routing.organic import OrganicKeys, OrganicRouter
+from sidecar.routing.anchors import AnchorTable
+from sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from sidecar.routing.pick import Branch, Pick
 from sidecar.routing.placement import HomePlacer
 from sidecar.routing.policy import Policy, make_policy
 
 # The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
-ORGANIC_HEAD_BYTES = (LEARN_BLOCKS + 1) * BLOCK_BYTES
+ORGANIC_HEAD_BYTES = HEAD_BYTES
 
 
 class NoBackendError(Exception):
@@ -69,6 +69,7 @@ class Router:
         organic_home_spread: float,
         organic_table_blocks: int,
         organic_load_cap_floor: int,
+        organic_balance_starts: bool,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -95,7 +96,11 @@ class Router:
         if unregistered_routing not in ("organic", "window"):
             raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
         self.organic = (
-            OrganicRouter(AnchorTable(max_blocks=organic_table_blocks), organic_home_spread)
+            OrganicRouter(
+                AnchorTable(max_blocks=organic_table_blocks),
+                organic_home_spread,
+                balance_starts=organic_balance_starts,
+            )
             if unregistered_routing == "organic"
             else None
         )
@@ -140,6 +145,7 @@ class Router:
             organic_home_spread=config.organic_home_spread,
             organic_table_blocks=config.organic_table_blocks,
             organic_load_cap_floor=config.organic_load_cap_floor,
+            organic_balance_starts=config.organic_balance_starts,
         )
 
     def _place_homes(self) -> None:
@@ -207,6 +213,7 @@ class Router:
         # family's shared head is warm; a spilled session keeps spilling to one pod.
         pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor)
         backend, branch = self.policy.select(table, pick)
+        self.organic.sent(ring, backend)
         # Failover: the chosen pod, the session's home pod, then the family's order.
         preference = [backend]
         for member in (ring.members[home], *ring.preference(keys.family, self.max_attempts)):

@@ -81,8 +81,9 @@ def route(router: Router, messages: list[tuple[str, str]], chat: bool) -> str:
 def test_a_sessions_turns_land_on_one_pod_and_sessions_spread(
     make_router: MakeRouter, chat: bool, hash_table: str
 ) -> None:
-    """Interleaved sessions of one hot tenant: every turn of a session on its first turn's
-    pod, while the tenant's sessions use several pods; on either routing table."""
+    """Interleaved sessions of one hot tenant: every turn of a session after its first on
+    one pod, while the tenant's sessions use several pods; on either routing table. (The
+    first turn starts the flow: it goes to the least-loaded pod of the home set.)"""
     router = make_router(serving_pool(pods(8), hash_table=hash_table), PrefixStore())
     traffic = Traffic(1, 3)
     for _ in range(120):  # one-shot questions: the branch point and the share are learnt
@@ -91,7 +92,9 @@ def test_a_sessions_turns_land_on_one_pod_and_sessions_spread(
     where: dict[int, set[str]] = {i: set() for i in range(len(sessions))}
     for turn in range(6):
         for i, session in enumerate(sessions):
-            where[i].add(route(router, session[turn], chat))
+            backend = route(router, session[turn], chat)
+            if turn:
+                where[i].add(backend)
     assert all(len(pods_used) == 1 for pods_used in where.values()), where
     assert len(set.union(*where.values())) >= 4  # share ~1: the home set is most of the fleet
 
@@ -229,11 +232,11 @@ def test_a_spilled_session_keeps_spilling_to_one_pod(make_router: MakeRouter) ->
     router = make_router(pool, PrefixStore(), organic_load_cap_floor=0)
     traffic = Traffic(8, 1)
     route(router, traffic.one_shot(0), chat=True)
-    turns = traffic.session(0, 5)
-    home = router.for_chat(turns[0]).backend
+    turns = traffic.session(0, 6)
+    home = router.for_chat(turns[1]).backend  # a later turn: the session's own pod
     for _ in range(30):
         pool.acquire(home)  # the home pod is far over its cap
-    spilled = {router.for_chat(turn).backend for turn in turns[1:]}
+    spilled = {router.for_chat(turn).backend for turn in turns[2:]}
     assert len(spilled) == 1 and home not in spilled
 
 

@@ -1,6 +1,7 @@
 """Organic routing of chats through a real sidecar (gRPC Chat and the HTTP front's
-/v1/chat/completions) before six emulator pods: every turn of a session is served by one
-pod, and the sessions of one tenant are spread over several (routing contract 9).
+/v1/chat/completions) before six emulator pods: every turn of a session after its first is
+served by one pod, and the sessions of one tenant are spread over several (routing contract
+9). The first turn starts the flow: it may go to any pod of the tenant's home set (9f).
 
 "Served by" is read from the pods' own request counters (gRPC) or the front's backend
 header, not from the router.
@@ -85,7 +86,9 @@ async def test_grpc_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_pat
         flows = sessions(2)
         for turn in range(TURNS):  # interleaved, as concurrent users would send them
             for i, flow in enumerate(flows):
-                where[i].add(await _grpc_chat(stub, pods, flow[turn]))
+                served = await _grpc_chat(stub, pods, flow[turn])
+                if turn:  # the first turn is a start (contract 9f)
+                    where[i].add(served)
     _check(where)
 
 
@@ -120,5 +123,7 @@ async def test_http_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_pat
             flows = sessions(4)
             for turn in range(TURNS):
                 for i, flow in enumerate(flows):
-                    where[i].add(await chat(flow[turn], parts=turn % 2 == 1))
+                    served = await chat(flow[turn], parts=turn % 2 == 1)
+                    if turn:  # the first turn is a start (contract 9f)
+                        where[i].add(served)
     _check(where)

@@ -370,6 +370,7 @@ def router_paths(count: int, timer: Timer, seed: int) -> dict[str, float]:
         "organic_home_spread": config.organic_home_spread,
         "organic_table_blocks": config.organic_table_blocks,
         "organic_load_cap_floor": config.organic_load_cap_floor,
+        "organic_balance_starts": config.organic_balance_starts,
     }
     policy = make_policy("prefix_affinity", config)
     routers = {

@@ -189,7 +189,7 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                     "name": f"{path} sidecar: TTFT p99 >= {TARGET_P99_GAIN}x better than the "
                     "4,096-byte window",
                     "measured": f"{gain:.2f}x ({window['ttft_ms']['p99']:,.0f} ms vs "
-                    f"{run['ttft_ms']['p99']:,.0f} ms)",
+                    f"{run['ttft_ms']['p99']:,.0f} ms)" + _floor_note(report, window),
                     "met": gain >= TARGET_P99_GAIN,
                 }
             )
@@ -226,6 +226,15 @@ def _us(value: float, decision: dict[str, Any]) -> str:
     return ("<=" if decision["bucketed"] else "") + text
 
 
+def _floor_note(report: dict[str, Any], window: dict[str, Any]) -> str:
+    """When the window's p99 is within the target gain of the floor, no router can meet it."""
+    floor = report.get("ttft_floor_ms", {}).get("p99", 0.0)
+    if floor and window["ttft_ms"]["p99"] < TARGET_P99_GAIN * floor:
+        best = window["ttft_ms"]["p99"] / floor
+        return f"; the window is {best:.2f}x the floor of {floor:,.0f} ms: out of reach"
+    return ""
+
+
 def render(report: dict[str, Any]) -> str:
     params = report["params"]
     trace = report["trace"]
@@ -242,8 +251,14 @@ def render(report: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v:.4f}" for k, v in report["ceiling"]["classes"].items())
         + ")",
         f"sidecar default for unregistered prompts: {report['sidecar_scheme']}",
-        "",
     ]
+    floor = report.get("ttft_floor_ms")
+    if floor:
+        lines.append(
+            f"TTFT floor (every request at the ceiling's hits, no queue, prefill only): "
+            f"p50 {floor['p50']:,.0f} ms, p99 {floor['p99']:,.0f} ms"
+        )
+    lines.append("")
     header = (
         f"{'path':<14}{'policy':<14}{'hit':>7}{'/ceil':>7}{'tenant':>8}{'session':>8}"
         f"{'fewshot':>8}{'p50 ms':>8}{'p99 ms':>9}{'max/mean':>9}{'flight':>7}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sidecar.tools.bench.organic import policy_names, previous_turns
+from sidecar.tools.bench.organic import policy_names, previous_turns, ttft_floor_ms
 from sidecar.tools.bench.organic_driver import (
     PATHS,
     TIMEOUT,
@@ -27,7 +27,7 @@ from sidecar.tools.bench.organic_radix import (
     CacheAwareRouter,
     shared_length,
 )
-from sidecar.tools.bench.organic_report import summarize
+from sidecar.tools.bench.organic_report import evaluate_targets, summarize
 from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace
 from sidecar.tools.emulator import EmulatorConfig
 from sidecar.tools.emulator.app import run_emulator
@@ -294,6 +294,48 @@ def test_previous_turns_follow_each_flow() -> None:
             assert before[later.seq] == earlier.seq < later.seq
 
 
+def test_ttft_floor_is_the_prefill_of_what_the_ceiling_leaves_uncached() -> None:
+    """The floor: overhead + uncached tokens / prefill rate, for requests after the warm-up;
+    a request the ceiling serves whole costs the overhead alone."""
+    trace = build_trace(SMALL)
+    config = EmulatorConfig(prefill_tps=1000.0, prefill_overhead_s=0.01)
+    ceilings = [
+        Ceiling(1000, 0) if i % 2 else Ceiling(1000, 1000) for i in range(len(trace.requests))
+    ]
+    floor = ttft_floor_ms(trace, ceilings, config, warmup_s=0.0)
+    assert floor["p50"] == pytest.approx(10.0) and floor["p99"] == pytest.approx(1010.0)
+    late = ttft_floor_ms(trace, ceilings, config, warmup_s=1e9)  # nothing after the warm-up
+    assert late == {"p50": 0.0, "p99": 0.0}
+
+
+def test_the_p99_target_says_when_the_window_is_near_the_floor() -> None:
+    """Out of reach: the window's p99 under 1.5x the floor; otherwise no note."""
+
+    def report(window_p99: float) -> dict[str, object]:
+        def run(p99: float) -> dict[str, object]:
+            classes = {k: {"fraction": 1.0} for k in CLASSES}
+            return {
+                "fraction": 1.0,
+                "hit_rate": 0.8,
+                "classes": classes,
+                "load": {"max_over_mean": 1.0},
+                "ttft_ms": {"p99": p99},
+            }
+
+        return {
+            "params": {"sidecars": 4},
+            "ttft_floor_ms": {"p50": 50.0, "p99": 200.0},
+            "paths": {"grpc-chat": {"window": run(window_p99), "sidecar": run(250.0)}},
+        }
+
+    def p99_target(window_p99: float) -> str:
+        targets = evaluate_targets(report(window_p99))
+        return next(t["measured"] for t in targets if "TTFT p99" in t["name"])
+
+    assert "out of reach" in p99_target(280.0)  # 1.4x the floor
+    assert "out of reach" not in p99_target(320.0)  # 1.6x the floor
+
+
 # --- the metrics helpers -------------------------------------------------------------------
 
 
@@ -363,6 +405,31 @@ def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
     assert runs["window_x2"]["sidecars"] == 2
     assert 0 < report["ceiling"]["hit_rate"] < 1
     assert "radix" in done.stdout and "oracle ceiling" in done.stdout
+
+
+def test_hashed_runs_only_when_named(tmp_path: Path) -> None:
+    """`hashed` is the before of a before/after on the same pods: organic routing with
+    flow starts unbalanced (organic_balance_starts off), run only when named."""
+    assert "hashed" not in policy_names(2, True)
+    assert policy_names(2, True, hashed=True)[-2:] == ["hashed", "hashed_x2"]
+    report_path = tmp_path / "organic.json"
+    done = _bench(
+        "--quick",
+        "--paths",
+        "grpc-chat",
+        "--policies",
+        "sidecar,hashed",
+        "--json",
+        str(report_path),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(report_path.read_text())["paths"]["grpc-chat"]
+    assert set(runs) == {"sidecar", "sidecar_x2", "hashed", "hashed_x2"}
+    requests = json.loads(report_path.read_text())["trace"]["requests"]
+    for run in runs.values():
+        _check_run(run, requests)
+    assert runs["hashed_x2"]["sidecars"] == 2
 
 
 @pytest.mark.slow
