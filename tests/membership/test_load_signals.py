@@ -5,6 +5,7 @@ against real aiohttp pods on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -371,14 +372,20 @@ async def test_a_failing_pod_is_not_asked_again_at_once(pods: Pods) -> None:
         assert poller.choose() == []  # asked: waits for refresh_after_s
 
 
-async def test_pod_reports_reach_the_pick_through_the_emulator() -> None:
-    """A real emulated pod, a real poll, the pool's loads: end to end."""
+@contextlib.asynccontextmanager
+async def _busy_pod(rule: str) -> AsyncIterator[BackendPool]:
+    """A real emulated pod running 1 and queueing 2 of another caller's requests, read by
+    one real poll into a pool through `rule` ("saturation": reported over a cap of 77, or
+    "fleet": the fleet view); the pool is yielded while the requests still run."""
     config = EmulatorConfig(model="m", max_running=1, decode_tps=20.0, time_scale=10.0)
     pool = BackendPool()
     async with run_emulator(config) as url, ClientSession() as session:
         pool.set_members([Member(url)])
         pool.set_health(url, True)
-        signals = LoadSignals(pool.report_load, over_cap=lambda u: 77)
+        if rule == "saturation":
+            signals = LoadSignals(pool.report_load, over_cap=lambda u: 77)
+        else:
+            signals = LoadSignals(lambda u, n: None, on_reading=pool.report_reading)
         signals.set_members([url, "http://127.0.0.1:9"])  # another pod, not known saturated
         body = {"prompt": "same", "max_tokens": 11}
         tasks = [
@@ -386,9 +393,17 @@ async def test_pod_reports_reach_the_pick_through_the_emulator() -> None:
         ]
         await asyncio.sleep(0.02)
         await MetricsPoller(signals, session, sample=2, timeout_s=0.5).poll_once()
-        for response in await asyncio.gather(*tasks):
-            response.release()
-    assert pool.table.loads[0] == 77  # 1 running, 2 waiting: saturated, over its cap
+        try:
+            yield pool
+        finally:
+            for response in await asyncio.gather(*tasks):
+                response.release()
+
+
+async def test_pod_reports_reach_the_pick_through_the_emulator() -> None:
+    """A real emulated pod, a real poll, the pool's loads: end to end."""
+    async with _busy_pod("saturation") as pool:
+        assert pool.table.loads[0] == 77  # 1 running, 2 waiting: saturated, over its cap
 
 
 # --- the fleet view (rule 3) ------------------------------------------------------------------
@@ -418,26 +433,12 @@ def test_the_fleet_view_takes_running_plus_waiting_until_stale() -> None:
 
 
 async def test_the_fleet_view_reaches_the_pool_through_the_emulator() -> None:
-    """A real emulated pod running 1 and queueing 2 of another caller's requests: a sidecar
-    with none of its own sees 3 after one poll, and its own next send as K more."""
-    config = EmulatorConfig(model="m", max_running=1, decode_tps=20.0, time_scale=10.0)
-    pool = BackendPool()
-    async with run_emulator(config) as url, ClientSession() as session:
-        pool.set_members([Member(url)])
-        pool.set_health(url, True)
-        signals = LoadSignals(lambda u, n: None, on_reading=pool.report_reading)
-        signals.set_members([url, "http://127.0.0.1:9"])  # another pod, not known saturated
-        body = {"prompt": "same", "max_tokens": 11}
-        tasks = [
-            asyncio.create_task(session.post(url + "/v1/completions", json=body)) for _ in range(3)
-        ]
-        await asyncio.sleep(0.02)
-        await MetricsPoller(signals, session, sample=2, timeout_s=0.5).poll_once()
+    """A sidecar with none of its own requests on the pod sees its 3 after one poll, and its
+    own next send as K more."""
+    async with _busy_pod("fleet") as pool:
         assert pool.table.loads[0] == 3
-        pool.acquire(url)
+        pool.acquire(pool.table.members[0])
         assert pool.table.loads[0] == 4  # K is 1 until enough of ours were counted
-        for response in await asyncio.gather(*tasks):
-            response.release()
 
 
 def test_the_fleet_view_uses_no_reading_while_every_pod_is_saturated() -> None:
