@@ -60,6 +60,9 @@ class Backend:
     # then move the reported load by as many (None: the report is taken as it is).
     anchor: int | None = None
     fleet_scale: float = 1.0  # the pool's K-estimate, for a pod without a fresh reading
+    # Readings are used once their units can be matched: K is estimated, or every member is
+    # read (else a read pod at everyone's count beside unread ones at ours draws spills).
+    fleet_ready: bool = True
     warm_prefixes: set[str] = field(default_factory=set)
     last_error: str = ""
 
@@ -73,6 +76,8 @@ class Backend:
         if reported is None:
             return own if self.fleet_scale == 1.0 else math.ceil(own * self.fleet_scale)
         if self.anchor is not None:
+            if not self.fleet_ready:
+                return own
             # Our requests since the reading, and as many per sidecar from the others
             # (the K-estimate): every sidecar sees the pods it just filled as fuller.
             reported += round((own - self.anchor) * self.fleet_scale)
@@ -132,6 +137,8 @@ class BackendPool:
         self._fleet_scale = 1.0
         self._read_reported = 0  # the fleet view's sums over the read pods: reported loads
         self._read_own = 0  # ... and own in-flight when they were read
+        self._read_pods = 0  # ... and how many pods that is
+        self._fleet_ready = True
 
     def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
         """Call `watcher` with every new routing table, right after it is swapped in (and the
@@ -151,7 +158,9 @@ class BackendPool:
             backend = self.backends.get(url)
             if backend is None:
                 logger.info("backend %s joined the membership (weight %d)", url, weight)
-                self.backends[url] = Backend(url, weight, fleet_scale=self._fleet_scale)
+                self.backends[url] = Backend(
+                    url, weight, fleet_scale=self._fleet_scale, fleet_ready=self._fleet_ready
+                )
             else:
                 backend.weight = weight
         self._rebuild()
@@ -249,6 +258,7 @@ class BackendPool:
             backend.anchor = backend.in_flight
             self._read_reported += backend.reported_load
             self._read_own += backend.anchor
+            self._read_pods += 1
         self._publish(backend)
         self._rescale()
 
@@ -257,19 +267,24 @@ class BackendPool:
         if backend.anchor is not None and backend.reported_load is not None:
             self._read_reported -= backend.reported_load
             self._read_own -= backend.anchor
+            self._read_pods -= 1
         backend.anchor = None
 
     def _rescale(self) -> None:
         """Re-estimate K from the read pods' sums (O(1)); the unread pods follow when it
         moved by more than SCALE_STEP (O(pods) then, not on a request's path)."""
         scale = 1.0
-        if self._read_own >= MIN_SCALE_SAMPLE:
+        estimated = self._read_own >= MIN_SCALE_SAMPLE
+        if estimated:
             scale = min(max(self._read_reported / self._read_own, 1.0), MAX_FLEET_SCALE)
-        if abs(scale - self._fleet_scale) <= SCALE_STEP * self._fleet_scale:
+        ready = estimated or self._read_pods == len(self.backends)
+        if ready == self._fleet_ready and (
+            abs(scale - self._fleet_scale) <= SCALE_STEP * self._fleet_scale
+        ):
             return
-        self._fleet_scale = scale
+        self._fleet_scale, self._fleet_ready = scale, ready
         for backend in self.backends.values():
-            backend.fleet_scale = scale
+            backend.fleet_scale, backend.fleet_ready = scale, ready
             self._publish(backend)
 
     @property

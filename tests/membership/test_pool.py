@@ -258,3 +258,25 @@ def test_the_k_estimate_needs_enough_of_our_requests_and_is_bounded() -> None:
     pool.set_members(members(URLS[1:]))  # a pod that leaves leaves the estimate
     assert pool.fleet_scale == 1.0  # 3 reported / 4 of ours
     pool.report_reading("http://10.9.9.9:8000", 3)  # not a member: ignored
+
+
+def test_readings_wait_until_their_units_can_be_matched() -> None:
+    """Early in a run: two pods read at everyone's 10, the third unread at our 1 would look
+    10x emptier and draw every spill. Readings count once K is estimated (>= 4 of ours on
+    read pods) or every member is read."""
+    pool = serving_pool(URLS[:3])
+    for url in URLS[:3]:
+        pool.acquire(url)
+    pool.report_reading(URLS[0], 10)
+    pool.report_reading(URLS[1], 10)
+    assert list(pool.table.loads) == [1, 1, 1]  # own counts: the units agree
+    pool.report_reading(URLS[2], 12)  # every member read: fleet-wide units everywhere
+    assert list(pool.table.loads) == [10, 10, 12]
+    pool.report_reading(URLS[2], None)  # one stale again, K unknown: own counts
+    assert list(pool.table.loads) == [1, 1, 1]
+    for _ in range(3):
+        pool.acquire(URLS[0])
+    pool.report_reading(URLS[0], 40)  # 4 of ours: K = (40 + 10) / (4 + 1) = 10
+    assert pool.fleet_scale == 10.0
+    assert list(pool.table.loads) == [40, 10, 10]  # the unread pod at own x K
+    assert pool.table.total == sum(pool.table.loads)
