@@ -60,8 +60,8 @@ class Backend:
     # then move the reported load by as many (None: the report is taken as it is).
     anchor: int | None = None
     fleet_scale: float = 1.0  # the pool's K-estimate, for a pod without a fresh reading
-    # Readings are used once their units can be matched: K is estimated, or every member is
-    # read (else a read pod at everyone's count beside unread ones at ours draws spills).
+    # Readings are used once K is estimated: before, a read pod at everyone's count beside
+    # unread ones at ours, or readings a ramp-up has outrun, draw spills to cold pods.
     fleet_ready: bool = True
     warm_prefixes: set[str] = field(default_factory=set)
     last_error: str = ""
@@ -137,7 +137,6 @@ class BackendPool:
         self._fleet_scale = 1.0
         self._read_reported = 0  # the fleet view's sums over the read pods: reported loads
         self._read_own = 0  # ... and own in-flight when they were read
-        self._read_pods = 0  # ... and how many pods that is
         self._fleet_ready = True
 
     def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
@@ -258,7 +257,6 @@ class BackendPool:
             backend.anchor = backend.in_flight
             self._read_reported += backend.reported_load
             self._read_own += backend.anchor
-            self._read_pods += 1
         self._publish(backend)
         self._rescale()
 
@@ -267,7 +265,6 @@ class BackendPool:
         if backend.anchor is not None and backend.reported_load is not None:
             self._read_reported -= backend.reported_load
             self._read_own -= backend.anchor
-            self._read_pods -= 1
         backend.anchor = None
 
     def _rescale(self) -> None:
@@ -277,14 +274,13 @@ class BackendPool:
         estimated = self._read_own >= MIN_SCALE_SAMPLE
         if estimated:
             scale = min(max(self._read_reported / self._read_own, 1.0), MAX_FLEET_SCALE)
-        ready = estimated or self._read_pods == len(self.backends)
-        if ready == self._fleet_ready and (
+        if estimated == self._fleet_ready and (
             abs(scale - self._fleet_scale) <= SCALE_STEP * self._fleet_scale
         ):
             return
-        self._fleet_scale, self._fleet_ready = scale, ready
+        self._fleet_scale, self._fleet_ready = scale, estimated
         for backend in self.backends.values():
-            backend.fleet_scale, backend.fleet_ready = scale, ready
+            backend.fleet_scale, backend.fleet_ready = scale, estimated
             self._publish(backend)
 
     @property

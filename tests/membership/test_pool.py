@@ -260,23 +260,20 @@ def test_the_k_estimate_needs_enough_of_our_requests_and_is_bounded() -> None:
     pool.report_reading("http://10.9.9.9:8000", 3)  # not a member: ignored
 
 
-def test_readings_wait_until_their_units_can_be_matched() -> None:
-    """Early in a run: two pods read at everyone's 10, the third unread at our 1 would look
-    10x emptier and draw every spill. Readings count once K is estimated (>= 4 of ours on
-    read pods) or every member is read."""
+def test_readings_wait_until_the_k_estimate_is_known() -> None:
+    """Early in a run: pods read at everyone's 10 beside our 1 each, K unknown (fewer than 4
+    of ours on read pods): own counts decide, in one unit. Once 4 of ours were read, the
+    readings count and an unread pod counts own x K."""
     pool = serving_pool(URLS[:3])
     for url in URLS[:3]:
         pool.acquire(url)
-    pool.report_reading(URLS[0], 10)
-    pool.report_reading(URLS[1], 10)
-    assert list(pool.table.loads) == [1, 1, 1]  # own counts: the units agree
-    pool.report_reading(URLS[2], 12)  # every member read: fleet-wide units everywhere
-    assert list(pool.table.loads) == [10, 10, 12]
-    pool.report_reading(URLS[2], None)  # one stale again, K unknown: own counts
+    for url in URLS[:3]:
+        pool.report_reading(url, 10)
     assert list(pool.table.loads) == [1, 1, 1]
+    pool.report_reading(URLS[2], None)
     for _ in range(3):
         pool.acquire(URLS[0])
-    pool.report_reading(URLS[0], 40)  # 4 of ours: K = (40 + 10) / (4 + 1) = 10
+    pool.report_reading(URLS[0], 40)  # 4 + 1 of ours read: K = (40 + 10) / 5 = 10
     assert pool.fleet_scale == 10.0
     assert list(pool.table.loads) == [40, 10, 10]  # the unread pod at own x K
     assert pool.table.total == sum(pool.table.loads)
