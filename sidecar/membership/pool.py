@@ -49,6 +49,16 @@ EJECTED = "ejected"
 
 
 @dataclass
+class FleetEstimate:
+    """The fleet view's K-estimate, one per pool, read by every Backend's load."""
+
+    scale: float = 1.0  # K: for a pod without a fresh reading, and our sends since one
+    # Readings are used once K is estimated: before, a read pod at everyone's count beside
+    # unread ones at ours, or readings a ramp-up has outrun, draw spills to cold pods.
+    ready: bool = True
+
+
+@dataclass
 class Backend:
     url: str
     weight: int = 1
@@ -59,10 +69,7 @@ class Backend:
     # The fleet view: own in-flight when the pod's reading was taken; our requests since
     # then move the reported load by as many (None: the report is taken as it is).
     anchor: int | None = None
-    fleet_scale: float = 1.0  # the pool's K-estimate, for a pod without a fresh reading
-    # Readings are used once K is estimated: before, a read pod at everyone's count beside
-    # unread ones at ours, or readings a ramp-up has outrun, draw spills to cold pods.
-    fleet_ready: bool = True
+    fleet: FleetEstimate = field(default_factory=lambda: FleetEstimate())  # the pool's, shared
     warm_prefixes: set[str] = field(default_factory=set)
     last_error: str = ""
 
@@ -73,14 +80,15 @@ class Backend:
         K-estimate)."""
         reported = self.reported_load
         own = self.in_flight
+        scale = self.fleet.scale
         if reported is None:
-            return own if self.fleet_scale == 1.0 else math.ceil(own * self.fleet_scale)
+            return own if scale == 1.0 else math.ceil(own * scale)
         if self.anchor is not None:
-            if not self.fleet_ready:
+            if not self.fleet.ready:
                 return own
             # Our requests since the reading, and as many per sidecar from the others
             # (the K-estimate): every sidecar sees the pods it just filled as fuller.
-            reported += round((own - self.anchor) * self.fleet_scale)
+            reported += round((own - self.anchor) * scale)
         return own if reported < own else reported
 
     @property
@@ -134,10 +142,9 @@ class BackendPool:
         self._generation = 0
         self.table = RoutingTable(None, {}, array.array("q"), 0)
         self._target_ring: _core.HashTable | None = None
-        self._fleet_scale = 1.0
+        self._fleet = FleetEstimate()
         self._read_reported = 0  # the fleet view's sums over the read pods: reported loads
         self._read_own = 0  # ... and own in-flight when they were read
-        self._fleet_ready = True
 
     def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
         """Call `watcher` with every new routing table, right after it is swapped in (and the
@@ -157,9 +164,7 @@ class BackendPool:
             backend = self.backends.get(url)
             if backend is None:
                 logger.info("backend %s joined the membership (weight %d)", url, weight)
-                self.backends[url] = Backend(
-                    url, weight, fleet_scale=self._fleet_scale, fleet_ready=self._fleet_ready
-                )
+                self.backends[url] = Backend(url, weight, fleet=self._fleet)
             else:
                 backend.weight = weight
         self._rebuild()
@@ -229,13 +234,7 @@ class BackendPool:
 
         A pod that is not (or no longer) in the membership is ignored. Reports above
         MAX_REPORTED_LOAD are clamped (untrusted input)."""
-        if load is not None:
-            if isinstance(load, bool) or not isinstance(load, int):
-                kind = type(load).__name__
-                raise TypeError(f"a reported load must be an int or None, got {kind}")
-            if load < 0:
-                raise ValueError(f"a reported load must be >= 0, got {load}")
-            load = min(load, MAX_REPORTED_LOAD)
+        load = _checked_report(load)
         backend = self.backends.get(url)
         if backend is not None and backend.reported_load != load:
             backend.reported_load = load
@@ -252,7 +251,7 @@ class BackendPool:
         if backend is None:
             return
         self._unread(backend)
-        self.report_load(url, load)
+        backend.reported_load = _checked_report(load)
         if backend.reported_load is not None:
             backend.anchor = backend.in_flight
             self._read_reported += backend.reported_load
@@ -274,19 +273,17 @@ class BackendPool:
         estimated = self._read_own >= MIN_SCALE_SAMPLE
         if estimated:
             scale = min(max(self._read_reported / self._read_own, 1.0), MAX_FLEET_SCALE)
-        if estimated == self._fleet_ready and (
-            abs(scale - self._fleet_scale) <= SCALE_STEP * self._fleet_scale
-        ):
+        fleet = self._fleet
+        if estimated == fleet.ready and abs(scale - fleet.scale) <= SCALE_STEP * fleet.scale:
             return
-        self._fleet_scale, self._fleet_ready = scale, estimated
+        fleet.scale, fleet.ready = scale, estimated
         for backend in self.backends.values():
-            backend.fleet_scale, backend.fleet_ready = scale, estimated
             self._publish(backend)
 
     @property
     def fleet_scale(self) -> float:
         """The fleet view's K-estimate in use (1.0 without the fleet view)."""
-        return self._fleet_scale
+        return self._fleet.scale
 
     def _publish(self, backend: Backend) -> None:
         """Mirror the pod's effective load into the table, moving the total by the same
@@ -331,3 +328,15 @@ class BackendPool:
         return _core.make_table(
             self._hash_table, [b.url for b in ordered], [b.weight for b in ordered], self._vnodes
         )
+
+
+def _checked_report(load: int | None) -> int | None:
+    """A pod's report, untrusted: an int >= 0 (TypeError, ValueError), clamped to
+    MAX_REPORTED_LOAD; None stays None (unknown)."""
+    if load is None:
+        return None
+    if isinstance(load, bool) or not isinstance(load, int):
+        raise TypeError(f"a reported load must be an int or None, got {type(load).__name__}")
+    if load < 0:
+        raise ValueError(f"a reported load must be >= 0, got {load}")
+    return min(load, MAX_REPORTED_LOAD)
