@@ -140,15 +140,23 @@ class Engine:
         self._running_slots = FifoSlots(config.max_running)
         self._prefill_slots = FifoSlots(config.prefill_slots)
         self._kv_freed = asyncio.Event()  # set whenever pinned blocks are released
-        self.running = 0
+        # vLLM's split: a request is running once it is scheduled, i.e. holds its KV blocks
+        # (prefilling or decoding); before that it is waiting, whether it queues for a slot,
+        # behind another prefill, or for KV. A pod stalled on a full cache shows as waiting.
+        self.admitted = 0  # requests inside generate(), scheduled or not
+        self.running = 0  # of those, the ones holding KV blocks
         self.metrics = PodMetrics(
             config.model,
             running=lambda: float(self.running),
-            waiting=lambda: float(self._running_slots.waiting),
+            waiting=lambda: float(self.waiting),
             kv_usage=lambda: self.cache.pinned_blocks / self.cache.capacity_blocks,
             cache_info=cache_config_info(config),
         )
         self._t0 = asyncio.get_running_loop().time()
+
+    @property
+    def waiting(self) -> int:
+        return self.admitted - self.running
 
     def modelled_now(self) -> float:
         """Modelled seconds since the pod started (real seconds times the time scale)."""
@@ -176,8 +184,12 @@ class Engine:
         arrival = self.modelled_now()
         pinned = False
         finished = False
-        await self._running_slots.acquire()
-        self.running += 1
+        self.admitted += 1
+        try:
+            await self._running_slots.acquire()
+        except BaseException:
+            self.admitted -= 1
+            raise
         try:
             await self._prefill_slots.acquire()
             try:
@@ -187,6 +199,7 @@ class Engine:
                 hit_blocks = self.cache.hit_blocks(request.hashes, request.prompt_tokens)
                 self.cache.allocate(request.hashes)
                 pinned = True
+                self.running += 1
                 outcome.cached_tokens = hit_blocks * BLOCK_SIZE
                 uncached = request.prompt_tokens - outcome.cached_tokens
                 self._record_prefill(request, outcome.cached_tokens)
@@ -227,7 +240,8 @@ class Engine:
             if pinned:
                 self.cache.release(request.hashes)
                 self._kv_freed.set()
-            self.running -= 1
+                self.running -= 1
+            self.admitted -= 1
             self._running_slots.release()
 
     def _record_prefill(self, request: Prepared, cached_tokens: int) -> None:
@@ -264,7 +278,7 @@ class Engine:
             "completed": stats.completed,
             "aborted": stats.aborted,
             "running": self.running,
-            "waiting": self._running_slots.waiting,
+            "waiting": self.waiting,
             "prompt_tokens": stats.prompt_tokens,
             "cached_tokens": stats.cached_tokens,
             "prefill_tokens": stats.prefill_tokens,

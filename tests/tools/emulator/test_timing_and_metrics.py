@@ -140,7 +140,12 @@ async def test_full_kv_makes_requests_wait(session: aiohttp.ClientSession) -> No
         )  # 0.5 s modelled decode
         await asyncio.sleep(0.005)
         start = time.perf_counter()
-        ttft = await first_chunk_seconds(session, url, prompt_of_tokens(800, "bbbb"))
+        second = asyncio.create_task(
+            first_chunk_seconds(session, url, prompt_of_tokens(800, "bbbb"))
+        )
+        await asyncio.sleep(0.02)
+        during = await scrape(session, url)
+        ttft = await second
         await first
         status, too_big = await post(
             session, url, "/v1/completions", {"prompt": prompt_of_tokens(1100), "max_tokens": 1}
@@ -148,6 +153,10 @@ async def test_full_kv_makes_requests_wait(session: aiohttp.ClientSession) -> No
     # 50 + 50 blocks > 64: the second waits until the first finishes (0.05 s real);
     # without the wait it would only queue behind the first's prefill (~0.013 s real)
     assert ttft > 0.04, (ttft, time.perf_counter() - start)
+    # as vLLM counts them: the one holding KV runs, the one stalled for KV waits, although
+    # both hold one of the pod's max_running seats
+    assert during["vllm:num_requests_running"] == 1
+    assert during["vllm:num_requests_waiting"] == 1
     assert status == 400 and "--kv-tokens" in too_big["message"]
 
 
