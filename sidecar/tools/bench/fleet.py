@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -267,6 +268,8 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             )
             sampling.cancel()
             await asyncio.gather(sampling, return_exceptions=True)
+            if args.outcomes:
+                write_outcomes(args.outcomes, name, run.outcomes, trace)
             measured = [o for o, a in zip(run.outcomes, trace, strict=True) if a.at >= args.warmup]
             results[name] = summarize(
                 measured,
@@ -421,6 +424,17 @@ def plot(report: dict[str, Any], path: str) -> None:
     plt.close(figure)
 
 
+def write_outcomes(path: str, name: str, outcomes: Sequence[Any], trace: Sequence[Any]) -> None:
+    """Append one JSON line per request of run `name`: what it asked and what it got."""
+    with open(path, "a", encoding="utf-8") as out:
+        for outcome, arrival in zip(outcomes, trace, strict=True):
+            fields = dataclasses.asdict(outcome)
+            line = {"run": name, "at": arrival.at} | {
+                k: None if isinstance(v, float) and math.isnan(v) else v for k, v in fields.items()
+            }
+            out.write(json.dumps(line, allow_nan=False) + "\n")
+
+
 def _counts(text: str) -> tuple[int, ...]:
     parse = positive(int, "--also-sidecars")
     return tuple(parse(part) for part in text.split(",") if part.strip())
@@ -517,6 +531,12 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "a target is judged only when its policies ran)",
     )
     add("--seed", type=int, default=0)
+    add(
+        "--outcomes",
+        metavar="FILE",
+        help="write every request's outcome (policy, scheduled time, prefix, sidecar, pod, "
+        "prompt and cached tokens, TTFT, error) to FILE as JSON lines, for tracing misses",
+    )
     add("--quick", action="store_true", help="seconds, for tests: 2 pods, short trace")
     add_json_option(parser)
     add("--plot", metavar="FILE", help="write a PNG of the TTFT distributions")
