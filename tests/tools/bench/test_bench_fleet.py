@@ -39,7 +39,16 @@ def _bench(*args: str, timeout: float = 80) -> subprocess.CompletedProcess[str]:
 
 def test_quick_fleet_report_is_well_formed(tmp_path: Path) -> None:
     report_path, plot_path = tmp_path / "fleet.json", tmp_path / "ttft.png"
-    done = _bench("--quick", "--json", str(report_path), "--plot", str(plot_path))
+    outcomes_path = tmp_path / "outcomes.jsonl"
+    done = _bench(
+        "--quick",
+        "--json",
+        str(report_path),
+        "--plot",
+        str(plot_path),
+        "--outcomes",
+        str(outcomes_path),
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(report_path.read_text())
     sidecars = report["params"]["sidecars"]
@@ -73,6 +82,19 @@ def test_quick_fleet_report_is_well_formed(tmp_path: Path) -> None:
         assert own["peak_in_flight"] >= own["mean_in_flight"] > 0, name
         assert own["peak_waiting"] >= own["mean_waiting"] >= 0, name
         assert result["load_signals"] is True, name
+    # every request of every run, warm-up included, one JSON line each
+    lines = [json.loads(line) for line in outcomes_path.read_text().splitlines()]
+    runs = {line["run"] for line in lines}
+    assert runs == set(expected)
+    per_run = len(lines) // len(runs)
+    assert per_run >= report["measured_requests"]
+    answered = [line for line in lines if not line["error"]]
+    assert answered and all(
+        line["backend"].startswith("http://127.0.0.1:")
+        and 0 <= line["cached_tokens"] <= line["prompt_tokens"]
+        and line["ttft_s"] > 0
+        for line in answered
+    )
 
 
 def test_targets_follow_the_numbers() -> None:
