@@ -453,3 +453,20 @@ def test_the_fleet_view_uses_no_reading_while_every_pod_is_saturated() -> None:
     assert readings == {"http://a:1": None} and signals.all_saturated
     signals.observe("http://a:1", PodReport(running=250.0, waiting=0.0))  # a drained
     assert readings == {"http://a:1": 250, "http://b:1": 260}
+
+
+def test_the_fleet_view_keeps_its_readings_while_every_pod_s_kv_is_full() -> None:
+    """A prefix cache budgeted to its pods' KV runs near full by design: KV use alone is not
+    the whole fleet queueing, so the readings stay in use (the saturation report, rule 2,
+    still counts KV)."""
+    readings: dict[str, int | None] = {}
+    signals = LoadSignals(lambda u, n: None, on_reading=readings.__setitem__, clock=Clock())
+    signals.set_members(["http://a:1", "http://b:1"])
+    signals.observe("http://a:1", PodReport(running=140.0, waiting=0.0, kv_usage=0.97))
+    signals.observe("http://b:1", PodReport(running=120.0, waiting=0.0, kv_usage=0.99))
+    assert readings == {"http://a:1": 140, "http://b:1": 120} and not signals.all_saturated
+    assert signals.saturated("http://a:1") and signals.saturated("http://b:1")
+    signals.observe("http://a:1", PodReport(running=140.0, waiting=2.0, kv_usage=0.97))
+    assert readings == {"http://a:1": 142, "http://b:1": 120}  # b does not queue
+    signals.observe("http://b:1", PodReport(running=120.0, waiting=1.0, kv_usage=0.99))
+    assert readings == {"http://a:1": None, "http://b:1": None} and signals.all_saturated
