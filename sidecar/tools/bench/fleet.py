@@ -251,6 +251,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             if policy == SIDECAR:  # the baselines keep the plain ring's homes for prewarm
                 settings["home_kv_budget_tokens"] = budget
                 settings["home_balance_factor"] = args.home_balance
+                settings.update(args.sidecar_set)
             sampler = PodSampler(fleet.urls, args.pod_sample_s)
             sampling = asyncio.create_task(sampler.run())
             run = await run_policy(
@@ -435,6 +436,13 @@ def write_outcomes(path: str, name: str, outcomes: Sequence[Any], trace: Sequenc
             out.write(json.dumps(line, allow_nan=False) + "\n")
 
 
+def _setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. load_factor=1.5")
+    return name, value
+
+
 def _counts(text: str) -> tuple[int, ...]:
     parse = positive(int, "--also-sidecars")
     return tuple(parse(part) for part in text.split(",") if part.strip())
@@ -531,6 +539,15 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "a target is judged only when its policies ran)",
     )
     add("--seed", type=int, default=0)
+    add(
+        "--sidecar-set",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="KEY=VALUE",
+        help="a config field for every sidecar process of the sidecar's runs, as serve's "
+        "--set (repeatable), e.g. --sidecar-set load_poll_interval_s=0.25",
+    )
     add(
         "--outcomes",
         metavar="FILE",
