@@ -48,6 +48,8 @@ def test_quick_fleet_report_is_well_formed(tmp_path: Path) -> None:
         str(plot_path),
         "--outcomes",
         str(outcomes_path),
+        "--sidecar-set",
+        "load_poll_interval_s=0.4",
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(report_path.read_text())
@@ -66,6 +68,7 @@ def test_quick_fleet_report_is_well_formed(tmp_path: Path) -> None:
         assert math.isfinite(result["requests_per_s"]) and result["requests_per_s"] > 0
         assert 0 < result["cost_yuan_per_day"] <= result["cost_raw_yuan_per_day"] == 2_468_000
     assert report["results"][multi_name(sidecars)]["sidecars"] == sidecars
+    assert report["params"]["sidecar_set"] == [["load_poll_interval_s", "0.4"]]
     assert {p["name"] for p in report["prefixes"]} >= {"compliance-rules", "live-stream-script"}
     assert report["prefixes"][0]["tokens"] == 60_000
     assert all(1 <= p["replicas"] <= pods for p in report["prefixes"])
