@@ -65,10 +65,14 @@ class Backend:
     healthy: bool | None = None  # None until the first health check decides
     warm: bool = False
     in_flight: int = 0  # this sidecar's own requests on the pod
+    # ... of which the pod was a choice: among two or more pods by their loads, a spill or a
+    # failover (the rest went to the only home the key has, whatever the loads said).
+    chosen: int = 0
     reported_load: int | None = None  # the pod's own report (running + waiting); None: unknown
-    # The fleet view: own in-flight when the pod's reading was taken; our requests since
-    # then move the reported load by as many (None: the report is taken as it is).
+    # The fleet view: own in-flight (and chosen) when the pod's reading was taken; our
+    # requests since then move the reported load (None: the report is taken as it is).
     anchor: int | None = None
+    chosen_anchor: int = 0
     fleet: FleetEstimate = field(default_factory=lambda: FleetEstimate())  # the pool's, shared
     warm_prefixes: set[str] = field(default_factory=set)
     last_error: str = ""
@@ -76,8 +80,8 @@ class Backend:
     @property
     def load(self) -> int:
         """The effective load `pick` sees: max(own in-flight, reported or 0); in the fleet
-        view max(own, reported + (own - anchor) x K), or own x K while unread (K: the
-        K-estimate)."""
+        view max(own, reported + (own - anchor) + (chosen - chosen_anchor) x (K - 1)), or
+        own x K while unread (K: the K-estimate)."""
         reported = self.reported_load
         own = self.in_flight
         scale = self.fleet.scale
@@ -86,9 +90,11 @@ class Backend:
         if self.anchor is not None:
             if not self.fleet.ready:
                 return own
-            # Our requests since the reading, and as many per sidecar from the others
-            # (the K-estimate): every sidecar sees the pods it just filled as fuller.
-            reported += round((own - self.anchor) * scale)
+            # Our requests since the reading; and where the pod was a choice, as many per
+            # sidecar from the others (the K-estimate): every sidecar choosing on the same
+            # reading sees the pod it just filled as fuller. A key's only home takes the
+            # others' requests independently of ours: K-fold, ours would add their noise.
+            reported += own - self.anchor + round((self.chosen - self.chosen_anchor) * (scale - 1))
         return own if reported < own else reported
 
     @property
@@ -214,18 +220,24 @@ class BackendPool:
 
     # --- load accounting ----------------------------------------------------------------
 
-    def acquire(self, url: str) -> None:
-        """One more of this sidecar's requests is in flight on `url`."""
+    def acquire(self, url: str, chosen: bool = True) -> None:
+        """One more of this sidecar's requests is in flight on `url`; `chosen` False when
+        `url` was the key's only home and took it under its cap (the fleet view counts the
+        other sidecars' requests for a choice, not for that)."""
         backend = self.backends.get(url)
         if backend is not None:
             backend.in_flight += 1
+            backend.chosen += chosen
             self._publish(backend)
 
-    def release(self, url: str) -> None:
-        """One of this sidecar's requests on `url` ended (never below zero)."""
+    def release(self, url: str, chosen: bool = True) -> None:
+        """One of this sidecar's requests on `url` ended (never below zero); `chosen` as
+        it was acquired."""
         backend = self.backends.get(url)
         if backend is not None and backend.in_flight > 0:
             backend.in_flight -= 1
+            if chosen and backend.chosen > 0:
+                backend.chosen -= 1
             self._publish(backend)
 
     def report_load(self, url: str, load: int | None) -> None:
@@ -254,6 +266,7 @@ class BackendPool:
         backend.reported_load = _checked_report(load)
         if backend.reported_load is not None:
             backend.anchor = backend.in_flight
+            backend.chosen_anchor = backend.chosen
             self._read_reported += backend.reported_load
             self._read_own += backend.anchor
         self._publish(backend)

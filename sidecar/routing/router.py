@@ -50,6 +50,9 @@ class Decision:
     branch: Branch
     decision_ns: int
     generation: int
+    # The pod was the key's only home and took the request under its cap: no choice among
+    # pods was made (the fleet view counts the other sidecars' requests for choices only).
+    forced: bool = False
 
 
 class Router:
@@ -191,7 +194,8 @@ class Router:
         backend, branch, key = select_bytes(table, data, replicas)
         attempts = self.max_attempts
         preference = ring.preference(key, replicas if replicas > attempts else attempts)
-        return self._decision(started, table, key, None, backend, branch, preference)
+        forced = replicas == 1 and branch is Branch.HOME
+        return self._decision(started, table, key, None, backend, branch, preference, forced)
 
     def for_chat(self, messages: list[tuple[str, str]]) -> Decision:
         """An unregistered chat, messages as (role, text): its first message routes as a
@@ -227,6 +231,8 @@ class Router:
             branch=branch,
             decision_ns=time.perf_counter_ns() - started,
             generation=table.generation,
+            # a later turn on its session's pod; a start's pod is a choice (9f)
+            forced=branch is Branch.HOME and not keys.start,
         )
 
     def _decide(self, started: int, key: int, entry: PrefixEntry | None) -> Decision:
@@ -247,8 +253,10 @@ class Router:
             home_count = len(homes.indexes)
             preference = list(homes.order[: home_count if home_count > attempts else attempts])
         else:
+            home_count = replicas
             preference = ring.preference(key, replicas if replicas > attempts else attempts)
-        return self._decision(started, table, key, entry, backend, branch, preference)
+        forced = home_count == 1 and branch is Branch.HOME
+        return self._decision(started, table, key, entry, backend, branch, preference, forced)
 
     @staticmethod
     def _decision(
@@ -259,6 +267,7 @@ class Router:
         backend: str,
         branch: Branch,
         preference: list[str],
+        forced: bool,
     ) -> Decision:
         # The chosen pod first, then the rest in order (cheaper than rebuilding the list).
         if preference[0] != backend:
@@ -274,6 +283,7 @@ class Router:
             branch=branch,
             decision_ns=elapsed,
             generation=table.generation,
+            forced=forced,
         )
 
     def home_set(self, entry: PrefixEntry) -> list[str]:

@@ -258,6 +258,7 @@ async def _send(
         front=FRONT_HTTP,
         outcome=outcome,
         first_timeout_s=None if stream else relay.policy.upstream_timeout_s,
+        forced_first=decision.forced,
     )
     answer: web.StreamResponse | None = None
     try:

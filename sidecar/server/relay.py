@@ -138,13 +138,16 @@ class Relay:
         outcome: RelayOutcome,
         time_remaining: Callable[[], float | None] = _no_deadline,
         first_timeout_s: float | None = None,
+        forced_first: bool = False,
     ) -> AsyncGenerator[Item, None]:
         """Yield the items of the first pod that answers, trying `candidates` in order.
 
         `front` labels the metrics (FRONT_GRPC or FRONT_HTTP); `outcome` gets the pod, the
         attempts, the TTFT and the status. `first_timeout_s` replaces the first-token
-        timeout (a whole, unstreamed answer's first byte comes when it is done). Raises the
-        exchange's errors: broken, rejected or exhausted."""
+        timeout (a whole, unstreamed answer's first byte comes when it is done).
+        `forced_first`: the first candidate was the key's only home (Decision.forced); the
+        pool counts it apart from choices and failovers. Raises the exchange's errors:
+        broken, rejected or exhausted."""
         started = time.perf_counter()
         metrics, pool, health = self.metrics, self.pool, self.health
         tried = candidates[: self.policy.max_attempts]
@@ -155,7 +158,8 @@ class Relay:
             if remaining is not None and remaining <= 0:
                 break
             budget = self._first_token_budget(remaining, len(tried) - number, first_timeout_s)
-            pool.acquire(backend)
+            chosen = number > 1 or not forced_first
+            pool.acquire(backend, chosen)
             in_flight = metrics.child(metrics.in_flight, front, backend)
             in_flight.inc()
             sent_first = False
@@ -198,7 +202,7 @@ class Relay:
                 logger.debug("attempt %d on %s failed: %s", number, backend, exc.message)
             finally:
                 exchange.close()
-                pool.release(backend)
+                pool.release(backend, chosen)
                 in_flight.dec()
         outcome.status = "UNAVAILABLE"
         raise exchange.exhausted(outcome.errors, deadline_spent(time_remaining()))
@@ -215,6 +219,7 @@ class Relay:
         on_accepted: Callable[[], None] | None = None,
         headers: Mapping[str, str] | None = None,
         raw_events: bool = False,
+        forced_first: bool = False,
     ) -> AsyncGenerator[router_pb2.Chunk, None]:
         """The gRPC front's chunks of the first pod that streams; `on_accepted` is called
         when a pod first answers 200 (the caller can send its response headers then).
@@ -235,7 +240,12 @@ class Relay:
             raw_events=raw_events,
         )
         return self.attempts(
-            candidates, exchange, front=FRONT_GRPC, outcome=outcome, time_remaining=time_remaining
+            candidates,
+            exchange,
+            front=FRONT_GRPC,
+            outcome=outcome,
+            time_remaining=time_remaining,
+            forced_first=forced_first,
         )
 
     def _first_token_budget(

@@ -362,6 +362,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 outcome=outcome,
                 on_accepted=headers.send,
                 headers=trace.http_headers(),
+                forced_first=upstream.decision.forced,
             )
             # aclosing: however the call ends, the relay's cleanup (pod connection, in-flight
             # count) runs now, not when the abandoned generator is collected.

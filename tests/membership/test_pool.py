@@ -227,6 +227,35 @@ def test_the_fleet_view_moves_a_reading_by_our_sends_times_the_k_estimate() -> N
     assert pool.table.total == sum(pool.table.loads)
 
 
+def test_the_fleet_view_counts_a_key_s_only_home_once_and_choices_k_fold() -> None:
+    """K = 4. A request its pod took as the key's only home (chosen=False) moves the
+    reading by one: the other sidecars' such requests do not follow ours. A choice (among
+    pods by load, a spill, a failover) moves it by K: they choose on the same reading."""
+    pool = serving_pool(URLS[:2])
+    for url in URLS[:2]:
+        for _ in range(4):
+            pool.acquire(url, chosen=False)
+        pool.report_reading(url, 16)
+    assert pool.fleet_scale == 4.0
+    pool.acquire(URLS[0], chosen=False)
+    pool.acquire(URLS[0], chosen=False)
+    pool.acquire(URLS[1])  # chosen
+    assert list(pool.table.loads) == [18, 20]
+    pool.release(URLS[0], chosen=False)
+    pool.release(URLS[1])
+    pool.release(URLS[1], chosen=False)
+    assert list(pool.table.loads) == [17, 15]
+    pool.acquire(URLS[0])  # a choice made before the next reading ...
+    pool.report_reading(URLS[0], 21)  # ... is in it: the reading re-anchors both counts
+    pool.acquire(URLS[0])
+    pool.release(URLS[0], chosen=False)
+    assert pool.table.loads[0] == 21 + 0 + 1 * 3  # own unchanged, one more choice: K - 1
+    assert pool.table.total == sum(pool.table.loads)
+    for _ in range(12):
+        pool.release(URLS[0])  # releases never take either count below zero
+    assert pool.backends[URLS[0]].in_flight == 0 and pool.backends[URLS[0]].chosen == 0
+
+
 def test_the_fleet_view_never_goes_below_own_and_one_sidecar_sees_its_own() -> None:
     pool = serving_pool(URLS[:2])
     for _ in range(5):

@@ -44,6 +44,8 @@ def test_a_prefix_goes_where_the_cores_pick_says_then_fails_over_in_ring_order(
         assert decision.preference == [member, *(u for u in order if u != member)]
         assert (decision.prefix, decision.route_key) == (entry, entry.route_key)
         assert decision.generation == pool.table.generation
+        # no choice was made when the key's only home took it under its cap
+        assert decision.forced == (entry.replicas == 1 and branch == Branch.HOME)
         for url in urls:
             while pool.table.loads[pool.table.index[url]]:
                 pool.release(url)
@@ -66,6 +68,7 @@ def test_prompts_and_inline_prefixes_route_as_the_contract_says(
     text = router.for_prefix_text(unknown)
     assert (text.prefix, text.route_key) == (None, _core.route_key(unknown.encode()))
     assert raw.branch in (Branch.HOME, Branch.SPILL)
+    assert raw.forced == (raw.branch == Branch.HOME)  # the window: one replica by default
 
 
 def test_no_ring_is_no_backend(make_router: MakeRouter) -> None:
@@ -147,3 +150,21 @@ def test_the_config_chooses_the_table(make_router: MakeRouter) -> None:
         build_config({"hash_table": "chord"})
     with pytest.raises(ValueError, match="unknown hash table 'chord'"):
         BackendPool(hash_table="chord")
+
+
+def test_an_organic_start_is_a_choice_and_a_later_turn_is_not(make_router: MakeRouter) -> None:
+    """A flow's start picks the least-loaded pod of its home set (contract 9f): a choice. A
+    later turn goes to its session's pod: no choice unless it spilled."""
+    router = make_router(serving_pool(pods(4)), PrefixStore())
+    system = ("system", "You answer questions about the shop's return policy. " * 12)
+    start = router.for_chat([system, ("user", "Can I return shoes after 30 days?")])
+    assert not start.forced
+    later = router.for_chat(
+        [
+            system,
+            ("user", "Can I return shoes after 30 days?"),
+            ("assistant", "Only with a receipt, and within 60 days."),
+            ("user", "And sandals?"),
+        ]
+    )
+    assert later.branch == Branch.HOME and later.forced

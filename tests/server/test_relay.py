@@ -170,6 +170,7 @@ async def relay_once(
     *,
     time_remaining: Callable[[], float | None] = lambda: None,
     headers: dict[str, str] | None = None,
+    forced_first: bool = False,
 ) -> Result:
     outcome = RelayOutcome()
     chunks: list[router_pb2.Chunk] = []
@@ -186,6 +187,7 @@ async def relay_once(
                 outcome=outcome,
                 on_accepted=lambda: accepted.append(1),
                 headers=headers,
+                forced_first=forced_first,
             ):
                 chunks.append(chunk)
     except RpcAbort as exc:
@@ -213,6 +215,30 @@ async def test_a_healthy_pod_streams_backend_first_and_usage_last(
     assert result.outcome.status == "OK" and result.outcome.usage == (5, 2, 0)
     assert result.outcome.ttft_s is not None and result.accepted == 1
     assert r.health.successes == [pod.url] and r.pool.backends[pod.url].in_flight == 0
+
+
+async def test_a_key_s_only_home_is_counted_apart_from_a_failover(
+    start_pod: Callable[[Handler], Awaitable[Pod]], rig: Callable[..., Rig]
+) -> None:
+    """The pool counts what the first attempt took as the key's only home apart from
+    choices (the fleet view's K-fold term); a failover is a choice."""
+    slow = streams(text_event("hi", "stop"), USAGE, DONE, stall_s=0.3)
+    home, bad, spare = await start_pod(slow), await start_pod(answers(503)), await start_pod(slow)
+    r = rig([home.url, bad.url, spare.url])
+    seen: dict[str, tuple[int, int]] = {}
+
+    async def watch(url: str) -> None:
+        while r.pool.backends[url].in_flight == 0:
+            await asyncio.sleep(0.01)
+        seen[url] = (r.pool.backends[url].in_flight, r.pool.backends[url].chosen)
+
+    for candidates in ([home.url], [bad.url, spare.url]):
+        watcher = asyncio.create_task(watch(candidates[-1]))
+        result = await relay_once(r, candidates, forced_first=True)
+        await watcher
+        assert result.abort is None and result.text == "hi"
+    assert seen == {home.url: (1, 0), spare.url: (1, 1)}
+    assert all(b.in_flight == b.chosen == 0 for b in r.pool.backends.values())
 
 
 @pytest.mark.parametrize("status", [500, 503, 429, 302])
