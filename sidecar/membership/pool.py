@@ -40,7 +40,10 @@ MAX_REPORTED_LOAD = 1 << 20
 # The fleet view's K-estimate (how many sidecars' traffic a pod carries per request of
 # ours) is bounded, and taken only from readings that saw enough of our own requests.
 MAX_FLEET_SCALE = 4096.0
-MIN_SCALE_SAMPLE = 4  # own requests in flight on freshly read pods, summed
+# K = sum R / sum a from n = sum a of our requests is off by ~1/sqrt(n): 50 % at 4, 25 % at
+# 16. At 4, 8 sidecars spilled 3-6 tail prefixes to cold pods in the first seconds of a run
+# (bench fleet, 5 runs), at 16 1-2 (4 runs); until then own counts decide.
+MIN_SCALE_SAMPLE = 16  # own requests in flight on freshly read pods, summed
 SCALE_STEP = 0.1  # a new estimate within 10 % of the one in use changes nothing
 
 WARMING = "warming"

@@ -12,6 +12,7 @@ from sidecar.membership.pool import (
     EJECTED,
     MAX_FLEET_SCALE,
     MAX_REPORTED_LOAD,
+    MIN_SCALE_SAMPLE,
     SERVING,
     WARMING,
     BackendPool,
@@ -207,23 +208,23 @@ def test_the_total_invariant_holds_through_random_changes(report: str) -> None:
 
 
 def test_the_fleet_view_moves_a_reading_by_our_sends_times_the_k_estimate() -> None:
-    """Each pod read at 4 of ours and 16 in all: K = 4. A send of ours since counts as K;
+    """Each pod read at 8 of ours and 32 in all: K = 4. A choice of ours since counts as K;
     an unread pod counts own x K; a stale reading takes its pod back to own x K."""
     pool = serving_pool(URLS[:3])
     for url in URLS[:2]:
-        for _ in range(4):
+        for _ in range(8):
             pool.acquire(url)
-        pool.report_reading(url, 16)
+        pool.report_reading(url, 32)
     assert pool.fleet_scale == 4.0
     pool.acquire(URLS[2])
-    assert list(pool.table.loads) == [16, 16, 4]
+    assert list(pool.table.loads) == [32, 32, 4]
     pool.acquire(URLS[0])  # one more of ours: about K more of everyone's
     pool.release(URLS[1])  # one of ours ended: about K fewer
-    assert list(pool.table.loads) == [20, 12, 4]
-    pool.report_reading(URLS[0], 30)  # a new reading re-anchors at our 5
-    assert pool.table.loads[0] == 30
+    assert list(pool.table.loads) == [36, 28, 4]
+    pool.report_reading(URLS[0], 36)  # a new reading re-anchors at our 9
+    assert pool.table.loads[0] == 36
     pool.report_reading(URLS[1], None)  # stale: own x K
-    assert pool.table.loads[1] == math.ceil(3 * pool.fleet_scale)
+    assert pool.table.loads[1] == math.ceil(7 * pool.fleet_scale)
     assert pool.table.total == sum(pool.table.loads)
 
 
@@ -233,25 +234,26 @@ def test_the_fleet_view_counts_a_key_s_only_home_once_and_choices_k_fold() -> No
     pods by load, a spill, a failover) moves it by K: they choose on the same reading."""
     pool = serving_pool(URLS[:2])
     for url in URLS[:2]:
-        for _ in range(4):
+        for _ in range(8):
             pool.acquire(url, chosen=False)
-        pool.report_reading(url, 16)
+        pool.report_reading(url, 32)
     assert pool.fleet_scale == 4.0
     pool.acquire(URLS[0], chosen=False)
     pool.acquire(URLS[0], chosen=False)
     pool.acquire(URLS[1])  # chosen
-    assert list(pool.table.loads) == [18, 20]
+    assert list(pool.table.loads) == [34, 36]
     pool.release(URLS[0], chosen=False)
     pool.release(URLS[1])
     pool.release(URLS[1], chosen=False)
-    assert list(pool.table.loads) == [17, 15]
+    assert list(pool.table.loads) == [33, 31]
     pool.acquire(URLS[0])  # a choice made before the next reading ...
-    pool.report_reading(URLS[0], 21)  # ... is in it: the reading re-anchors both counts
+    pool.report_reading(URLS[0], 37)  # ... is in it: the reading re-anchors both counts
     pool.acquire(URLS[0])
     pool.release(URLS[0], chosen=False)
-    assert pool.table.loads[0] == 21 + 0 + 1 * 3  # own unchanged, one more choice: K - 1
+    assert pool.fleet_scale == 4.0  # (37 + 32) / (10 + 8) = 3.83: within 10 %, kept
+    assert pool.table.loads[0] == 37 + 0 + 1 * 3  # own unchanged, one more choice: K - 1
     assert pool.table.total == sum(pool.table.loads)
-    for _ in range(12):
+    for _ in range(20):
         pool.release(URLS[0])  # releases never take either count below zero
     assert pool.backends[URLS[0]].in_flight == 0 and pool.backends[URLS[0]].chosen == 0
 
@@ -271,28 +273,29 @@ def test_the_fleet_view_never_goes_below_own_and_one_sidecar_sees_its_own() -> N
 
 def test_the_k_estimate_needs_enough_of_our_requests_and_is_bounded() -> None:
     pool = serving_pool(URLS[:3])
-    pool.acquire(URLS[0])
-    pool.report_reading(URLS[0], 50)  # one request of ours is no sample: K stays 1
+    for _ in range(MIN_SCALE_SAMPLE - 1):
+        pool.acquire(URLS[0])
+    pool.report_reading(URLS[0], 150)  # 15 requests of ours are too few: K stays 1
     assert pool.fleet_scale == 1.0
-    for _ in range(4):
-        pool.acquire(URLS[1])
+    pool.acquire(URLS[1])
     pool.report_reading(URLS[1], 1 << 40)  # hostile: clamped to MAX_REPORTED_LOAD
     assert pool.fleet_scale == MAX_FLEET_SCALE
-    pool.report_reading(URLS[1], 3)  # over both read pods: (50 + 3) / (1 + 4)
-    assert pool.fleet_scale == pytest.approx(10.6)
+    pool.report_reading(URLS[1], 10)  # over both read pods: (150 + 10) / (15 + 1)
+    assert pool.fleet_scale == 10.0
     pool.report_reading(URLS[0], 0)  # fewer than ours: K is never below 1
     assert pool.fleet_scale == 1.0
-    pool.report_reading(URLS[0], 97)
+    pool.report_reading(URLS[0], 310)
     assert pool.fleet_scale == 20.0
     pool.set_members(members(URLS[1:]))  # a pod that leaves leaves the estimate
-    assert pool.fleet_scale == 1.0  # 3 reported / 4 of ours
+    assert pool.fleet_scale == 1.0  # 1 of ours read: too few again
     pool.report_reading("http://10.9.9.9:8000", 3)  # not a member: ignored
 
 
 def test_readings_wait_until_the_k_estimate_is_known() -> None:
-    """Early in a run: pods read at everyone's 10 beside our 1 each, K unknown (fewer than 4
-    of ours on read pods): own counts decide, in one unit. Once 4 of ours were read, the
-    readings count and an unread pod counts own x K."""
+    """Early in a run: pods read at everyone's 10 beside our 1 each, K unknown (fewer than
+    MIN_SCALE_SAMPLE of ours on read pods): own counts decide, in one unit. Once 16 of ours
+    were read, the readings count and an unread pod counts own x K."""
+    assert MIN_SCALE_SAMPLE == 16
     pool = serving_pool(URLS[:3])
     for url in URLS[:3]:
         pool.acquire(url)
@@ -300,9 +303,9 @@ def test_readings_wait_until_the_k_estimate_is_known() -> None:
         pool.report_reading(url, 10)
     assert list(pool.table.loads) == [1, 1, 1]
     pool.report_reading(URLS[2], None)
-    for _ in range(3):
+    for _ in range(14):
         pool.acquire(URLS[0])
-    pool.report_reading(URLS[0], 40)  # 4 + 1 of ours read: K = (40 + 10) / 5 = 10
+    pool.report_reading(URLS[0], 150)  # 15 + 1 of ours read: K = (150 + 10) / 16 = 10
     assert pool.fleet_scale == 10.0
-    assert list(pool.table.loads) == [40, 10, 10]  # the unread pod at own x K
+    assert list(pool.table.loads) == [150, 10, 10]  # the unread pod at own x K
     assert pool.table.total == sum(pool.table.loads)
