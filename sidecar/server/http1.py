@@ -123,22 +123,18 @@ class StreamedResponse:
 
 
 class Request:
-    """One request: its head, then `await body()`."""
+    """One request, whole: the handler runs once its body is in (within the server's
+    max_body_bytes: the server answers 413 itself above it)."""
 
-    __slots__ = ("_connection", "_head", "headers", "http11", "method", "path")
+    __slots__ = ("_connection", "body", "headers", "http11", "method", "path")
 
     def __init__(self, connection: _Connection, head: Head) -> None:
         self.method = head.method
         self.path = head.path
         self.http11 = head.http11
         self.headers = head.headers
+        self.body = b""
         self._connection = connection
-        self._head = head
-
-    async def body(self) -> bytes:
-        """The whole body; HTTPError 413 above the server's limit, 408 when it comes too
-        slowly, 400 when its framing is broken."""
-        return await self._connection.body(self)
 
 
 class _Connection(asyncio.Protocol):
@@ -157,9 +153,6 @@ class _Connection(asyncio.Protocol):
         self._body_left = 0  # Content-Length bytes still to come
         self._chunks: ChunkedBody | None = None
         self._body_done = True
-        self._body_error: HTTPError | None = None
-        self._body_waiter: asyncio.Future[None] | None = None
-        self._continued = False
         self._timer: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -185,9 +178,6 @@ class _Connection(asyncio.Protocol):
         if self._task is not None and not self._task.done() and not self._closed_by_us:
             self._task.cancel()  # the caller left: its pod request ends too
         waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionResetError("the caller closed the connection"))
-        waiter = self._body_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the caller closed the connection"))
 
@@ -249,12 +239,12 @@ class _Connection(asyncio.Protocol):
             self._refuse(self._server.too_large(head.length))
             return
         self._disarm()
-        request = self._request = Request(self, head)
+        self._request = Request(self, head)
+        if not head.keep_alive:
+            self.must_close = True
         rest = data[end + 4 :]
         self._body_parts = []
         self._body_size = 0
-        self._body_error = None
-        self._continued = False
         if head.chunked:
             self._chunks = ChunkedBody()
             self._body_done = False
@@ -262,15 +252,16 @@ class _Connection(asyncio.Protocol):
             self._chunks = None
             self._body_left = head.length or 0
             self._body_done = not self._body_left
-        if not self._body_done:
-            self._arm(BODY_TIMEOUT_S, self._body_expired)
-            if rest:
-                self._feed_body(rest)
-        elif rest:
+        if self._body_done:
             self._pending += rest
-        if not self.must_close and not head.keep_alive:
-            self.must_close = True
-        self._task = self._loop.create_task(self._serve(request))
+            self._start()
+            return
+        if head.expect_continue and not rest:
+            assert self._transport is not None
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._arm(BODY_TIMEOUT_S, self._body_expired)
+        if rest:
+            self._feed_body(rest)
 
     def _feed_body(self, data: bytes) -> None:
         if self._chunks is None:
@@ -279,62 +270,37 @@ class _Connection(asyncio.Protocol):
                 self._pending += data[left:]
                 data = data[:left]
             self._body_left -= len(data)
-            self._add_body([data])
+            self._body_parts.append(data)
             if not self._body_left:
                 self._body_complete()
             return
         try:
             parts = self._chunks.feed(data)
         except HTTPError as exc:
-            self._body_failed(exc)
+            self._refuse(exc)
             return
-        self._add_body(parts)
-        if self._chunks.done and self._body_error is None:
+        self._body_parts += parts
+        self._body_size += sum(map(len, parts))
+        if self._body_size > self._server.max_body_bytes:
+            self._refuse(self._server.too_large(self._body_size))
+        elif self._chunks.done:
             self._pending += self._chunks.rest
             self._body_complete()
-
-    def _add_body(self, parts: list[bytes]) -> None:
-        for part in parts:
-            self._body_size += len(part)
-            self._body_parts.append(part)
-        if self._body_size > self._server.max_body_bytes:
-            self._body_failed(self._server.too_large(self._body_size))
 
     def _body_complete(self) -> None:
         self._body_done = True
         self._disarm()
-        waiter = self._body_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._start()
 
-    def _body_failed(self, error: HTTPError) -> None:
-        """The body cannot be read: the handler's body() raises, and the connection closes
-        once the answer is out (what the caller still sends is dropped)."""
-        self._body_error = error
-        self._body_parts = []
-        self._body_done = True
-        self._disarm()
-        self.must_close = True
-        self._lingering = True
-        waiter = self._body_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def body(self, request: Request) -> bytes:
-        if not self._body_done and request._head.expect_continue and not self._continued:
-            self._continued = True
-            if self._transport is not None:
-                self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if not self._body_done:
-            self._body_waiter = self._loop.create_future()
-            try:
-                await self._body_waiter
-            finally:
-                self._body_waiter = None
-        if self._body_error is not None:
-            raise self._body_error
-        parts = self._body_parts
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+    def _start(self) -> None:
+        """The request is whole: run its handler. (Not before: a handler that waited for
+        the body would cost a task switch more; `Expect: 100-continue` is answered as soon
+        as the head is read and its Content-Length is within the limit.)"""
+        request = self._request
+        assert request is not None
+        parts, self._body_parts = self._body_parts, []
+        request.body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._task = self._loop.create_task(self._serve(request))
 
     # --- answering ----------------------------------------------------------------------
 
@@ -498,7 +464,7 @@ class _Connection(asyncio.Protocol):
     def _body_expired(self) -> None:
         self._timer = None
         if not self._body_done:
-            self._body_failed(HTTPError(408, f"the request body took over {BODY_TIMEOUT_S:g} s"))
+            self._refuse(HTTPError(408, f"the request body took over {BODY_TIMEOUT_S:g} s"))
 
 
 _date_cache: tuple[int, str] = (0, "")

@@ -219,7 +219,7 @@ class OpenAIFront:
         entry = self._prefix_of(request)
         # At most max_message_bytes (the server answers 413 above it, before reading the
         # body when its Content-Length says so).
-        raw = await request.body()
+        raw = request.body
         parsed = parse_request(
             raw,
             chat=chat,

@@ -29,7 +29,7 @@ def _error_body(status: int, message: str) -> bytes:
 
 async def _echo(request: Request) -> Response:
     """The method, path, one header and the body's length and bytes, as JSON."""
-    body = await request.body()
+    body = request.body
     answer = {
         "method": request.method,
         "path": request.path,
@@ -243,9 +243,7 @@ async def test_a_caller_leaving_cancels_the_handler_and_writes_wait_for_a_slow_r
         await asyncio.wait_for(cancelled.wait(), 5)
 
 
-async def test_answers_while_draining_close_the_connection_and_unsafe_values_are_dropped() -> (
-    None
-):
+async def test_answers_while_draining_close_the_connection_and_unsafe_values_are_dropped() -> None:
     async def labelled(request: Request) -> Response:
         return Response(200, b"ok", [("X-Pod", "a\r\nSet-Cookie: evil"), ("X-Fine", "yes")])
 
