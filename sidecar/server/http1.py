@@ -102,18 +102,24 @@ class StreamedResponse:
             framed = connection.head(self.status, self.headers, framing, None) + framed
         await connection.send(framed)
 
-    async def end(self) -> None:
-        """The end of the answer (the last chunk)."""
+    async def end(self, last: bytes = b"") -> None:
+        """The end of the answer, after `last` (in the same write): an answer not started
+        yet goes whole, with its Content-Length."""
         if self.ended:
             return
         self.ended = True
         connection = self._connection
         if not self._started:
             self._started = True
-            await connection.send(connection.head(self.status, self.headers, None, 0))
+            head = connection.head(self.status, self.headers, None, len(last))
+            await connection.send(head + last)
         elif self._chunked:
-            await connection.send(b"0\r\n\r\n")
+            await connection.send(
+                b"%x\r\n%b\r\n0\r\n\r\n" % (len(last), last) if last else b"0\r\n\r\n"
+            )
         else:
+            if last:
+                await connection.send(last)
             connection.must_close = True  # HTTP/1.0: the close ends the body
 
     def abort(self) -> None:

@@ -203,6 +203,12 @@ class ByteExchange:
             retry_after_s=RETRY_AFTER_S,
         )
 
+    def finished(self) -> bool:
+        """The pod's answer is read to its end (its Content-Length): what was read last is
+        the whole rest, and the caller can get it with the answer's end in one write (a
+        whole answer with its Content-Length when it came in one piece)."""
+        return self.answer is not None and self.answer.done
+
     def passed_headers(self) -> tuple[tuple[str, str], ...]:
         assert self.answer is not None
         return _passed(self.answer.headers)
@@ -252,12 +258,16 @@ async def _send(
         first_timeout_s=None if stream else relay.policy.upstream_timeout_s,
     )
     answer: StreamedResponse | None = None
+    last = b""  # the end of an answer read whole: sent with its end, in one write
     try:
         async with contextlib.aclosing(parts):
             async for data in parts:
                 if answer is None:
                     labels = _label(exchange.passed_headers(), outcome.backend, decision)
                     answer = StreamedResponse(request, 200, labels)
+                if exchange.finished():
+                    last += data
+                    continue
                 await answer.write(data)  # a caller that left raises (or is cancelled) here
     except PodRefusal as refusal:
         labels = _label(refusal.headers, refusal.backend, decision)
@@ -270,10 +280,10 @@ async def _send(
             # the body's end, so its client sees a cut body, not a short one.
             answer.abort()
             return answer
-        await answer.write(_error_event(exc.backend, exc))
+        last = _error_event(exc.backend, exc)
     outcome.usage = exchange.usage.counts()
     assert answer is not None
-    await answer.end()
+    await answer.end(last)
     return answer
 
 
