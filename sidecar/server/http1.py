@@ -8,14 +8,16 @@ straight from data_received and writes the answer straight to the transport.
 What it does per connection: one request at a time (a pipelined next request waits in a
 bounded buffer until the answer is out), keep-alive unless the caller or HTTP/1.0 says
 otherwise, Content-Length and chunked bodies (sidecar.server.http1_parse reads them
-strictly), `Expect: 100-continue` answered when the handler reads the body, whole answers
-with Content-Length and streamed ones chunked (HTTP/1.0: delimited by the close), with the
-transport's backpressure (pause_writing/resume_writing). Bounded: the head's size and
-header count, the body's size (413 before reading it when Content-Length says so), the time
-to send a head and a body, an idle keep-alive connection's time. A caller that leaves
-cancels its request's handler. An error the server answers itself closes the connection,
-after reading and dropping (for at most LINGER_S) what the caller still sends, so its
-client reads the answer instead of a reset.
+strictly), the handler run once the body is whole, `Expect: 100-continue` answered once the
+head is read and its Content-Length is within the limit, whole answers with Content-Length
+and streamed ones chunked (HTTP/1.0: delimited by the close), with the transport's
+backpressure (pause_writing/resume_writing). Bounded: the head's size and header count, the
+body's size (413 before reading it when Content-Length says so), the time to send a head
+and a body, an idle keep-alive connection's time, and how long a caller may read nothing of
+its answer. A caller that leaves cancels its request's handler. An error the server answers
+itself closes the connection, after reading and dropping (for at most LINGER_S) what the
+caller still sends, so its client reads the answer instead of a reset. While draining,
+every answer closes its connection.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ MAX_HEAD_BYTES = 16 * 1024  # the request line and headers
 HEAD_TIMEOUT_S = 10.0  # from a request's first byte to its head's end
 BODY_TIMEOUT_S = 60.0  # from the head's end to the body's
 IDLE_TIMEOUT_S = 75.0  # a kept-alive connection with no request
+WRITE_STALL_S = 60.0  # a caller that reads none of its answer for this long is dropped
 LINGER_S = 2.0  # reading and dropping a refused body before the close
 MAX_LINGER_BYTES = 64 * 1024 * 1024
 
@@ -400,7 +403,12 @@ class _Connection(asyncio.Protocol):
         transport.write(data)
         if self._write_paused:
             self._drain_waiter = waiter = self._loop.create_future()
-            await waiter
+            try:
+                async with asyncio.timeout(WRITE_STALL_S):
+                    await waiter
+            except TimeoutError:
+                self.abort()  # a caller that reads nothing must not hold its pod forever
+                raise ConnectionResetError("the caller stopped reading") from None
 
     def _refuse(self, error: HTTPError) -> None:
         """Answer an error the server found itself, then close, dropping what still comes."""

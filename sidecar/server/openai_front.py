@@ -243,7 +243,6 @@ class OpenAIFront:
                 code="no_backend",
                 retry_after_s=RETRY_AFTER_S,
             ) from None
-        self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(decision_ns / 1e9)
         trace = _trace_context(request)
         outcome = RelayOutcome()
         try:
@@ -262,7 +261,9 @@ class OpenAIFront:
                 outcome.status = "CANCELLED"  # the caller left, or the handler failed
             raise
         finally:
-            # The same request line, counters and cost as a gRPC call: front=http, rpc=http_*.
+            # The same request line, counters and cost as a gRPC call: front=http, rpc=http_*
+            # (counted once the answer is out: nothing the pod's request waits for).
+            self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(decision_ns / 1e9)
             prefix = decision.prefix.name if decision.prefix is not None else ""
             record_outcome(
                 self.metrics,

@@ -144,9 +144,12 @@ async def test_a_stream_is_chunked_and_http_1_0_gets_it_until_the_close() -> Non
             assert reply.headers["Transfer-Encoding"] == "chunked"
             assert await reply.read() == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
         out = await _raw(url, b"GET /s HTTP/1.0\r\n\r\n")
-    async with serving(whole) as (url, _):
-        async with aiohttp.ClientSession() as session, session.get(url + "/w") as reply:
-            assert reply.headers["Content-Length"] == "2" and await reply.read() == b"{}"
+    async with (
+        serving(whole) as (url, _),
+        aiohttp.ClientSession() as session,
+        session.get(url + "/w") as reply,
+    ):
+        assert reply.headers["Content-Length"] == "2" and await reply.read() == b"{}"
     head, _, body = out.partition(b"\r\n\r\n")
     assert b"chunked" not in head and b"Content-Length" not in head
     assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
