@@ -447,12 +447,11 @@ class _Connection(asyncio.Protocol):
             self._closed_by_us = True
             transport.close()
 
-    def close_idle(self) -> bool:
-        """Close the connection if it has no request under way (the server is stopping)."""
-        if self._request is None and not self._head_buffer and self._transport is not None:
-            self._transport.close()
-            return True
-        return False
+    def close_now(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+        self.abort()
 
     # --- timers -------------------------------------------------------------------------
 
@@ -504,7 +503,7 @@ class HTTP1Server:
         self.error_body = error_body
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
-        self.draining = False
+        self.draining = False  # set when stopping: every answer then closes its connection
 
     def __call__(self) -> _Connection:
         return _Connection(self)
@@ -519,12 +518,7 @@ class HTTP1Server:
             f"{size} > {self.max_body_bytes} bytes",
         )
 
-    def drain(self) -> None:
-        """Stop taking requests: idle connections close now, busy ones after their answer."""
-        self.draining = True
-        for connection in list(self.connections):
-            connection.close_idle()
-
     def close_all(self) -> None:
+        """Close every connection; a handler still running is cancelled."""
         for connection in list(self.connections):
-            connection.abort()
+            connection.close_now()
