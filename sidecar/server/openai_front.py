@@ -7,20 +7,22 @@ errors take OpenAI's body and statuses, so the openai SDK raises its usual excep
 listens on `openai_listen`: loopback HOST:PORT in plain HTTP, any other address only with
 TLS (the config refuses it without), or a unix socket.
 
-aiohttp's low-level server, not an Application: four fixed paths need no router, no
-middleware chain and no per-request Request wrapper (docs/benchmarks.md, the HTTP front).
+The server under it is sidecar.server.http1 (asyncio.Protocol, no HTTP library): four
+fixed paths need no router, no middleware and no per-request wrapper objects, and aiohttp's
+server frame cost ~0.19 ms more per 240 KB request (docs/benchmarks.md). Pod model lists
+still come through the aiohttp session.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-from aiohttp import web, web_server
 
 from sidecar import __version__
 from sidecar.config import Config
@@ -29,6 +31,7 @@ from sidecar.membership.pool import SERVING, BackendPool
 from sidecar.metrics import FRONT_HTTP, Metrics
 from sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
 from sidecar.routing.router import Decision, NoBackendError, Router
+from sidecar.server.http1 import HTTP1Server, Request, Response, StreamedResponse
 from sidecar.server.openai_body import FrontError, FrontRequest, bad_request, parse_request
 from sidecar.server.openai_relay import BACKEND_HEADER, RETRY_AFTER_S, forward
 from sidecar.server.openai_splice import splice_prefix
@@ -64,11 +67,9 @@ YIELD_ABOVE_BYTES = 1024 * 1024
 # Thin queries: the registered prefix to put before the caller's prompt or messages.
 PREFIX_ID_HEADER = "x-prefix-id"
 PREFIX_NAME_HEADER = "x-prefix-name"
-# What is left of the shutdown once the streams had their grace: idle keep-alive
-# connections are closed (aiohttp reads a timeout of 0 as none).
-CLOSE_IDLE_S = 0.1
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+Answer = Response | StreamedResponse
+Handler = Callable[[Request], Awaitable[Answer]]
 
 
 class OpenAIFront:
@@ -102,7 +103,7 @@ class OpenAIFront:
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health,
         }
-        self._server: web_server.Server | None = None
+        self._server: HTTP1Server | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._socket_identity: SocketIdentity | None = None
         self._requests: set[asyncio.Task[object]] = set()
@@ -113,10 +114,14 @@ class OpenAIFront:
 
     async def start(self) -> None:
         listen = self.config.openai_listen
-        # handler_cancellation: a caller that leaves cancels its handler, which closes the
-        # pod's connection at once instead of at the next chunk. No access log: it would
-        # carry nothing a caller needs and cost a line per request.
-        self._server = web_server.Server(self._handle, handler_cancellation=True, access_log=None)
+        # A caller that leaves cancels its handler, which closes the pod's connection at
+        # once instead of at the next chunk. No access log: it would carry nothing a caller
+        # needs and cost a line per request (the request line is sidecar.requests').
+        self._server = HTTP1Server(
+            self._handle,
+            max_body_bytes=self.config.max_message_bytes,
+            error_body=_error_body,
+        )
         loop = asyncio.get_running_loop()
         if listen.startswith("unix://"):
             path = listen[len("unix://") :]
@@ -138,6 +143,8 @@ class OpenAIFront:
         `grace_s` (default: the config's grace_s) to finish, then cancel what is left."""
         grace = self.config.grace_s if grace_s is None else grace_s
         self._draining = True
+        if self._server is not None:
+            self._server.draining = True  # each answer from now on closes its connection
         if self._listener is not None:
             listener, self._listener = self._listener, None
             listener.close()
@@ -149,7 +156,7 @@ class OpenAIFront:
                 if late:
                     await asyncio.wait(late, timeout=1.0)
             if self._server is not None:
-                await self._server.shutdown(CLOSE_IDLE_S)
+                self._server.close_all()  # idle keep-alive connections, and any left
         listen = self.config.openai_listen
         if listen.startswith("unix://"):
             remove_own_socket(listen[len("unix://") :], self._socket_identity)
@@ -168,7 +175,7 @@ class OpenAIFront:
 
     # --- dispatch -----------------------------------------------------------------------
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _handle(self, request: Request) -> Answer:
         """Every answer, errors included, in OpenAI's shape."""
         handler = self._routes.get((request.method, request.path))
         try:
@@ -190,15 +197,13 @@ class OpenAIFront:
 
     # --- handlers -----------------------------------------------------------------------
 
-    async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def completions(self, request: Request) -> Answer:
         return await self._infer(request, "/v1/completions", RPC_COMPLETIONS, chat=False)
 
-    async def chat(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def chat(self, request: Request) -> Answer:
         return await self._infer(request, "/v1/chat/completions", RPC_CHAT, chat=True)
 
-    async def _infer(
-        self, request: web.BaseRequest, path: str, rpc: str, *, chat: bool
-    ) -> web.StreamResponse:
+    async def _infer(self, request: Request, path: str, rpc: str, *, chat: bool) -> Answer:
         started = time.perf_counter()
         task = asyncio.current_task()
         assert task is not None
@@ -209,10 +214,12 @@ class OpenAIFront:
             self._requests.discard(task)
 
     async def _infer_counted(
-        self, request: web.BaseRequest, path: str, rpc: str, *, chat: bool, started: float
-    ) -> web.StreamResponse:
+        self, request: Request, path: str, rpc: str, *, chat: bool, started: float
+    ) -> Answer:
         entry = self._prefix_of(request)
-        raw = await _read_body(request, self.config.max_message_bytes)
+        # At most max_message_bytes (the server answers 413 above it, before reading the
+        # body when its Content-Length says so).
+        raw = request.body
         parsed = parse_request(
             raw,
             chat=chat,
@@ -236,7 +243,6 @@ class OpenAIFront:
                 code="no_backend",
                 retry_after_s=RETRY_AFTER_S,
             ) from None
-        self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(decision_ns / 1e9)
         trace = _trace_context(request)
         outcome = RelayOutcome()
         try:
@@ -255,7 +261,9 @@ class OpenAIFront:
                 outcome.status = "CANCELLED"  # the caller left, or the handler failed
             raise
         finally:
-            # The same request line, counters and cost as a gRPC call: front=http, rpc=http_*.
+            # The same request line, counters and cost as a gRPC call: front=http, rpc=http_*
+            # (counted once the answer is out: nothing the pod's request waits for).
+            self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(decision_ns / 1e9)
             prefix = decision.prefix.name if decision.prefix is not None else ""
             record_outcome(
                 self.metrics,
@@ -281,7 +289,7 @@ class OpenAIFront:
             decision = self.router.for_prompt(parsed.route_text)
         return decision, decision.decision_ns
 
-    def _prefix_of(self, request: web.BaseRequest) -> PrefixEntry | None:
+    def _prefix_of(self, request: Request) -> PrefixEntry | None:
         """The prefix a thin query names in its headers; 404 when it is not registered."""
         prefix_id = request.headers.get(PREFIX_ID_HEADER)
         name = request.headers.get(PREFIX_NAME_HEADER)
@@ -302,18 +310,18 @@ class OpenAIFront:
                 code="prefix_not_found",
             ) from None
 
-    def _headers_for_pod(self, request: web.BaseRequest, trace: TraceContext) -> dict[str, str]:
+    def _headers_for_pod(self, request: Request, trace: TraceContext) -> dict[str, str]:
         """Ours, the caller's key (which wins over the configured one) and its well-formed
         trace headers. Neither key is ever logged or echoed."""
         headers = dict(self._pod_headers)
-        key = request.headers.get("Authorization")
+        key = request.headers.get("authorization")
         if key:
             headers["Authorization"] = key
         if trace.traceparent or trace.request_id:
             headers.update(trace.http_headers())
         return headers
 
-    async def models(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def models(self, request: Request) -> Answer:
         """The model list of a serving pod, as it wrote it."""
         serving = [b.url for b in self.pool.backends.values() if b.state == SERVING]
         headers = self._headers_for_pod(request, _trace_context(request))
@@ -331,10 +339,10 @@ class OpenAIFront:
                     body = await response.content.read(MAX_MODELS_BYTES)
                     if not response.content.is_eof():
                         continue  # longer than any model list: not a model list
-                    answer = web.Response(status=response.status, body=body)
-                    answer.content_type = response.content_type
-                    answer.headers[BACKEND_HEADER] = backend
-                    return answer
+                    labels = [(BACKEND_HEADER, backend)]
+                    if "Content-Type" in response.headers:
+                        labels.append(("Content-Type", response.headers["Content-Type"]))
+                    return Response(response.status, body, labels)
             except (TimeoutError, aiohttp.ClientError):
                 continue
         raise FrontError(
@@ -345,39 +353,25 @@ class OpenAIFront:
             retry_after_s=RETRY_AFTER_S,
         )
 
-    async def health(self, _: web.BaseRequest) -> web.Response:
+    async def health(self, _: Request) -> Answer:
         why = self.readiness.reason()
         if why is None:
-            return web.json_response({"status": "ok"})
-        return web.json_response({"status": "unavailable", "reason": why}, status=503)
+            return Response(200, b'{"status": "ok"}', content_type="application/json")
+        body = json.dumps({"status": "unavailable", "reason": why}).encode()
+        return Response(503, body, content_type="application/json")
 
 
-async def _read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The whole body, at most `limit` bytes (config max_message_bytes): 413 above it, before
-    reading it when Content-Length says so."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise _too_large(length, limit)
-    content = request.content
-    parts: list[bytes] = []
-    size = 0
-    while data := await content.readany():
-        size += len(data)
-        if size > limit:
-            raise _too_large(size, limit)
-        parts.append(data)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+# The `code` of the errors the HTTP server answers itself (the others: None).
+_SERVER_ERROR_CODES = {413: "request_too_large", 408: "request_timeout"}
 
 
-def _too_large(size: int, limit: int) -> FrontError:
-    return FrontError(
-        413,
-        f"the body is over the size limit (config max_message_bytes): {size} > {limit} bytes",
-        code="request_too_large",
-    )
+def _error_body(status: int, message: str) -> bytes:
+    """OpenAI's error body for an error the HTTP server answers itself (malformed framing,
+    413 over max_message_bytes, a slow caller's 408)."""
+    return FrontError(status, message, code=_SERVER_ERROR_CODES.get(status)).body()
 
 
-def _trace_context(request: web.BaseRequest) -> TraceContext:
+def _trace_context(request: Request) -> TraceContext:
     """The caller's traceparent and x-request-id, dropped when malformed (as on gRPC)."""
     headers = request.headers
     return TraceContext(
@@ -385,8 +379,8 @@ def _trace_context(request: web.BaseRequest) -> TraceContext:
     )
 
 
-def _error_response(exc: FrontError) -> web.Response:
-    response = web.Response(status=exc.status, body=exc.body(), content_type="application/json")
+def _error_response(exc: FrontError) -> Response:
+    headers = [("Content-Type", "application/json")]
     if exc.retry_after_s is not None:
-        response.headers["Retry-After"] = str(exc.retry_after_s)
-    return response
+        headers.append(("Retry-After", str(exc.retry_after_s)))
+    return Response(exc.status, exc.body(), headers)

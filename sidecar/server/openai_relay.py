@@ -22,10 +22,10 @@ import logging
 from collections.abc import Mapping
 
 import aiohttp
-from aiohttp import web
 
 from sidecar.metrics import FRONT_HTTP
 from sidecar.routing.router import Decision
+from sidecar.server.http1 import Request, Response, StreamedResponse
 from sidecar.server.openai_body import FrontError
 from sidecar.server.openai_usage import UsageTail
 from sidecar.server.relay import Relay, RelayOutcome
@@ -45,14 +45,6 @@ BRANCH_HEADER = "x-prefix-sidecar-branch"
 # Pod response headers that describe the body we forward (the rest is the pod's business
 # or hop-by-hop; the body is re-framed as chunked).
 PASSED_HEADERS = ("Content-Type", "Cache-Control")
-
-
-class _Answer(web.StreamResponse):
-    """A streamed answer whose headers leave with its first bytes, in one write: one wakeup
-    of the caller instead of two before it sees the first token (aiohttp >= 3.11 reads
-    this, as its own Response does; an older one sends the headers at prepare())."""
-
-    _send_headers_immediately = False
 
 
 class PodRefusal(Exception):
@@ -211,6 +203,12 @@ class ByteExchange:
             retry_after_s=RETRY_AFTER_S,
         )
 
+    def finished(self) -> bool:
+        """The pod's answer is read to its end (its Content-Length): what was read last is
+        the whole rest, and the caller can get it with the answer's end in one write (a
+        whole answer with its Content-Length when it came in one piece)."""
+        return self.answer is not None and self.answer.done
+
     def passed_headers(self) -> tuple[tuple[str, str], ...]:
         assert self.answer is not None
         return _passed(self.answer.headers)
@@ -218,7 +216,7 @@ class ByteExchange:
 
 async def forward(
     relay: Relay,
-    request: web.BaseRequest,
+    request: Request,
     decision: Decision,
     path: str,
     body: bytes,
@@ -226,7 +224,7 @@ async def forward(
     *,
     stream: bool,
     outcome: RelayOutcome,
-) -> web.StreamResponse:
+) -> Response | StreamedResponse:
     """The pod's answer, already sent to the caller; FrontError 503 when no pod takes it.
     `outcome` gets the pod, the attempts, the status, the TTFT and the usage. A streamed
     answer's first byte has the first-token budget; a whole answer's (headers come when it
@@ -238,19 +236,19 @@ async def forward(
         # closing, the cancel not yet delivered): nobody to answer, and no server error.
         outcome.status = "CANCELLED"
         logger.info("the caller left before its answer was written")
-        return web.Response(status=499)  # aiohttp finds the transport gone and drops it
+        return Response(499)  # the server finds the connection gone and writes nothing
 
 
 async def _send(
     relay: Relay,
-    request: web.BaseRequest,
+    request: Request,
     decision: Decision,
     path: str,
     body: bytes,
     headers: Mapping[str, str],
     stream: bool,
     outcome: RelayOutcome,
-) -> web.StreamResponse:
+) -> Response | StreamedResponse:
     exchange = ByteExchange(relay.client, path, body, headers)
     parts = relay.attempts(
         decision.preference,
@@ -260,45 +258,40 @@ async def _send(
         first_timeout_s=None if stream else relay.policy.upstream_timeout_s,
         forced_first=decision.forced,
     )
-    answer: web.StreamResponse | None = None
+    answer: StreamedResponse | None = None
+    last = b""  # the end of an answer read whole: sent with its end, in one write
     try:
         async with contextlib.aclosing(parts):
             async for data in parts:
                 if answer is None:
-                    answer = _Answer(status=200)
-                    _label(answer, exchange.passed_headers(), outcome.backend, decision)
-                    await answer.prepare(request)
+                    labels = _label(exchange.passed_headers(), outcome.backend, decision)
+                    answer = StreamedResponse(request, 200, labels)
+                if exchange.finished():
+                    last += data
+                    continue
                 await answer.write(data)  # a caller that left raises (or is cancelled) here
     except PodRefusal as refusal:
-        answer = web.Response(status=refusal.status, body=refusal.body)
-        _label(answer, refusal.headers, refusal.backend, decision)
-        await answer.prepare(request)
+        labels = _label(refusal.headers, refusal.backend, decision)
+        return Response(refusal.status, refusal.body, labels)
     except BrokenAnswer as exc:
         assert answer is not None
         logger.info("the answer from %s broke after its first byte (%s)", exc.backend, exc)
-        if not answer.headers.get("Content-Type", "").startswith("text/event-stream"):
+        if not (answer.header("Content-Type") or "").startswith("text/event-stream"):
             # A whole answer cannot carry an error: the caller's connection closes before
             # the body's end, so its client sees a cut body, not a short one.
-            if request.transport is not None:
-                request.transport.close()
+            answer.abort()
             return answer
-        await answer.write(_error_event(exc.backend, exc))
+        last = _error_event(exc.backend, exc)
     outcome.usage = exchange.usage.counts()
     assert answer is not None
-    await answer.write_eof()
+    await answer.end(last)
     return answer
 
 
 def _label(
-    answer: web.StreamResponse,
-    passed: tuple[tuple[str, str], ...],
-    backend: str,
-    decision: Decision,
-) -> None:
-    for name, value in passed:
-        answer.headers[name] = value
-    answer.headers[BACKEND_HEADER] = backend
-    answer.headers[BRANCH_HEADER] = str(decision.branch)
+    passed: tuple[tuple[str, str], ...], backend: str, decision: Decision
+) -> list[tuple[str, str]]:
+    return [*passed, (BACKEND_HEADER, backend), (BRANCH_HEADER, str(decision.branch))]
 
 
 def _passed(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
