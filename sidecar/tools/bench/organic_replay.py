@@ -12,11 +12,13 @@ the bench's pods get. The real bench (`prefix-sidecar bench organic`) is the jud
 the quick filter for ideas (docs/organic-routing.md, "Limits").
 
     python -m sidecar.tools.bench.organic_replay --sidecars 1,4 --rings 12 --seeds 0,1,2
+    python -m sidecar.tools.bench.organic_replay --against organic.json   (a real run's ring)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -146,13 +148,74 @@ def describe(results: Sequence[ReplayResult]) -> str:
     )
 
 
+# bench organic's organic policies, as routers (the bench's settings for each)
+POLICIES: dict[str, RouterFactory] = {
+    "sidecar": lambda: OrganicRouter(AnchorTable()),
+    "wide": lambda: OrganicRouter(AnchorTable(), 3.0, session_spread=3.0),
+    "hashed": lambda: OrganicRouter(AnchorTable(), balance_starts=False),
+}
+
+
+def against_report(path: str) -> list[str]:
+    """Replay a `bench organic --json` report's organic runs on the ring of its own pods
+    (their URLs, as the sidecars' pool orders them): replay and measured side by side."""
+    with open(path, encoding="utf-8") as source:
+        report = json.load(source)
+    params = report["params"]
+    trace = build_trace(
+        TraceParams(
+            seed=params["seed"],
+            duration_s=params["duration"],
+            tenants=params["tenants"],
+            templates=params["templates"],
+            zipf=params["zipf"],
+            tenant_rate=params["tenant_rate"],
+            fewshot_rate=params["fewshot_rate"],
+            session_rate=params["session_rate"],
+        )
+    )
+    ceilings = [c.cached_tokens for c in oracle([r.prompt for r in trace.requests])]
+    lines = []
+    for bench_path, runs in report["paths"].items():
+        if bench_path.startswith("http"):
+            continue  # the same routing as the gRPC path of the same body
+        for name, run in runs.items():
+            policy, _, count = name.partition("_x")
+            if policy not in POLICIES:
+                continue
+            ring = _core.Ring(sorted(run["load"]["per_pod"]))
+            result = replay(
+                trace,
+                ring,
+                int(count) if count else 1,
+                bench_path.endswith("chat"),
+                kv_tokens=params["kv_tokens"],
+                factory=POLICIES[policy],
+                ceilings=ceilings,
+            )
+            lines.append(
+                f"{bench_path:<14}{name:<12} max/mean replay {result.max_over_mean:.2f} "
+                f"measured {run['load']['max_over_mean']:.2f}   hit /ceil replay "
+                f"{result.fraction:.3f} measured {run['fraction']:.3f}"
+            )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sidecars", default="1,4", help="comma-separated K (1,4)")
     parser.add_argument("--rings", type=int, default=12, help="rings (pod port sets) per seed")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated trace seeds")
     parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument(
+        "--against",
+        metavar="REPORT.json",
+        help="replay a bench organic --json report's organic runs on its own pods instead",
+    )
     args = parser.parse_args(argv)
+    if args.against:
+        print("\n".join(against_report(args.against)))
+        return 0
     seeds = [int(s) for s in args.seeds.split(",")]
     for sidecars in (int(k) for k in args.sidecars.split(",")):
         for chat in (False, True):

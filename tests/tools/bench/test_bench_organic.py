@@ -28,7 +28,7 @@ from sidecar.tools.bench.organic_radix import (
     CacheAwareRouter,
     shared_length,
 )
-from sidecar.tools.bench.organic_replay import replay
+from sidecar.tools.bench.organic_replay import against_report, replay
 from sidecar.tools.bench.organic_replay import ring_of as replay_ring
 from sidecar.tools.bench.organic_report import evaluate_targets, summarize
 from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace
@@ -480,3 +480,37 @@ def test_replay_is_deterministic_and_reads_like_the_bench() -> None:
         assert result.max_over_mean >= 1.0 and 0.0 <= result.moved <= 1.0
     one = replay(trace, _core.Ring(["http://127.0.0.1:1"]), 1, chat=True, kv_tokens=10**7)
     assert one.fraction == pytest.approx(1.0) and one.max_over_mean == 1.0 and one.moved == 0.0
+
+
+def test_replay_against_a_report_uses_its_own_pods(tmp_path: Path) -> None:
+    """`--against`: a report's organic runs replayed on the ring of the report's pods."""
+    pods = {f"http://127.0.0.1:{port}": 0 for port in (40001, 40002, 40003)}
+    params = {
+        "seed": 3,
+        "duration": 8.0,
+        "tenants": 6,
+        "templates": 3,
+        "zipf": 1.0,
+        "tenant_rate": 4.0,
+        "fewshot_rate": 3.0,
+        "session_rate": 0.7,
+        "kv_tokens": 12_000,
+    }
+    run = {"load": {"per_pod": pods, "max_over_mean": 9.0}, "fraction": 0.5}
+    report = {
+        "params": params,
+        "paths": {
+            "grpc-chat": {"sidecar": run, "wide_x2": run, "radix": run},
+            "http-chat": {"sidecar": run},
+        },
+    }
+    path = tmp_path / "organic.json"
+    path.write_text(json.dumps(report))
+    lines = against_report(str(path))
+    assert [line.split()[:2] for line in lines] == [
+        ["grpc-chat", "sidecar"],
+        ["grpc-chat", "wide_x2"],
+    ]
+    trace = build_trace(TraceParams(seed=3, duration_s=8.0, tenants=6, templates=3))
+    expected = replay(trace, _core.Ring(sorted(pods)), 1, chat=True)
+    assert f"replay {expected.max_over_mean:.2f} measured 9.00" in lines[0]
