@@ -11,8 +11,8 @@ message, tens of tokens, when the start went elsewhere), and every sidecar finds
 home alike: no sidecar needs to know where another sent a start.
 
 A family's sessions live on the first pods of its home set (its session set, contract 9f),
-where every start of the family warms its head; a pod past them sees the family only when a
-start is sent there, so its copy of the head may have been evicted since. A start goes
+where the family's requests keep its head warm; a pod past them sees the family only when a
+start is sent there, so it may never have computed the head, or have evicted it since. A start goes
 there only when that pod is counted lower by a margin that grows with the head it may have
 to recompute (`far_margin`): balance is bought where it is cheap in hit rate.
 
