@@ -308,8 +308,16 @@ class Config:
         check=AT_LEAST_ONE,
     )
     organic_home_spread: float = setting(
-        3.0,
+        4.0,
         "organic routing: a family's home set is ceil(spread x its share x pods) pods",
+        check=above(0.0),
+    )
+    # A family's sessions live on the first ceil(session_spread x share x pods) pods of its
+    # home set (contract 9f): every sidecar must use the same value, as for the spread.
+    organic_session_spread: float = setting(
+        1.5,
+        "organic routing: a family's sessions live on ceil(spread x its share x pods) pods of "
+        "its home set",
         check=above(0.0),
     )
     # Organic requests are small next to a registered fat prefix: a spill costs a session's

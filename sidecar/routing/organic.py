@@ -17,18 +17,22 @@ between conversations of one family):
 
 The family's share of recent requests sizes its home set: `home_size` pods, the first of
 preference(family) (contract 9c), so a hot tenant spreads over several pods and a rare one
-keeps one. The session picks its pod among them by consistent hashing restricted to the
-home set (`session_home` of the ring or the Maglev table, 9b): a session's turns land on one
-pod, and the same pod in every sidecar. The bounded-load pick (`pick_among` over that one
+keeps one. Its sessions live on the first `home_size(share, N, SESSION_SPREAD)` of them, a
+narrower set (9f): the session picks its pod among those by consistent hashing restricted
+to that set (`session_home` of the ring or the Maglev table, 9b), so a session's turns land
+on one pod, and the same pod in every sidecar. The narrow set's size crosses a boundary at
+shares SPREAD / SESSION_SPREAD times as large as the home set's, where sidecars' share
+estimates are relatively closer: fewer sessions move when two sidecars count a family's
+share a little differently. The bounded-load pick (`pick_among` over that one
 pod, 4b) spills a session in its own key's preference order, so a spilled session keeps
 spilling to one pod.
 
 A request that STARTS a flow (`OrganicKeys.start`: the chat ends at the message after its
 anchor; a whole raw prompt ends within START_BLOCKS blocks past its anchor, too short to
-hold an answer and a second question) has no history to find, only its family's head, warm
-on every pod of the home set: the router sends it to the least-loaded pod of the home set
-(`StartBalancer`, contract 9f), which evens out the pods where the hash placement leaves
-them uneven, at no cost in hit rate.
+hold an answer and a second question) has no history to find, only its family's head: the
+router sends it to the least-loaded pod of the home set (`StartBalancer`, contract 9f),
+which evens out the pods where the hash placement leaves them uneven. Past the session set
+it asks for a margin that grows with the head, which such a pod may have evicted.
 """
 
 from __future__ import annotations
@@ -39,9 +43,14 @@ from typing import NamedTuple
 
 from sidecar import _core
 from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
-from sidecar.routing.start_balance import StartBalancer
+from sidecar.routing.start_balance import FAR_MARGIN, FAR_MARGIN_PER_KB, StartBalancer
 
-HOME_SPREAD = 3.0  # pods per "fair share" of traffic a family's home set gets (9c)
+HOME_SPREAD = 4.0  # pods per "fair share" of traffic a family's home set gets (9c)
+# Pods per fair share a family's sessions live on (9f; config organic_session_spread): every
+# sidecar must use the same, as a session's later turns must reach the same pod. Narrower
+# than the home set: starts even the home set out, and a narrow set's size is estimated
+# alike by more sidecars.
+SESSION_SPREAD = 1.5
 LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
 SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
 FIRST_BLOCKS = 64  # blocks hashed first (4 KB): enough when the anchor is among them
@@ -60,6 +69,9 @@ class OrganicKeys(NamedTuple):
     # Whether the request starts a flow (no history past its anchor): it may go to any pod
     # of its family's home set (contract 9f).
     start: bool = False
+    # The family's head (through the anchor) in bytes (a chat: characters): what a start
+    # sent past the session set may have to recompute. 0: no anchor.
+    head: int = 0
 
 
 MIN_HOMES = 1
@@ -99,10 +111,16 @@ class OrganicRouter:
     """Keys for unregistered prompts and chats, and the table they are learnt in."""
 
     def __init__(
-        self, table: AnchorTable, spread: float = HOME_SPREAD, *, balance_starts: bool = True
+        self,
+        table: AnchorTable,
+        spread: float = HOME_SPREAD,
+        *,
+        session_spread: float = SESSION_SPREAD,
+        balance_starts: bool = True,
     ) -> None:
         self.table = table
         self.spread = spread
+        self.session_spread = session_spread
         self.balancer = StartBalancer() if balance_starts else None
 
     def for_chat(self, messages: list[tuple[str, str]]) -> OrganicKeys:
@@ -121,7 +139,8 @@ class OrganicRouter:
         session = chain[anchor + 1] if anchor + 1 < len(chain) else chain[max(anchor, 0)]
         # A start: the chat ends with the message after its anchor (its first question).
         start = anchor >= 0 and len(messages) == anchor + 2
-        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor, start)
+        head = sum(len(content) for _, content in messages[: anchor + 1]) if start else 0
+        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor, start, head)
 
     def for_prompt(self, data: bytes) -> OrganicKeys | None:
         """The prompt's keys, or None when it is shorter than one block (it then routes on
@@ -161,16 +180,20 @@ class OrganicRouter:
             and len(data) < HEAD_BYTES
             and len(data) <= (anchor + 1 + START_BLOCKS) * BLOCK_BYTES
         )
-        return OrganicKeys(family, session, table.count(family), anchor, start)
+        head = (anchor + 1) * BLOCK_BYTES if anchor >= 0 else 0
+        return OrganicKeys(family, session, table.count(family), anchor, start, head)
 
     def homes(self, ring: _core.HashTable, keys: OrganicKeys) -> int:
-        """The request's pod (member index): the session's pod in the family's home set
-        (contract 9b); a start, the least-loaded pod of the home set by this sidecar's
-        counts (9f)."""
-        size = home_size(keys.share, len(ring.members), self.spread)
-        home = ring.session_home(keys.family, size, keys.session)
+        """The request's pod (member index): the session's pod in the family's session set,
+        the first of its home set (contract 9b, 9f); a start, the least-loaded pod of the
+        whole home set by this sidecar's counts (9f)."""
+        members = len(ring.members)
+        size = home_size(keys.share, members, self.spread)
+        sessions = min(size, home_size(keys.share, members, self.session_spread))
+        home = ring.session_home(keys.family, sessions, keys.session)
         if keys.start and size > 1 and self.balancer is not None:
-            return self.balancer.choose(ring, keys.family, size, home)
+            far = FAR_MARGIN + FAR_MARGIN_PER_KB * keys.head / 1024.0
+            return self.balancer.choose(ring, keys.family, size, home, sessions, far)
         return home
 
     def sent(self, ring: _core.HashTable, backend: str) -> None:

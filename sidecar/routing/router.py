@@ -70,6 +70,7 @@ class Router:
         bytes_per_token: float,
         unregistered_routing: str,  # "organic" (routing contract 9) or "window"
         organic_home_spread: float,
+        organic_session_spread: float,
         organic_table_blocks: int,
         organic_load_cap_floor: int,
         organic_balance_starts: bool,
@@ -102,6 +103,7 @@ class Router:
             OrganicRouter(
                 AnchorTable(max_blocks=organic_table_blocks),
                 organic_home_spread,
+                session_spread=organic_session_spread,
                 balance_starts=organic_balance_starts,
             )
             if unregistered_routing == "organic"
@@ -146,6 +148,7 @@ class Router:
             bytes_per_token=config.bytes_per_token,
             unregistered_routing=config.unregistered_routing,
             organic_home_spread=config.organic_home_spread,
+            organic_session_spread=config.organic_session_spread,
             organic_table_blocks=config.organic_table_blocks,
             organic_load_cap_floor=config.organic_load_cap_floor,
             organic_balance_starts=config.organic_balance_starts,

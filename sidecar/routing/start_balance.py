@@ -10,6 +10,12 @@ turn goes to the session's home as every later turn does (it recomputes the firs
 message, tens of tokens, when the start went elsewhere), and every sidecar finds that
 home alike: no sidecar needs to know where another sent a start.
 
+A family's sessions live on the first pods of its home set (its session set, contract 9f),
+where the family's requests keep its head warm; a pod past them sees the family only when a
+start is sent there, so it may never have computed the head, or have evicted it since. A start goes
+there only when that pod is counted lower by a margin that grows with the head it may have
+to recompute (`far_margin`): balance is bought where it is cheap in hit rate.
+
 The counts are this sidecar's own: each sidecar evens out the requests it sends, so K
 sidecars even out the sum. They decay (half-life ~139 decisions), so they follow the
 traffic of the last few hundred requests, not of the whole uptime. Bounded: one float per
@@ -24,6 +30,10 @@ DECAY = 0.995  # per organic decision: a request counts half after 139 more
 # A start leaves its session's home only for a pod counted at least one request lower:
 # on a near tie the start stays where the session's next turns will go.
 MARGIN = 1.0
+# A start leaves the session set for a pod counted at least FAR_MARGIN + FAR_MARGIN_PER_KB x
+# (the family's head in KB) requests lower: one that may have to recompute the head.
+FAR_MARGIN = 2.0
+FAR_MARGIN_PER_KB = 2.0
 _RESCALE_ABOVE = 1e100  # counts grow by 1/DECAY per decision; rescaled long before overflow
 
 
@@ -53,21 +63,34 @@ class StartBalancer:
         self._index = {url: i for i, url in enumerate(ring.members)}
         self._counts = [old.get(url, 0.0) for url in ring.members]
 
-    def choose(self, ring: _core.HashTable, family: int, homes: int, session_home: int) -> int:
-        """The member index a start goes to: the least counted of the family's first
-        `homes` pods (ties: the family's order), unless the session's home is within
-        MARGIN of it."""
+    def choose(
+        self,
+        ring: _core.HashTable,
+        family: int,
+        homes: int,
+        session_home: int,
+        sessions: int | None = None,
+        far_margin: float | None = None,
+    ) -> int:
+        """The member index a start goes to: of the family's first `homes` pods, the least
+        counted (ties: the family's order) of those counted lower than the session's home
+        by the margin - MARGIN for the first `sessions` (default all), `far_margin` for the
+        rest (default MARGIN); the session's home when none is."""
         self._follow(ring)
-        counts, index = self._counts, self._index
+        counts, index, unit = self._counts, self._index, self._unit
+        near = self.margin * unit
+        far = near if far_margin is None else far_margin * unit
+        if sessions is None:
+            sessions = homes
+        ceiling = counts[session_home]
         least = session_home
-        lowest = counts[session_home]
-        for url in ring.preference(family, homes):
+        lowest = ceiling
+        for position, url in enumerate(ring.preference(family, homes)):
             member = index[url]
-            if counts[member] < lowest:
-                least, lowest = member, counts[member]
-        if counts[session_home] - lowest >= self.margin * self._unit:
-            return least
-        return session_home
+            count = counts[member]
+            if count < lowest and ceiling - count >= (near if position < sessions else far):
+                least, lowest = member, count
+        return least
 
     def sent(self, ring: _core.HashTable, backend: str) -> None:
         """Count one organic request sent to `backend` (every organic decision counts)."""

@@ -692,6 +692,13 @@ HOME_SIZE_CASES: list[tuple[float, int, float]] = [
     (0.7, 4, 2.0),
     (0.01, 100, 2.0),
     (0.3, 100, 2.0),
+    # the defaults: home set spread 4.0, session set spread 1.5 (9c, 9f)
+    (0.0625, 4, 4.0),
+    (0.07, 4, 4.0),
+    (0.19, 4, 4.0),
+    (0.19, 4, 1.5),
+    (0.25, 8, 1.5),
+    (0.26, 8, 1.5),
 ]
 MESSAGE_CASES: list[list[tuple[str, str]]] = [
     [("system", SYSTEM_PROMPT), ("user", "where is my parcel?")],

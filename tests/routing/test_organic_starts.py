@@ -164,3 +164,94 @@ def test_counts_decay_follow_the_ring_and_stay_bounded() -> None:
 def test_bad_settings_are_refused(decay: float, margin: float) -> None:
     with pytest.raises(ValueError, match=r"decay|margin"):
         StartBalancer(decay, margin)
+
+
+def test_a_start_leaves_the_session_set_only_by_the_far_margin() -> None:
+    """Pods of the home set past the session set may have evicted the family's head: a
+    start goes there only when it is counted lower than the session's home by `far_margin`,
+    while a pod of the session set needs MARGIN only."""
+    ring = _core.Ring(pods(4))
+    family, homes = 77, 4
+    order = [ring.members.index(url) for url in ring.preference(family, homes)]
+    home = order[0]
+
+    def counted(at_home: int, at_second: int) -> StartBalancer:
+        balancer = StartBalancer(decay=1.0)  # no decay: the counts are the requests sent
+        for member, times in ((home, at_home), (order[1], at_second)):
+            for _ in range(times):
+                balancer.sent(ring, ring.members[member])
+        return balancer
+
+    # The second pod of the session set is as busy as the home; the two past it are idle.
+    balancer = counted(3, 3)
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == home
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=3.0) == order[2]
+    assert balancer.choose(ring, family, homes, home) == order[2]  # one margin for all
+    # Within the session set MARGIN is enough, whatever the far margin.
+    balancer = counted(3, 0)
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=99.0) == order[1]
+    # The least counted of those that qualify: a near pod beats an idler far one that
+    # does not clear its margin.
+    balancer = counted(4, 2)
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == order[1]
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["prompt", "chat"])
+def test_sessions_live_on_the_session_set_and_starts_use_the_home_set(chat: bool) -> None:
+    """A tenant with about a quarter of the traffic on 8 pods: its home set is
+    ceil(4 x share x 8) = 7-8 pods, its session set ceil(1.5 x share x 8) = 3-4, the family's
+    first pods. Every later turn of its sessions lands in the session set; its starts,
+    balanced, reach pods past it."""
+    ring = _core.Ring(pods(8))
+    router = organic.OrganicRouter(AnchorTable())
+    traffic = Traffic(31, 7)
+    rng = random.Random(8)
+
+    def decide(messages: list[tuple[str, str]]) -> tuple[int, organic.OrganicKeys]:
+        keys = router.for_chat(messages) if chat else router.for_prompt(render(messages).encode())
+        assert keys is not None
+        member = router.homes(ring, keys)
+        router.sent(ring, ring.members[member])
+        return member, keys
+
+    starts: set[int] = set()
+    for _ in range(600):
+        tenant = 0 if rng.random() < 0.25 else rng.randint(1, 6)
+        member, keys = decide(traffic.one_shot(tenant))
+        if tenant == 0:
+            starts.add(member)
+    keys = decide(traffic.one_shot(0))[1]
+    homes = organic.home_size(keys.share, 8, organic.HOME_SPREAD)
+    sessions = organic.home_size(keys.share, 8, organic.SESSION_SPREAD)
+    assert homes >= 7 and sessions <= 4, (keys.share, homes, sessions)
+    session_set = {ring.members.index(url) for url in ring.preference(keys.family, sessions)}
+    later: set[int] = set()
+    for _ in range(12):
+        for turn, messages in enumerate(traffic.session(0, 3)):
+            member, keys = decide(messages)
+            assert keys.start == (turn == 0)
+            if turn:
+                later.add(member)
+    assert later <= session_set, (later, session_set)
+    assert len(starts - session_set) >= 3, starts
+
+
+def test_a_starts_head_is_what_it_shares_with_its_family() -> None:
+    """`head`: the bytes through the anchor (a raw prompt: whole blocks; a chat: the
+    messages through the anchor, in characters), 0 without an anchor."""
+    for chat in (False, True):
+        router, traffic = learnt(chat)
+        messages = traffic.one_shot(0)
+        if chat:
+            keys = router.for_chat(messages)
+            assert keys.head == len(traffic.systems[0])
+        else:
+            found = router.for_prompt(render(messages).encode())
+            assert found is not None
+            keys = found
+            head = render([("system", traffic.systems[0]), ("user", "")]).encode()
+            assert keys.head == (keys.anchor + 1) * BLOCK_BYTES
+            assert keys.head <= len(head) + 2 * BLOCK_BYTES
+        assert keys.start
+    fresh = organic.OrganicRouter(AnchorTable()).for_prompt(b"never seen before, " * 20)
+    assert fresh is not None and fresh.head == 0

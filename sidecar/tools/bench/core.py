@@ -368,6 +368,7 @@ def router_paths(count: int, timer: Timer, seed: int) -> dict[str, float]:
         # The window route: what the one-call path serves (organic has its own section).
         "unregistered_routing": "window",
         "organic_home_spread": config.organic_home_spread,
+        "organic_session_spread": config.organic_session_spread,
         "organic_table_blocks": config.organic_table_blocks,
         "organic_load_cap_floor": config.organic_load_cap_floor,
         "organic_balance_starts": config.organic_balance_starts,

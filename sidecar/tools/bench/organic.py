@@ -12,7 +12,10 @@ the OpenAI HTTP front's /v1/completions and /v1/chat/completions) under each pol
 - sidecar / sidecar_xK: the sidecar's own default for unregistered prompts, 1 and K;
 - hashed / hashed_xK (only when --policies names it): organic routing with flow starts
   sent to their session's pod like later turns (organic_balance_starts off), the scheme
-  before starts were balanced: a before/after on the same pods, so the same ring.
+  before starts were balanced: a before/after on the same pods, so the same ring;
+- wide / wide_xK (only when --policies names it): organic routing with the spreads before
+  sessions got a narrower set than starts (home spread 3, sessions over the whole home
+  set): a before/after on the same pods.
 Every run starts with the pods' caches emptied. The oracle (organic_oracle) gives the hit
 rate of one infinite cache over the same trace; every policy is reported as a fraction of
 it, whole run and per class. Times are modelled (the emulator's clock = real x
@@ -81,14 +84,20 @@ def sidecar_default_scheme() -> str:
 
 
 BALANCE_SETTING = "organic_balance_starts"  # off in the "hashed" runs
+# The "wide" runs: the spreads before sessions got a narrower set than starts.
+WIDE_SETTINGS = {"organic_home_spread": 3.0, "organic_session_spread": 3.0}
 
 
-def policy_names(sidecars: int, with_scheme: bool, hashed: bool = False) -> list[str]:
+def policy_names(
+    sidecars: int, with_scheme: bool, hashed: bool = False, wide: bool = False
+) -> list[str]:
     names = ["round_robin", "window", f"window_x{sidecars}", "radix"]
     if with_scheme:
         names += ["sidecar", f"sidecar_x{sidecars}"]
         if hashed:
             names += ["hashed", f"hashed_x{sidecars}"]
+        if wide:
+            names += ["wide", f"wide_x{sidecars}"]
     return names
 
 
@@ -149,6 +158,8 @@ async def run_one(
             settings[SCHEME_SETTING] = "window"
         elif policy == "hashed":
             settings[BALANCE_SETTING] = False
+        elif policy == "wide":
+            settings.update(WIDE_SETTINGS)
         group = SidecarGroup(
             sidecars, urls, settings, socket_dir=socket_dir, http_front=path.startswith("http")
         )
@@ -208,7 +219,9 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     ceilings = oracle([r.prompt for r in trace.requests])
     with_scheme = scheme_flag_exists()
     wanted = args.policies.split(",") if args.policies else []
-    names = policy_names(args.sidecars, with_scheme, hashed="hashed" in wanted)
+    names = policy_names(
+        args.sidecars, with_scheme, hashed="hashed" in wanted, wide="wide" in wanted
+    )
     if wanted:
         names = [n for n in names if n.partition("_x")[0] in wanted]
     paths = args.paths.split(",") if args.paths else list(PATHS)
@@ -393,7 +406,8 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add(
         "--policies",
         help="comma-separated subset of round_robin, window, radix, sidecar (default all "
-        "four), and hashed (only when named: organic_balance_starts off)",
+        "four), and hashed (only when named: organic_balance_starts off) and wide (only "
+        "when named: home spread 3, sessions over the whole home set)",
     )
     add(
         "--radix-tree-chars",
@@ -426,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    policies = {"round_robin", "window", "radix", "sidecar", "hashed"}
+    policies = {"round_robin", "window", "radix", "sidecar", "hashed", "wide"}
     unknown = set((args.policies or "").split(",")) - policies - {""}
     if unknown:
         print(

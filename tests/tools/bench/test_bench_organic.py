@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from sidecar import _core
 from sidecar.tools.bench.organic import policy_names, previous_turns, ttft_floor_ms
 from sidecar.tools.bench.organic_driver import (
     PATHS,
@@ -27,6 +28,8 @@ from sidecar.tools.bench.organic_radix import (
     CacheAwareRouter,
     shared_length,
 )
+from sidecar.tools.bench.organic_replay import against_report, replay
+from sidecar.tools.bench.organic_replay import ring_of as replay_ring
 from sidecar.tools.bench.organic_report import evaluate_targets, summarize
 from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace
 from sidecar.tools.emulator import EmulatorConfig
@@ -407,29 +410,31 @@ def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
     assert "radix" in done.stdout and "oracle ceiling" in done.stdout
 
 
-def test_hashed_runs_only_when_named(tmp_path: Path) -> None:
-    """`hashed` is the before of a before/after on the same pods: organic routing with
-    flow starts unbalanced (organic_balance_starts off), run only when named."""
-    assert "hashed" not in policy_names(2, True)
+def test_hashed_and_wide_run_only_when_named(tmp_path: Path) -> None:
+    """`hashed` and `wide` are the befores of befores/afters on the same pods: organic
+    routing with flow starts unbalanced (organic_balance_starts off), and with the spreads
+    before sessions got a narrower set than starts; each runs only when named."""
+    assert not {"hashed", "wide"} & set(policy_names(2, True))
     assert policy_names(2, True, hashed=True)[-2:] == ["hashed", "hashed_x2"]
+    assert policy_names(2, True, wide=True)[-2:] == ["wide", "wide_x2"]
     report_path = tmp_path / "organic.json"
     done = _bench(
         "--quick",
         "--paths",
         "grpc-chat",
         "--policies",
-        "sidecar,hashed",
+        "sidecar,hashed,wide",
         "--json",
         str(report_path),
-        timeout=120,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr
     runs = json.loads(report_path.read_text())["paths"]["grpc-chat"]
-    assert set(runs) == {"sidecar", "sidecar_x2", "hashed", "hashed_x2"}
+    assert set(runs) == {"sidecar", "sidecar_x2", "hashed", "hashed_x2", "wide", "wide_x2"}
     requests = json.loads(report_path.read_text())["trace"]["requests"]
     for run in runs.values():
         _check_run(run, requests)
-    assert runs["hashed_x2"]["sidecars"] == 2
+    assert runs["hashed_x2"]["sidecars"] == runs["wide_x2"]["sidecars"] == 2
 
 
 @pytest.mark.slow
@@ -455,3 +460,57 @@ def test_bad_arguments_are_refused() -> None:
     assert done.returncode == 2 and "--policies has sglang" in done.stderr
     done = _bench("--tenant-rate", "0", "--fewshot-rate", "0", "--session-rate", "0", timeout=30)
     assert done.returncode == 2 and "at least one rate" in done.stderr
+
+
+# --- the offline replay ----------------------------------------------------------------------
+
+
+def test_replay_is_deterministic_and_reads_like_the_bench() -> None:
+    """The replay routes the bench's trace through K real OrganicRouters onto the emulator's
+    own caches: the same inputs give the same numbers, every fraction is within the ceiling,
+    and one router that sends every request to one pod is exactly the ceiling's cache but
+    for its capacity."""
+    trace = build_trace(TraceParams(seed=3, duration_s=8.0, tenants=6, templates=3))
+    ring = replay_ring(4, 0)
+    first = replay(trace, ring, 2, chat=True)
+    assert first == replay(trace, ring, 2, chat=True)
+    for result in (first, replay(trace, ring, 1, chat=False)):
+        assert 0.5 < result.fraction <= 1.0 + 1e-9
+        assert all(0.0 <= f <= 1.0 + 1e-9 for f in result.classes.values())
+        assert result.max_over_mean >= 1.0 and 0.0 <= result.moved <= 1.0
+    one = replay(trace, _core.Ring(["http://127.0.0.1:1"]), 1, chat=True, kv_tokens=10**7)
+    assert one.fraction == pytest.approx(1.0) and one.max_over_mean == 1.0 and one.moved == 0.0
+
+
+def test_replay_against_a_report_uses_its_own_pods(tmp_path: Path) -> None:
+    """`--against`: a report's organic runs replayed on the ring of the report's pods."""
+    pods = {f"http://127.0.0.1:{port}": 0 for port in (40001, 40002, 40003)}
+    params = {
+        "seed": 3,
+        "duration": 8.0,
+        "tenants": 6,
+        "templates": 3,
+        "zipf": 1.0,
+        "tenant_rate": 4.0,
+        "fewshot_rate": 3.0,
+        "session_rate": 0.7,
+        "kv_tokens": 12_000,
+    }
+    run = {"load": {"per_pod": pods, "max_over_mean": 9.0}, "fraction": 0.5}
+    report = {
+        "params": params,
+        "paths": {
+            "grpc-chat": {"sidecar": run, "wide_x2": run, "radix": run},
+            "http-chat": {"sidecar": run},
+        },
+    }
+    path = tmp_path / "organic.json"
+    path.write_text(json.dumps(report))
+    lines = against_report(str(path))
+    assert [line.split()[:2] for line in lines] == [
+        ["grpc-chat", "sidecar"],
+        ["grpc-chat", "wide_x2"],
+    ]
+    trace = build_trace(TraceParams(seed=3, duration_s=8.0, tenants=6, templates=3))
+    expected = replay(trace, _core.Ring(sorted(pods)), 1, chat=True)
+    assert f"replay {expected.max_over_mean:.2f} measured 9.00" in lines[0]

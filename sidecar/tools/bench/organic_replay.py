@@ -1,0 +1,228 @@
+"""An offline replay of `bench organic`'s trace: organic routing's hit rate and balance in
+seconds, deterministic, no pods, no sockets.
+
+Each of K routers (`OrganicRouter`, one per sidecar, as `bench organic` spreads requests:
+at random, seeded by the sequence number) decides every request of the seeded trace in
+nominal order; each pod is the emulator's own PrefixCache (LRU, --kv-tokens). No
+concurrency: a request is allocated and released at once, and there is no bounded-load
+pick (no request is ever in flight beside another). It measures what placement decides:
+hit rate as a fraction of the oracle ceiling (whole run and per class), max/mean requests
+per pod, and session turns moved. Rings are built from seeded random 127.0.0.1 ports, as
+the bench's pods get. The real bench (`prefix-sidecar bench organic`) is the judge; this is
+the quick filter for ideas (docs/organic-routing.md, "Limits").
+
+    python -m sidecar.tools.bench.organic_replay --sidecars 1,4 --rings 12 --seeds 0,1,2
+    python -m sidecar.tools.bench.organic_replay --against organic.json   (a real run's ring)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sidecar import _core
+from sidecar.routing.anchors import AnchorTable
+from sidecar.routing.organic import HEAD_BYTES, OrganicRouter
+from sidecar.tools.bench.organic_oracle import oracle
+from sidecar.tools.bench.organic_trace import CLASSES, OrganicTrace, TraceParams, build_trace
+from sidecar.tools.emulator.config import BLOCK_SIZE
+from sidecar.tools.emulator.prefix_cache import PrefixCache
+from sidecar.tools.emulator.tokenizer import block_hashes, count_tokens
+
+RouterFactory = Callable[[], OrganicRouter]
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    fraction: float  # hit rate / the oracle's
+    classes: dict[str, float]  # per class, fraction of its own ceiling
+    max_over_mean: float  # requests per pod
+    moved: float  # session turns on another pod than the turn before
+
+
+def ring_of(pods: int, seed: int) -> _core.HashTable:
+    rng = random.Random(f"organic-replay-ring-{seed}")
+    ports = rng.sample(range(20_000, 60_000), pods)
+    return _core.Ring([f"http://127.0.0.1:{port}" for port in ports])
+
+
+def _sidecar_of(seq: int, count: int) -> int:
+    # bench organic's spread (organic_driver._pick): the same sidecar for the same request
+    return 0 if count == 1 else random.Random(f"organic-sidecar-{seq}").randrange(count)
+
+
+def replay(
+    trace: OrganicTrace,
+    ring: _core.HashTable,
+    sidecars: int,
+    chat: bool,
+    *,
+    kv_tokens: int = 12_000,
+    factory: RouterFactory = lambda: OrganicRouter(AnchorTable()),
+    ceilings: Sequence[int] | None = None,
+) -> ReplayResult:
+    """Route every request of `trace` on `ring` through `sidecars` routers; the pods' caches
+    answer as the emulator's would with nothing in flight."""
+    routers = [factory() for _ in range(sidecars)]
+    caches = [PrefixCache(max(1, kv_tokens // BLOCK_SIZE)) for _ in ring.members]
+    if ceilings is None:
+        ceilings = [c.cached_tokens for c in oracle([r.prompt for r in trace.requests])]
+    requests = [0] * len(ring.members)
+    hit: dict[str, int] = dict.fromkeys(CLASSES, 0)
+    best: dict[str, int] = dict.fromkeys(CLASSES, 0)
+    pod_of: dict[int, int] = {}
+    moved = followed = 0
+    for request in trace.requests:
+        router = routers[_sidecar_of(request.seq, sidecars)]
+        if chat:
+            keys = router.for_chat(list(request.messages))
+        else:
+            head = request.prompt[:HEAD_BYTES].encode("utf-8")[:HEAD_BYTES]
+            found = router.for_prompt(head)
+            assert found is not None, "the trace's prompts are longer than one block"
+            keys = found
+        member = router.homes(ring, keys)
+        router.sent(ring, ring.members[member])
+        requests[member] += 1
+        data = request.prompt.encode("utf-8")
+        chain = block_hashes(data)
+        cache = caches[member]
+        hit[request.kind] += cache.hit_blocks(chain, count_tokens(data)) * BLOCK_SIZE
+        best[request.kind] += ceilings[request.seq]
+        cache.allocate(chain)
+        cache.release(chain)
+        if request.turn:
+            followed += 1
+            moved += pod_of[request.flow] != member
+        pod_of[request.flow] = member
+    total_best = sum(best.values())
+    return ReplayResult(
+        fraction=sum(hit.values()) / total_best if total_best else 1.0,
+        classes={k: hit[k] / best[k] if best[k] else 1.0 for k in CLASSES},
+        max_over_mean=max(requests) / statistics.fmean(requests),
+        moved=moved / followed if followed else 0.0,
+    )
+
+
+def sweep(
+    seeds: Sequence[int],
+    rings: int,
+    sidecars: int,
+    chat: bool,
+    pods: int = 4,
+    factory: RouterFactory = lambda: OrganicRouter(AnchorTable()),
+    **trace_params: float,
+) -> list[ReplayResult]:
+    results = []
+    for seed in seeds:
+        trace = build_trace(TraceParams(seed=seed, duration_s=45.0, **trace_params))  # type: ignore[arg-type]
+        ceilings = [c.cached_tokens for c in oracle([r.prompt for r in trace.requests])]
+        for ring_seed in range(rings):
+            results.append(
+                replay(
+                    trace,
+                    ring_of(pods, ring_seed),
+                    sidecars,
+                    chat,
+                    factory=factory,
+                    ceilings=ceilings,
+                )
+            )
+    return results
+
+
+def describe(results: Sequence[ReplayResult]) -> str:
+    mm = [r.max_over_mean for r in results]
+    fr = [r.fraction for r in results]
+    worst_class = [min(r.classes.values()) for r in results]
+    return (
+        f"max/mean mean {statistics.fmean(mm):.3f} (<=1.25 in {sum(m <= 1.25 for m in mm)}"
+        f"/{len(mm)})  hit {statistics.fmean(fr):.3f} (>=0.97 in "
+        f"{sum(f >= 0.97 for f in fr)}/{len(fr)}, min {min(fr):.3f})  classes>=0.95 in "
+        f"{sum(w >= 0.95 for w in worst_class)}/{len(fr)}  moved "
+        f"{statistics.fmean(r.moved for r in results):.3f}"
+    )
+
+
+# bench organic's organic policies, as routers (the bench's settings for each)
+POLICIES: dict[str, RouterFactory] = {
+    "sidecar": lambda: OrganicRouter(AnchorTable()),
+    "wide": lambda: OrganicRouter(AnchorTable(), 3.0, session_spread=3.0),
+    "hashed": lambda: OrganicRouter(AnchorTable(), balance_starts=False),
+}
+
+
+def against_report(path: str) -> list[str]:
+    """Replay a `bench organic --json` report's organic runs on the ring of its own pods
+    (their URLs, as the sidecars' pool orders them): replay and measured side by side."""
+    with open(path, encoding="utf-8") as source:
+        report = json.load(source)
+    params = report["params"]
+    trace = build_trace(
+        TraceParams(
+            seed=params["seed"],
+            duration_s=params["duration"],
+            tenants=params["tenants"],
+            templates=params["templates"],
+            zipf=params["zipf"],
+            tenant_rate=params["tenant_rate"],
+            fewshot_rate=params["fewshot_rate"],
+            session_rate=params["session_rate"],
+        )
+    )
+    ceilings = [c.cached_tokens for c in oracle([r.prompt for r in trace.requests])]
+    lines = []
+    for bench_path, runs in report["paths"].items():
+        if bench_path.startswith("http"):
+            continue  # the same routing as the gRPC path of the same body
+        for name, run in runs.items():
+            policy, _, count = name.partition("_x")
+            if policy not in POLICIES:
+                continue
+            ring = _core.Ring(sorted(run["load"]["per_pod"]))
+            result = replay(
+                trace,
+                ring,
+                int(count) if count else 1,
+                bench_path.endswith("chat"),
+                kv_tokens=params["kv_tokens"],
+                factory=POLICIES[policy],
+                ceilings=ceilings,
+            )
+            lines.append(
+                f"{bench_path:<14}{name:<12} max/mean replay {result.max_over_mean:.2f} "
+                f"measured {run['load']['max_over_mean']:.2f}   hit /ceil replay "
+                f"{result.fraction:.3f} measured {run['fraction']:.3f}"
+            )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sidecars", default="1,4", help="comma-separated K (1,4)")
+    parser.add_argument("--rings", type=int, default=12, help="rings (pod port sets) per seed")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated trace seeds")
+    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument(
+        "--against",
+        metavar="REPORT.json",
+        help="replay a bench organic --json report's organic runs on its own pods instead",
+    )
+    args = parser.parse_args(argv)
+    if args.against:
+        print("\n".join(against_report(args.against)))
+        return 0
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for sidecars in (int(k) for k in args.sidecars.split(",")):
+        for chat in (False, True):
+            results = sweep(seeds, args.rings, sidecars, chat, args.pods)
+            print(f"K={sidecars} {'chat' if chat else 'raw '}: {describe(results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
