@@ -5,8 +5,10 @@ prefixes are counted by the pod's tokenizer, and `load_signals: false` turns it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -18,21 +20,39 @@ from sidecar.tools.emulator.tokenizer import count_tokens
 from .conftest import sidecar_config, wait_for
 
 FAST = EmulatorConfig(time_scale=1000.0)
+# A pod that runs one request at a time, 100 tokens in 0.5 s real: easy to keep busy.
+ONE_AT_A_TIME = dataclasses.replace(FAST, max_running=1, decode_tps=20.0, time_scale=10.0)
+# The sidecar reads every pod every ~0.05 s and forgets a reading after 0.5 s.
+FAST_READINGS = {"load_poll_interval_s": 0.05, "load_poll_sample": 2, "load_signal_max_age_s": 0.5}
+
+
+@contextlib.asynccontextmanager
+async def _someone_elses_requests(pod: str, count: int = 3) -> AsyncIterator[None]:
+    """`count` completions on `pod` from another caller, held while the block runs (0.5 s
+    real each on a ONE_AT_A_TIME pod), then read to their end."""
+    async with aiohttp.ClientSession() as session:
+        body = {"prompt": "x", "max_tokens": 100}
+        held = [
+            asyncio.create_task(session.post(pod + "/v1/completions", json=body))
+            for _ in range(count)
+        ]
+        try:
+            yield
+        finally:
+            for response in await asyncio.gather(*held):
+                response.release()
 
 
 async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Path) -> None:
     big = dataclasses.replace(FAST, kv_tokens=320_000)
-    small = dataclasses.replace(FAST, kv_tokens=160_000, max_running=1, decode_tps=20.0)
-    small = dataclasses.replace(small, time_scale=10.0)
+    small = dataclasses.replace(ONE_AT_A_TIME, kv_tokens=160_000)
     text = "compliance rules. " * 500
     async with run_emulator(big) as a, run_emulator(small) as b:
         config = sidecar_config(
             tmp_path,
             [a, b],
-            load_poll_interval_s=0.05,
-            load_poll_sample=2,
+            **FAST_READINGS,
             home_kv_fraction=0.5,
-            load_signal_max_age_s=0.5,
             load_report_saturation=True,
         )
         async with Sidecar(config) as sidecar:
@@ -49,12 +69,7 @@ async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Pa
             scraped = sidecar.metrics.render().decode()
             assert "\nprefix_sidecar_home_kv_budget_tokens 80000.0\n" in scraped
             # Load the small pod behind the sidecar's back: its own gauges reach the pool.
-            async with aiohttp.ClientSession() as session:
-                body = {"prompt": "x", "max_tokens": 100}  # 0.5 s real each, one at a time
-                held = [
-                    asyncio.create_task(session.post(b + "/v1/completions", json=body))
-                    for _ in range(3)
-                ]
+            async with _someone_elses_requests(b):
                 # 1 running, 2 waiting: saturated, reported at own (0) + its cap (the floor
                 # 8: nothing else is in flight), so the next pick spills past it.
                 await wait_for(
@@ -63,8 +78,6 @@ async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Pa
                 )
                 table = sidecar.pool.table
                 assert table.loads[table.index[b]] == 8
-                for response in await asyncio.gather(*held):
-                    response.release()
             await wait_for(
                 lambda: sidecar.pool.backends[b].reported_load is None, what="b idle again"
             )
@@ -114,31 +127,17 @@ def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -
 async def test_the_fleet_view_sees_another_callers_load_and_exports_it(tmp_path: Path) -> None:
     """load_fleet_view: a pod busy with someone else's requests reaches the pool and the
     metrics at its running + waiting; with none of our own read yet, own counts pick."""
-    slow = dataclasses.replace(FAST, max_running=1, decode_tps=20.0, time_scale=10.0)
-    async with run_emulator(FAST) as a, run_emulator(slow) as b:
-        config = sidecar_config(
-            tmp_path,
-            [a, b],
-            load_poll_interval_s=0.05,
-            load_poll_sample=2,
-            load_signal_max_age_s=0.5,
-            load_fleet_view=True,
-        )
-        async with Sidecar(config) as sidecar, aiohttp.ClientSession() as session:
-            body = {"prompt": "x", "max_tokens": 100}  # 0.5 s real each, one at a time
-            held = [
-                asyncio.create_task(session.post(b + "/v1/completions", json=body))
-                for _ in range(3)
-            ]
-            await wait_for(
-                lambda: sidecar.pool.backends[b].reported_load == 3,
-                what="b's 1 running + 2 waiting in the pool",
-            )
-            scraped = sidecar.metrics.render().decode()
-            assert f'prefix_sidecar_backend_reported_load{{backend="{b}"}} 3.0' in scraped
-            # None of our own requests were read yet: K is unknown, own counts decide.
-            assert f'prefix_sidecar_backend_load{{backend="{b}"}} 0.0' in scraped
-            assert "\nprefix_sidecar_fleet_scale 1.0\n" in scraped
-            for response in await asyncio.gather(*held):
-                response.release()
+    async with run_emulator(FAST) as a, run_emulator(ONE_AT_A_TIME) as b:
+        config = sidecar_config(tmp_path, [a, b], **FAST_READINGS, load_fleet_view=True)
+        async with Sidecar(config) as sidecar:
+            async with _someone_elses_requests(b):
+                await wait_for(
+                    lambda: sidecar.pool.backends[b].reported_load == 3,
+                    what="b's 1 running + 2 waiting in the pool",
+                )
+                scraped = sidecar.metrics.render().decode()
+                assert f'prefix_sidecar_backend_reported_load{{backend="{b}"}} 3.0' in scraped
+                # None of our own requests were read yet: K is unknown, own counts decide.
+                assert f'prefix_sidecar_backend_load{{backend="{b}"}} 0.0' in scraped
+                assert "\nprefix_sidecar_fleet_scale 1.0\n" in scraped
             await wait_for(lambda: sidecar.pool.backends[b].reported_load == 0, what="b idle again")
