@@ -15,8 +15,9 @@ one linear pass, and every number must be finite and in range or it is ignored.
 
 `LoadSignals` keeps one timestamped record per pod and hands the pool one of two rules
 (docs/load-signals.md). The fleet view (rule 3, the default): each fresh running + waiting
-reading, which the pool moves by our sends since it times the K-estimate (K sidecars adding
-only their own sends to the same stale number would overfill a pod K times faster than one).
+reading, which the pool moves by our requests since it, our choices among pods times the
+K-estimate (K sidecars choosing alike on the same stale number would overfill a pod K times
+faster than one).
 The saturation report (rule 2): a pod whose fresh readings say it queues or its KV is full
 is reported at a load over its bounded-load cap. A reading older than `max_age_s` is None:
 the pool falls back to own in-flight counts (scaled by K in the fleet view).
