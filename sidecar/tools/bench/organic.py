@@ -9,6 +9,9 @@ the OpenAI HTTP front's /v1/completions and /v1/chat/completions) under each pol
   message), with 1 and with K sidecar processes;
 - radix: a central router with one shared approximate radix tree like SGLang's
   cache_aware (organic_radix), routing in this process and posting straight to the pods;
+- radix_xK: K replicas of that router, each with its own tree and in-flight counts, each
+  request to one drawn at random as for sidecar_xK: a central router scaled out (or made
+  highly available) without sharing its state;
 - sidecar / sidecar_xK: the sidecar's own default for unregistered prompts, 1 and K;
 - hashed / hashed_xK (only when --policies names it): organic routing with flow starts
   sent to their session's pod like later turns (organic_balance_starts off), the scheme
@@ -91,7 +94,7 @@ WIDE_SETTINGS = {"organic_home_spread": 3.0, "organic_session_spread": 3.0}
 def policy_names(
     sidecars: int, with_scheme: bool, hashed: bool = False, wide: bool = False
 ) -> list[str]:
-    names = ["round_robin", "window", f"window_x{sidecars}", "radix"]
+    names = ["round_robin", "window", f"window_x{sidecars}", "radix", f"radix_x{sidecars}"]
     if with_scheme:
         names += ["sidecar", f"sidecar_x{sidecars}"]
         if hashed:
@@ -136,14 +139,18 @@ async def run_one(
     before = await pod_requests(session, urls)
     sampler = InFlightSampler(session, urls)
     started = time.perf_counter()
-    if name == "radix":
-        router = CacheAwareRouter(
-            urls,
-            max_tree_chars=args.radix_tree_chars or 4 * args.kv_tokens,
-            eviction_interval_s=RADIX_EVICTION_INTERVAL_S,
-        )
+    if name.startswith("radix"):
+        replicas = int(name.partition("_x")[2] or 1)
+        routers = [
+            CacheAwareRouter(
+                urls,
+                max_tree_chars=args.radix_tree_chars or 4 * args.kv_tokens,
+                eviction_interval_s=RADIX_EVICTION_INTERVAL_S,
+            )
+            for _ in range(replicas)
+        ]
         samples: list[int] = []
-        send = central_sender(session, router, chat, args.max_tokens, timeout_s, samples)
+        send = central_sender(session, routers, chat, args.max_tokens, timeout_s, samples)
         with sampler:
             results = await replay(trace, send, args.time_scale)
         decision = exact_decision_us(samples)
@@ -241,7 +248,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 runs[path] = {}
                 for name in names:
                     twin = RADIX_TWIN.get(path)
-                    if name == "radix" and twin in runs and "radix" in runs[twin]:
+                    if name.startswith("radix") and twin in runs and name in runs[twin]:
                         # No sidecar, no front: the same run as on the twin path (same body).
                         runs[path][name] = {**runs[twin][name], "same_run_as": twin}
                         continue

@@ -6,7 +6,8 @@ Paths (one per run, selectable):
 - http-complete / http-chat: the sidecar's OpenAI front (`serve --openai-listen`), POST
   /v1/completions with the prompt or /v1/chat/completions with the messages, streamed.
 The central radix router (organic_radix) picks a pod in this process and POSTs the same
-body straight to it, as a central router would (without a router hop of its own).
+body straight to it, as a central router would (without a router hop of its own); K
+replicas of it, each with its own tree, take the requests as K sidecars do.
 
 Flows run closed loop: a session's next turn is sent `gap_s` modelled seconds after the
 previous answer ended; one-shots are flows of one. TTFT is from the send to the first
@@ -249,15 +250,18 @@ def http_front_sender(
 
 def central_sender(
     session: aiohttp.ClientSession,
-    router: CacheAwareRouter,
+    routers: Sequence[CacheAwareRouter],
     chat: bool,
     max_tokens: int,
     first_token_timeout_s: float,
     decisions_ns: list[int],
 ) -> Sender:
-    """The central router: decide here (timed), then POST straight to the chosen pod."""
+    """The central router: decide here (timed), then POST straight to the chosen pod. With
+    several (replicas, each with its own tree), each request goes to one drawn at random as
+    a request goes to one of K sidecars."""
 
     async def send(request: OrganicRequest, result: Result) -> None:
+        router = routers[_pick(request.seq, len(routers))]
         router.evict_if_due()
         started = time.perf_counter_ns()
         pod = router.select(request.prompt)

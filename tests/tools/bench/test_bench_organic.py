@@ -337,6 +337,39 @@ def test_the_p99_target_says_when_the_window_is_near_the_floor() -> None:
 
     assert "out of reach" in p99_target(280.0)  # 1.4x the floor
     assert "out of reach" not in p99_target(320.0)  # 1.6x the floor
+    assert "at most 1.60x is possible" in p99_target(320.0)
+
+
+def test_winners_are_named_for_one_router_and_for_k() -> None:
+    """One sidecar against the central radix router, K sidecars against K radix routers with
+    a tree each; "split" when each wins one of hit rate and p99."""
+
+    def run(hit: float, p99: float) -> dict[str, object]:
+        classes = {k: {"fraction": 1.0} for k in CLASSES}
+        load = {"max_over_mean": 1.0}
+        return {
+            "fraction": 1.0,
+            "hit_rate": hit,
+            "classes": classes,
+            "load": load,
+            "ttft_ms": {"p99": p99},
+        }
+
+    runs = {
+        "sidecar": run(0.80, 500.0),
+        "radix": run(0.81, 450.0),
+        "sidecar_x4": run(0.80, 500.0),
+        "radix_x4": run(0.70, 900.0),
+    }
+    report = {"params": {"sidecars": 4}, "paths": {"grpc-chat": runs}}
+    winners = {t["name"]: t for t in evaluate_targets(report) if "(hit rate and p99)" in t["name"]}
+    one = winners["grpc-chat sidecar vs the radix-tree baseline (hit rate and p99)"]
+    four = winners["grpc-chat sidecar_x4 vs 4 radix routers, a tree each (hit rate and p99)"]
+    assert one["measured"].startswith("winner radix") and not one["met"]
+    assert four["measured"].startswith("winner sidecar") and four["met"]
+    runs["radix_x4"] = run(0.70, 400.0)
+    four = next(t for t in evaluate_targets(report) if "radix routers" in t["name"])
+    assert four["measured"].startswith("winner split")
 
 
 # --- the metrics helpers -------------------------------------------------------------------
@@ -400,11 +433,13 @@ def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads(report_path.read_text())
     runs = report["paths"]["grpc-complete"]
-    assert {"window", "window_x2", "radix"} <= set(runs)
+    assert {"window", "window_x2", "radix", "radix_x2"} <= set(runs)
     requests = report["trace"]["requests"]
     for run in runs.values():
         _check_run(run, requests)
     assert runs["radix"]["decision_us"]["bucketed"] is False
+    assert runs["radix_x2"]["decision_us"]["bucketed"] is False
+    assert runs["radix"]["sidecars"] == runs["radix_x2"]["sidecars"] == 0
     assert runs["window_x2"]["sidecars"] == 2
     assert 0 < report["ceiling"]["hit_rate"] < 1
     assert "radix" in done.stdout and "oracle ceiling" in done.stdout
