@@ -203,7 +203,8 @@ async def run_one(
         in_flight=sampler.means(),
         decision_us=decision,
         previous_turn=previous_turns(trace),
-        warmup_s=args.warmup,
+        warmup_s=max(args.warmup, args.measure_after),
+        counted=counted_requests(trace, args.measure_after),
     )
     summary["sidecars"] = sidecars
     summary["wall_s"] = time.perf_counter() - started
@@ -277,10 +278,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             "classes": trace.counts(),
             "prompt_tokens": sum(prompt),
         },
-        "ceiling": {
-            "hit_rate": sum(c.cached_tokens for c in ceilings) / max(1, sum(prompt)),
-            "classes": {kind: _class_ceiling(trace, ceilings, kind) for kind in CLASSES},
-        },
+        "ceiling": _ceiling(trace, ceilings, args.measure_after),
         "paths": runs,
     }
     span = max(r.nominal_at for r in trace.requests)
@@ -290,7 +288,9 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         for c in ceilings
     )
     report["utilisation_at_ceiling"] = prefill_s / (span * args.pods) if span > 0 else 0.0
-    report["ttft_floor_ms"] = ttft_floor_ms(trace, ceilings, config, args.warmup)
+    report["ttft_floor_ms"] = ttft_floor_ms(
+        trace, ceilings, config, max(args.warmup, args.measure_after)
+    )
     report["distinct_prompt_tokens"] = sum(c.prompt_tokens - c.cached_tokens for c in ceilings)
     report["targets"] = evaluate_targets(report)
     report["wall_s"] = time.perf_counter() - started
@@ -317,10 +317,29 @@ def ttft_floor_ms(
     }
 
 
-def _class_ceiling(trace: OrganicTrace, ceilings: list[Ceiling], kind: str) -> float:
-    mine = [c for c, r in zip(ceilings, trace.requests, strict=True) if r.kind == kind]
-    tokens = sum(c.prompt_tokens for c in mine)
-    return sum(c.cached_tokens for c in mine) / tokens if tokens else 0.0
+def counted_requests(trace: OrganicTrace, measure_after: float) -> list[bool] | None:
+    """Which requests are measured: those due at or after `measure_after` modelled seconds
+    (by the trace's nominal times, so every policy counts the same ones); None: all."""
+    if measure_after <= 0:
+        return None
+    return [r.nominal_at >= measure_after for r in trace.requests]
+
+
+def _ceiling(trace: OrganicTrace, ceilings: list[Ceiling], measure_after: float) -> dict[str, Any]:
+    """The oracle's hit rate over the measured requests, whole and per class."""
+    keep = counted_requests(trace, measure_after)
+    pairs = [
+        (r, c)
+        for i, (r, c) in enumerate(zip(trace.requests, ceilings, strict=True))
+        if keep is None or keep[i]
+    ]
+
+    def rate(kind: str | None) -> float:
+        mine = [c for r, c in pairs if kind is None or r.kind == kind]
+        tokens = sum(c.prompt_tokens for c in mine)
+        return sum(c.cached_tokens for c in mine) / tokens if tokens else 0.0
+
+    return {"hit_rate": rate(None), "classes": {kind: rate(kind) for kind in CLASSES}}
 
 
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
@@ -370,6 +389,14 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         default=10.0,
         help="modelled seconds at the start left out of the TTFT percentiles (default "
         "%(default)s; hit rates and loads cover the whole run)",
+    )
+    add(
+        "--measure-after",
+        type=non_negative("--measure-after"),
+        default=0.0,
+        help="modelled seconds of traffic sent and cached but not measured: a steady "
+        "state's warm-up (default %(default)s: the whole run, from empty caches and sidecars "
+        "that have learnt nothing)",
     )
     add("--tenants", type=positive(int, "--tenants"), default=24)
     add(
@@ -458,6 +485,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.warmup >= args.duration:
         print("prefix-sidecar bench organic: --warmup must be < --duration", file=sys.stderr)
+        return 2
+    if args.measure_after >= args.duration:
+        print(
+            "prefix-sidecar bench organic: --measure-after must be < --duration (flows start "
+            "within --duration)",
+            file=sys.stderr,
+        )
         return 2
     try:
         TraceParams(

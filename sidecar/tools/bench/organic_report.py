@@ -48,8 +48,20 @@ def summarize(
     decision_us: dict[str, Any],
     previous_turn: Sequence[int] = (),
     warmup_s: float = 0.0,
+    counted: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
-    """`previous_turn[seq]`: the seq of the same session's previous turn, or -1."""
+    """`previous_turn[seq]`: the seq of the same session's previous turn, or -1.
+    `counted[seq]`: whether the request is measured (a steady state's window: requests
+    before it were sent and cached but count nowhere; loads then come from the backends the
+    answers named, not the pods' counters)."""
+    every, by_seq = results, ceilings
+    if counted is not None:
+        pairs = [(r, c) for r, c, keep in zip(results, ceilings, counted, strict=True) if keep]
+        results, ceilings = [r for r, _ in pairs], [c for _, c in pairs]
+        pod_requests = dict.fromkeys(pod_requests, 0)
+        for r in results:
+            if r.backend in pod_requests:
+                pod_requests[r.backend] += 1
     prompt = sum(c.prompt_tokens for c in ceilings)
     ceiling_hit = _ratio(sum(c.cached_tokens for c in ceilings), prompt)
     hit = _ratio(sum(r.cached_tokens for r in results if r.ok), prompt)
@@ -78,9 +90,12 @@ def summarize(
         if r.ok and r.prompt_tokens != c.prompt_tokens
     )
     followed = [
-        (results[before], r)
-        for r, before in zip(results, previous_turn, strict=False)
-        if before >= 0 and r.ok and results[before].ok
+        (every[previous_turn[r.seq]], r)
+        for r in results
+        if r.seq < len(previous_turn)
+        and previous_turn[r.seq] >= 0
+        and r.ok
+        and every[previous_turn[r.seq]].ok
     ]
     moved = sum(1 for before, r in followed if before.backend != r.backend)
     loads = list(pod_requests.values())
@@ -99,7 +114,7 @@ def summarize(
         # session turns answered by another pod than the turn before (both answered)
         "session_turns_moved": _ratio(moved, len(followed)),
         "ttft_ms": _ttft(after_warmup, time_scale, timeout_s),
-        "ttft_ms_all": _ttft(results, time_scale, timeout_s),
+        "ttft_ms_all": _ttft(results, time_scale, timeout_s),  # every counted request
         "load": {
             "per_pod": pod_requests,
             "max_over_mean": _ratio(max(loads), mean_load) if loads else math.nan,
@@ -116,7 +131,7 @@ def summarize(
                 "ttft_ms": r.ttft_s * time_scale * 1e3,
                 "prompt_tokens": r.prompt_tokens,
                 "cached_tokens": r.cached_tokens,
-                "ceiling_tokens": ceilings[r.seq].cached_tokens,
+                "ceiling_tokens": by_seq[r.seq].cached_tokens,
             }
             for r in sorted(answered, key=lambda r: r.ttft_s, reverse=True)[
                 : max(3, len(answered) // 100)
@@ -264,6 +279,14 @@ def render(report: dict[str, Any]) -> str:
         + ")",
         f"sidecar default for unregistered prompts: {report['sidecar_scheme']}",
     ]
+    after = params.get("measure_after", 0.0)
+    if after:
+        any_run = next(iter(next(iter(report["paths"].values()), {}).values()), None)
+        counted = f"{any_run['requests']} of {trace['requests']}" if any_run else "the"
+        lines.append(
+            f"steady state: {counted} requests measured, those due after {after:g} modelled s "
+            "(the earlier ones were sent and cached, and the sidecars learnt from them)"
+        )
     floor = report.get("ttft_floor_ms")
     if floor:
         lines.append(

@@ -472,6 +472,49 @@ def test_hashed_and_wide_run_only_when_named(tmp_path: Path) -> None:
     assert runs["hashed_x2"]["sidecars"] == runs["wide_x2"]["sidecars"] == 2
 
 
+def test_measure_after_counts_only_the_steady_state(tmp_path: Path) -> None:
+    """--measure-after: the whole trace is sent, only requests due after it are measured -
+    hit rates against the oracle over those, loads from the pods their answers named."""
+    report_path = tmp_path / "organic.json"
+    done = _bench(
+        "--quick",
+        "--paths",
+        "grpc-chat",
+        "--policies",
+        "sidecar",
+        "--measure-after",
+        "3",
+        "--json",
+        str(report_path),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(report_path.read_text())
+    params = report["params"]
+    trace = build_trace(
+        TraceParams(
+            seed=params["seed"],
+            duration_s=params["duration"],
+            tenants=params["tenants"],
+            templates=params["templates"],
+            zipf=params["zipf"],
+            tenant_rate=params["tenant_rate"],
+            fewshot_rate=params["fewshot_rate"],
+            session_rate=params["session_rate"],
+        )
+    )
+    later = [r for r in trace.requests if r.nominal_at >= 3.0]
+    assert 0 < len(later) < len(trace.requests) == report["trace"]["requests"]
+    ceilings = oracle([r.prompt for r in trace.requests])
+    expected = sum(ceilings[r.seq].cached_tokens for r in later) / sum(
+        ceilings[r.seq].prompt_tokens for r in later
+    )
+    assert report["ceiling"]["hit_rate"] == pytest.approx(expected)
+    for run in report["paths"]["grpc-chat"].values():
+        _check_run(run, len(later))
+    assert f"steady state: {len(later)} of {len(trace.requests)} requests" in done.stdout
+
+
 @pytest.mark.slow
 def test_quick_every_path_and_policy(tmp_path: Path) -> None:
     report_path = tmp_path / "organic.json"
@@ -495,6 +538,8 @@ def test_bad_arguments_are_refused() -> None:
     assert done.returncode == 2 and "--policies has sglang" in done.stderr
     done = _bench("--tenant-rate", "0", "--fewshot-rate", "0", "--session-rate", "0", timeout=30)
     assert done.returncode == 2 and "at least one rate" in done.stderr
+    done = _bench("--duration", "20", "--measure-after", "20", timeout=30)
+    assert done.returncode == 2 and "--measure-after must be < --duration" in done.stderr
 
 
 # --- the offline replay ----------------------------------------------------------------------
@@ -515,6 +560,26 @@ def test_replay_is_deterministic_and_reads_like_the_bench() -> None:
         assert result.max_over_mean >= 1.0 and 0.0 <= result.moved <= 1.0
     one = replay(trace, _core.Ring(["http://127.0.0.1:1"]), 1, chat=True, kv_tokens=10**7)
     assert one.fraction == pytest.approx(1.0) and one.max_over_mean == 1.0 and one.moved == 0.0
+
+
+def test_replay_measures_after_a_warm_up() -> None:
+    """--measure-after: earlier requests are routed and cached but not counted, so the
+    counted ones find what the warm-up left (a steady state); 0 counts every request."""
+    trace = build_trace(TraceParams(seed=3, duration_s=16.0, tenants=6, templates=3))
+    ring = replay_ring(4, 0)
+    whole = replay(trace, ring, 2, chat=True)
+    assert replay(trace, ring, 2, chat=True, measure_after=0.0) == whole
+    late = replay(trace, ring, 2, chat=True, measure_after=8.0)
+    assert late != whole and late.max_over_mean >= 1.0
+    assert 0.5 < late.fraction <= 1.0 + 1e-9
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecar.tools.bench.organic_replay", "--measure-after", "50"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and "--measure-after must be" in done.stderr
 
 
 def test_replay_against_a_report_uses_its_own_pods(tmp_path: Path) -> None:
