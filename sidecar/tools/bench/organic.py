@@ -388,7 +388,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         type=non_negative("--warmup"),
         default=10.0,
         help="modelled seconds at the start left out of the TTFT percentiles (default "
-        "%(default)s; hit rates and loads cover the whole run)",
+        "%(default)s; hit rates and loads cover the whole run unless --measure-after)",
     )
     add(
         "--measure-after",

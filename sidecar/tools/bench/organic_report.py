@@ -319,7 +319,8 @@ def render(report: dict[str, Any]) -> str:
         "",
         "hit = cached / prompt tokens (pods' usage); /ceil and the class columns: fraction of "
         "the oracle ceiling;",
-        f"TTFT modelled ms, sent after the {params['warmup']:g} s warm-up; max/mean = requests "
+        f"TTFT modelled ms, sent after the {max(params['warmup'], after):g} s warm-up; "
+        "max/mean = requests "
         "per pod; flight = max/mean of mean in-flight; decision in us;",
         "moved = share of session turns answered by another pod than the turn before",
         "(<= : sidecar histogram bucket bound; radix: exact, in the bench process, no hop;",
