@@ -213,17 +213,7 @@ async def run_one(
 
 async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     started = time.perf_counter()
-    params = TraceParams(
-        seed=args.seed,
-        duration_s=args.duration,
-        tenants=args.tenants,
-        templates=args.templates,
-        zipf=args.zipf,
-        tenant_rate=args.tenant_rate,
-        fewshot_rate=args.fewshot_rate,
-        session_rate=args.session_rate,
-    )
-    trace = build_trace(params)
+    trace = build_trace(TraceParams.of_settings(vars(args)))
     ceilings = oracle([r.prompt for r in trace.requests])
     with_scheme = scheme_flag_exists()
     wanted = args.policies.split(",") if args.policies else []

@@ -176,18 +176,7 @@ def against_report(path: str) -> list[str]:
     with open(path, encoding="utf-8") as source:
         report = json.load(source)
     params = report["params"]
-    trace = build_trace(
-        TraceParams(
-            seed=params["seed"],
-            duration_s=params["duration"],
-            tenants=params["tenants"],
-            templates=params["templates"],
-            zipf=params["zipf"],
-            tenant_rate=params["tenant_rate"],
-            fewshot_rate=params["fewshot_rate"],
-            session_rate=params["session_rate"],
-        )
-    )
+    trace = build_trace(TraceParams.of_settings(params))
     ceilings = [c.cached_tokens for c in oracle([r.prompt for r in trace.requests])]
     lines = []
     for bench_path, runs in report["paths"].items():

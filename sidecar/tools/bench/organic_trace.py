@@ -19,7 +19,9 @@ put the same bytes in front of the pod and share one oracle.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sidecar.tools.emulator.protocol import render_chat
 from sidecar.tools.workload.texts import BANNED, CATEGORIES, MECHANICS, PRODUCTS
@@ -46,6 +48,21 @@ class TraceParams:
     min_gap_s: float = 1.0  # think time between a turn's answer and the next turn
     max_gap_s: float = 5.0
     system_bytes: tuple[int, int] = (300, 3000)
+
+    @classmethod
+    def of_settings(cls, settings: Mapping[str, Any]) -> TraceParams:
+        """The trace of `bench organic`'s settings: its flags (vars(args)) or a report's
+        "params", which are the same names."""
+        return cls(
+            seed=settings["seed"],
+            duration_s=settings["duration"],
+            tenants=settings["tenants"],
+            templates=settings["templates"],
+            zipf=settings["zipf"],
+            tenant_rate=settings["tenant_rate"],
+            fewshot_rate=settings["fewshot_rate"],
+            session_rate=settings["session_rate"],
+        )
 
     def validate(self) -> None:
         if self.duration_s <= 0:

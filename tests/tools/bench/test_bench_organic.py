@@ -405,6 +405,19 @@ def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _quick(
+    tmp_path: Path, path: str, policies: str, *more: str, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """A --quick run of one path and some policies; its stdout and JSON report."""
+    report_path = tmp_path / "organic.json"
+    done = _bench(
+        "--quick", "--paths", path, "--policies", policies, *more,
+        "--json", str(report_path), timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done, json.loads(report_path.read_text())
+
+
 def _check_run(run: dict, requests: int) -> None:
     assert run["requests"] == requests
     assert run["answered"] == requests, run["errors"]
@@ -419,19 +432,7 @@ def _check_run(run: dict, requests: int) -> None:
 
 
 def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
-    report_path = tmp_path / "organic.json"
-    done = _bench(
-        "--quick",
-        "--paths",
-        "grpc-complete",
-        "--policies",
-        "window,radix",
-        "--json",
-        str(report_path),
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(report_path.read_text())
+    done, report = _quick(tmp_path, "grpc-complete", "window,radix", timeout=60)
     runs = report["paths"]["grpc-complete"]
     assert {"window", "window_x2", "radix", "radix_x2"} <= set(runs)
     requests = report["trace"]["requests"]
@@ -452,21 +453,10 @@ def test_hashed_and_wide_run_only_when_named(tmp_path: Path) -> None:
     assert not {"hashed", "wide"} & set(policy_names(2, True))
     assert policy_names(2, True, hashed=True)[-2:] == ["hashed", "hashed_x2"]
     assert policy_names(2, True, wide=True)[-2:] == ["wide", "wide_x2"]
-    report_path = tmp_path / "organic.json"
-    done = _bench(
-        "--quick",
-        "--paths",
-        "grpc-chat",
-        "--policies",
-        "sidecar,hashed,wide",
-        "--json",
-        str(report_path),
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr
-    runs = json.loads(report_path.read_text())["paths"]["grpc-chat"]
+    _, report = _quick(tmp_path, "grpc-chat", "sidecar,hashed,wide", timeout=180)
+    runs = report["paths"]["grpc-chat"]
     assert set(runs) == {"sidecar", "sidecar_x2", "hashed", "hashed_x2", "wide", "wide_x2"}
-    requests = json.loads(report_path.read_text())["trace"]["requests"]
+    requests = report["trace"]["requests"]
     for run in runs.values():
         _check_run(run, requests)
     assert runs["hashed_x2"]["sidecars"] == runs["wide_x2"]["sidecars"] == 2
@@ -475,34 +465,8 @@ def test_hashed_and_wide_run_only_when_named(tmp_path: Path) -> None:
 def test_measure_after_counts_only_the_steady_state(tmp_path: Path) -> None:
     """--measure-after: the whole trace is sent, only requests due after it are measured -
     hit rates against the oracle over those, loads from the pods their answers named."""
-    report_path = tmp_path / "organic.json"
-    done = _bench(
-        "--quick",
-        "--paths",
-        "grpc-chat",
-        "--policies",
-        "sidecar",
-        "--measure-after",
-        "3",
-        "--json",
-        str(report_path),
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(report_path.read_text())
-    params = report["params"]
-    trace = build_trace(
-        TraceParams(
-            seed=params["seed"],
-            duration_s=params["duration"],
-            tenants=params["tenants"],
-            templates=params["templates"],
-            zipf=params["zipf"],
-            tenant_rate=params["tenant_rate"],
-            fewshot_rate=params["fewshot_rate"],
-            session_rate=params["session_rate"],
-        )
-    )
+    done, report = _quick(tmp_path, "grpc-chat", "sidecar", "--measure-after", "3", timeout=120)
+    trace = build_trace(TraceParams.of_settings(report["params"]))
     later = [r for r in trace.requests if r.nominal_at >= 3.0]
     assert 0 < len(later) < len(trace.requests) == report["trace"]["requests"]
     ceilings = oracle([r.prompt for r in trace.requests])
