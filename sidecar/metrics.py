@@ -29,7 +29,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -176,6 +176,7 @@ class Metrics:
         self._live_prefix: Callable[[str], bool] = _always
         self._home_tokens: _HomeTokens | None = None
         self._pod_loads: _PodLoads | None = None
+        self._organic: _Organic | None = None
 
     def child(self, metric: M, *labels: str) -> M:
         """`metric.labels(*labels)`, memoised: labels() takes a lock and rebuilds the key on
@@ -271,6 +272,12 @@ class Metrics:
         self._pod_loads = _PodLoads(read)
         self.registry.register(self._pod_loads)
 
+    def watch_organic(self, read: Callable[[], OrganicState]) -> None:
+        """Export, at scrape time, what organic routing decided and how much it has learnt
+        (docs/organic-routing.md, "Observing it"): fixed label sets, bounded."""
+        self._organic = _Organic(read)
+        self.registry.register(self._organic)
+
     def render(self) -> bytes:
         self._prepare_scrape()
         return generate_latest(self.registry)
@@ -286,7 +293,7 @@ class Metrics:
     def _prepare_scrape(self) -> None:
         self.forget_backends()
         self.forget_prefixes()
-        for collector in (self._home_tokens, self._pod_loads):
+        for collector in (self._home_tokens, self._pod_loads, self._organic):
             if collector is not None:
                 collector.snapshot()
 
@@ -310,11 +317,11 @@ class _ScrapeTime:
     def snapshot(self) -> None:
         self._snapshot = self._read()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         snapshot, self._snapshot = self._snapshot, None
         yield from self.families(snapshot if snapshot is not None else self._read())
 
-    def families(self, state: Any) -> Iterator[GaugeMetricFamily]:
+    def families(self, state: Any) -> Iterator[Metric]:
         raise NotImplementedError
 
 
@@ -368,6 +375,36 @@ class _PodLoads(_ScrapeTime):
             "of ours (1 without the fleet view)",
             value=state.fleet_scale,
         )
+
+
+class _Organic(_ScrapeTime):
+    """Organic routing's decisions by kind since start, and its table's entries per map."""
+
+    def families(self, state: OrganicState) -> Iterator[Metric]:
+        decisions = CounterMetricFamily(
+            "prefix_sidecar_organic_decisions",
+            "Organic routing decisions of unregistered prompts by kind: unanchored, "
+            "later_turn, start_stayed, start_moved, start_far (docs/organic-routing.md)",
+            labels=["kind"],
+        )
+        for kind, count in state.decisions.items():
+            decisions.add_metric([kind], count)
+        yield decisions
+        entries = GaugeMetricFamily(
+            "prefix_sidecar_organic_table_entries",
+            "Entries the organic anchor table holds per map (blocks, branch_points, "
+            "families), both generations; bounded by organic_table_blocks",
+            labels=["map"],
+        )
+        for name, count in state.table.items():
+            entries.add_metric([name], count)
+        yield entries
+
+
+@dataclass(frozen=True)
+class OrganicState:
+    decisions: dict[str, int]  # kind -> decisions since start
+    table: dict[str, int]  # map -> entries
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,15 @@ class AnchorTable:
             + len(self._families_old)
         )
 
+    def sizes(self) -> dict[str, int]:
+        """Entries per map, both generations: block keys remembered, branch points (an
+        anchor is one with min_fanout successors), families counted."""
+        return {
+            "blocks": len(self._seen) + len(self._seen_old),
+            "branch_points": len(self._fanout) + len(self._fanout_old),
+            "families": len(self._families) + len(self._families_old),
+        }
+
     @property
     def max_entries(self) -> int:
         """The bound: a generation of `seen` turns over after the prompt that fills it."""

@@ -76,6 +76,15 @@ class OrganicKeys(NamedTuple):
 
 MIN_HOMES = 1
 
+# What an organic decision was, for the decisions metric (a fixed set: bounded labels):
+# - unanchored: the family has not branched yet (session key = family key: one pod);
+# - later_turn: a request with history past its anchor, on its session's pod;
+# - start_stayed: a flow's start left on its session's pod (nothing counted lower, or a
+#   one-pod home set);
+# - start_moved: a start sent to a less-loaded pod of its session set;
+# - start_far: a start sent past the session set, where the head may be cold (9f).
+DECISION_KINDS = ("unanchored", "later_turn", "start_stayed", "start_moved", "start_far")
+
 
 def home_size(share: float, members: int, spread: float = HOME_SPREAD) -> int:
     """Contract 9c: min(N, max(1, ceil(spread * share * N))), in doubles in that order."""
@@ -122,6 +131,7 @@ class OrganicRouter:
         self.spread = spread
         self.session_spread = session_spread
         self.balancer = StartBalancer() if balance_starts else None
+        self.decisions = dict.fromkeys(DECISION_KINDS, 0)  # since start, by kind
 
     def for_chat(self, messages: list[tuple[str, str]]) -> OrganicKeys:
         """A chat's keys: its messages are its blocks. The anchor is the shallowest learnt
@@ -191,9 +201,21 @@ class OrganicRouter:
         size = home_size(keys.share, members, self.spread)
         sessions = min(size, home_size(keys.share, members, self.session_spread))
         home = ring.session_home(keys.family, sessions, keys.session)
-        if keys.start and size > 1 and self.balancer is not None:
+        decisions = self.decisions
+        if keys.anchor < 0:
+            decisions["unanchored"] += 1
+            return home
+        if not keys.start:
+            decisions["later_turn"] += 1
+            return home
+        if size > 1 and self.balancer is not None:
             far = FAR_MARGIN + FAR_MARGIN_PER_KB * keys.head / 1024.0
-            return self.balancer.choose(ring, keys.family, size, home, sessions, far)
+            chosen = self.balancer.choose(ring, keys.family, size, home, sessions, far)
+            if chosen != home:
+                near = ring.members[chosen] in ring.preference(keys.family, sessions)
+                decisions["start_moved" if near else "start_far"] += 1
+                return chosen
+        decisions["start_stayed"] += 1
         return home
 
     def sent(self, ring: _core.HashTable, backend: str) -> None:

@@ -41,7 +41,7 @@ from sidecar.membership.sources import (
     StaticSource,
     parse_dns_target,
 )
-from sidecar.metrics import Metrics, PodLoads, start_metrics_server
+from sidecar.metrics import Metrics, OrganicState, PodLoads, start_metrics_server
 from sidecar.prefixes import PrefixError, PrefixStore
 from sidecar.prewarm import WARMED, Prewarmer
 from sidecar.routing.router import Router
@@ -113,6 +113,11 @@ class Sidecar(AsyncService):
             self.router.homed_tokens, lambda: self.router.placer.budget_tokens
         )
         self.metrics.watch_pod_loads(self._pod_loads)
+        organic = self.router.organic
+        if organic is not None:
+            self.metrics.watch_organic(
+                lambda: OrganicState(dict(organic.decisions), organic.table.sizes())
+            )
         self.metrics.track(lambda url: url in self.pool.backends, self.store.has_name)
         self.prewarmer = Prewarmer(
             self.client,

@@ -196,6 +196,40 @@ def test_a_start_leaves_the_session_set_only_by_the_far_margin() -> None:
     assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == order[1]
 
 
+def test_every_decision_is_counted_by_its_kind() -> None:
+    """`decisions` (the organic decisions metric): unanchored, later_turn, and a start that
+    stayed, moved within its session set, or went past it."""
+    ring = _core.Ring(pods(4))
+    router = organic.OrganicRouter(AnchorTable())
+    family = 91
+    # share 0.5 on 4 pods: a home set of all 4, a session set of ceil(1.5 x 0.5 x 4) = 3
+    order = [ring.members.index(url) for url in ring.preference(family, 4)]
+
+    def keys(*, anchor: int = 0, start: bool = True, share: float = 0.5) -> organic.OrganicKeys:
+        return organic.OrganicKeys(family, 7, share, anchor, start)
+
+    home = router.homes(ring, keys(start=False))  # nothing counted yet
+    assert home in order[:3]
+    router.homes(ring, keys(anchor=-1, start=False))
+    router.homes(ring, keys(share=0.01))  # a one-pod home set: nowhere to go
+    assert router.homes(ring, keys()) == home  # all counted alike: it stays
+    router.sent(ring, ring.members[home])
+    router.sent(ring, ring.members[home])
+    moved = router.homes(ring, keys())
+    assert moved != home and moved in order[:3]
+    for member in order[:3]:  # the session set busy, the fourth pod idle
+        for _ in range(4):
+            router.sent(ring, ring.members[member])
+    assert router.homes(ring, keys()) == order[3]
+    assert router.decisions == {
+        "unanchored": 1,
+        "later_turn": 1,
+        "start_stayed": 2,
+        "start_moved": 1,
+        "start_far": 1,
+    }
+
+
 @pytest.mark.parametrize("chat", [False, True], ids=["prompt", "chat"])
 def test_sessions_live_on_the_session_set_and_starts_use_the_home_set(chat: bool) -> None:
     """A tenant with about a quarter of the traffic on 8 pods: its home set is

@@ -74,6 +74,55 @@ async def test_metrics_endpoint_exposes_the_documented_series(
     assert 0 < value("prefix_sidecar_cost_saving_ratio") < 1
 
 
+async def test_organic_routing_exports_its_decisions_and_table(
+    tmp_path: Path, pods: list[str]
+) -> None:
+    """Chats nobody registered, through the Chat RPC: each decision counted by its kind,
+    the anchor table's entries per map; with the window instead, neither series."""
+    port = free_port()
+    config = sidecar_config(tmp_path, pods, metrics_port=port)
+    system = ("system", "You are the returns desk of a shoe shop. " * 8)
+
+    async def chat(*messages: tuple[str, str]) -> None:
+        request = router_pb2.ChatRequest(
+            messages=[router_pb2.ChatMessage(role=r, content=c) for r, c in messages],
+            max_tokens=2,
+        )
+        await collect(stub.Chat(request))
+
+    async with running_sidecar(config) as (_, stub):
+        await chat(system, ("user", "Can I return worn shoes?"))  # a start
+        await chat(system, ("user", "Can I return worn shoes?"), ("assistant", "No."),
+                   ("user", "Even unworn?"))  # fmt: skip
+        await chat(("user", "no system message at all"))  # nothing to anchor on
+        metrics = await scrape(port)
+    decisions = {
+        dict(labels)["kind"]: value
+        for labels, value in metrics["prefix_sidecar_organic_decisions_total"].items()
+    }
+    # One tenant of a new sidecar: a one-pod home set, so its start stays where it is.
+    assert decisions == {
+        "unanchored": 1,
+        "later_turn": 1,
+        "start_stayed": 1,
+        "start_moved": 0,
+        "start_far": 0,
+    }
+    table = {
+        dict(labels)["map"]: value
+        for labels, value in metrics["prefix_sidecar_organic_table_entries"].items()
+    }
+    assert set(table) == {"blocks", "branch_points", "families"}
+    assert table["families"] == 2 and table["blocks"] >= 2
+
+    config = sidecar_config(tmp_path, pods, metrics_port=port, unregistered_routing="window")
+    async with running_sidecar(config) as (_, stub):
+        await chat(system, ("user", "Can I return worn shoes?"))
+        metrics = await scrape(port)
+    assert "prefix_sidecar_organic_decisions_total" not in metrics
+    assert "prefix_sidecar_organic_table_entries" not in metrics
+
+
 @contextlib.asynccontextmanager
 async def recording_pod(headers: list[dict[str, str]]) -> AsyncIterator[str]:
     """A tiny OpenAI-compatible pod that records every request's headers (the emulator
