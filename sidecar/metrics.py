@@ -381,24 +381,31 @@ class _Organic(_ScrapeTime):
     """Organic routing's decisions by kind since start, and its table's entries per map."""
 
     def families(self, state: OrganicState) -> Iterator[Metric]:
-        decisions = CounterMetricFamily(
-            "prefix_sidecar_organic_decisions",
-            "Organic routing decisions of unregistered prompts by kind: unanchored, "
-            "later_turn, start_stayed, start_moved, start_far (docs/organic-routing.md)",
-            labels=["kind"],
+        yield _one_label(
+            CounterMetricFamily(
+                "prefix_sidecar_organic_decisions",
+                "Organic routing decisions of unregistered prompts by kind: unanchored, "
+                "later_turn, start_stayed, start_moved, start_far (docs/organic-routing.md)",
+                labels=["kind"],
+            ),
+            state.decisions,
         )
-        for kind, count in state.decisions.items():
-            decisions.add_metric([kind], count)
-        yield decisions
-        entries = GaugeMetricFamily(
-            "prefix_sidecar_organic_table_entries",
-            "Entries the organic anchor table holds per map (blocks, branch_points, "
-            "families), both generations; bounded by organic_table_blocks",
-            labels=["map"],
+        yield _one_label(
+            GaugeMetricFamily(
+                "prefix_sidecar_organic_table_entries",
+                "Entries the organic anchor table holds per map (blocks, branch_points, "
+                "families), both generations; bounded by organic_table_blocks",
+                labels=["map"],
+            ),
+            state.table,
         )
-        for name, count in state.table.items():
-            entries.add_metric([name], count)
-        yield entries
+
+
+def _one_label(family: CounterMetricFamily | GaugeMetricFamily, values: dict[str, int]) -> Metric:
+    """`family` with one sample per (label value, value)."""
+    for label, value in values.items():
+        family.add_metric([label], value)
+    return family
 
 
 @dataclass(frozen=True)
