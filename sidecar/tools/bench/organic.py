@@ -51,6 +51,8 @@ from sidecar.tools.bench.organic_driver import (
     http_front_sender,
     pod_requests,
     replay,
+    scrape_sidecars,
+    summed_by,
 )
 from sidecar.tools.bench.organic_oracle import Ceiling, oracle
 from sidecar.tools.bench.organic_radix import CacheAwareRouter
@@ -139,6 +141,7 @@ async def run_one(
     before = await pod_requests(session, urls)
     sampler = InFlightSampler(session, urls)
     started = time.perf_counter()
+    organic_kinds: dict[str, float] = {}
     if name.startswith("radix"):
         replicas = int(name.partition("_x")[2] or 1)
         routers = [
@@ -186,7 +189,10 @@ async def run_one(
                 send = http_front_sender(session, group.http_urls, chat, args.max_tokens, timeout_s)
                 with sampler:
                     results = await replay(trace, send, args.time_scale)
-            buckets = await decision_buckets(session, group.metrics_ports)
+            scraped = await scrape_sidecars(session, group.metrics_ports)
+        buckets = decision_buckets(scraped)
+        # how each organic decision went (none for the window and round-robin)
+        organic_kinds = summed_by(scraped, "prefix_sidecar_organic_decisions_total", "kind")
         decision = {
             "p50": bucket_percentile(buckets, 50) * 1e6,
             "p99": bucket_percentile(buckets, 99) * 1e6,
@@ -207,6 +213,8 @@ async def run_one(
         counted=counted_requests(trace, args.measure_after),
     )
     summary["sidecars"] = sidecars
+    if organic_kinds:  # the sidecars' own counts, whole run (warm-up included)
+        summary["organic_decisions"] = {k: int(v) for k, v in organic_kinds.items()}
     summary["wall_s"] = time.perf_counter() - started
     return summary
 

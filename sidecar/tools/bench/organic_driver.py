@@ -376,18 +376,27 @@ class InFlightSampler:
         return {url: (sum(v) / len(v) if v else 0.0) for url, v in self.samples.items()}
 
 
-async def decision_buckets(
+async def scrape_sidecars(
     session: aiohttp.ClientSession, metrics_ports: Sequence[int]
-) -> dict[float, float]:
+) -> list[str]:
+    """Every sidecar's /metrics text."""
+    return [await _get_text(session, f"http://127.0.0.1:{port}/metrics") for port in metrics_ports]
+
+
+def summed_by(texts: Sequence[str], name: str, label: str) -> dict[str, float]:
+    """One series summed over sidecars (and every other label), by one label's value."""
+    total: dict[str, float] = {}
+    for text in texts:
+        for labels, value in metric_samples(text, name):
+            total[labels[label]] = total.get(labels[label], 0.0) + value
+    return total
+
+
+def decision_buckets(texts: Sequence[str]) -> dict[float, float]:
     """The sidecars' decision-time histogram, summed over sidecars, fronts and RPCs:
     upper bound (seconds) -> cumulative count."""
-    total: dict[float, float] = {}
-    for port in metrics_ports:
-        text = await _get_text(session, f"http://127.0.0.1:{port}/metrics")
-        for labels, value in metric_samples(text, "prefix_sidecar_decision_seconds_bucket"):
-            bound = float(labels["le"])
-            total[bound] = total.get(bound, 0.0) + value
-    return total
+    buckets = summed_by(texts, "prefix_sidecar_decision_seconds_bucket", "le")
+    return {float(bound): count for bound, count in buckets.items()}
 
 
 def bucket_percentile(buckets: dict[float, float], q: float) -> float:

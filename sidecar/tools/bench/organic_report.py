@@ -262,6 +262,27 @@ def _floor_note(report: dict[str, Any], window: dict[str, Any]) -> str:
     return f"; at most {best:.2f}x is possible (the floor's p99 is {floor:,.0f} ms)"
 
 
+def _organic_decision_lines(report: dict[str, Any]) -> list[str]:
+    """How the sidecars' organic decisions went, per run that made any (their own counts,
+    prefix_sidecar_organic_decisions_total, whole run): starts sent past the session set
+    are what balance costs in cold heads."""
+    lines = []
+    for path, runs in report["paths"].items():
+        for name, run in runs.items():
+            kinds = run.get("organic_decisions")
+            if not kinds or run.get("same_run_as"):
+                continue
+            total = sum(kinds.values()) or 1
+            shares = ", ".join(
+                f"{kind} {100 * count / total:.1f} %" for kind, count in kinds.items()
+            )
+            lines.append(f"  {path} {name}: {shares}")
+    if lines:
+        lines.insert(0, "organic decisions (the sidecars' counts, whole run):")
+        lines.insert(0, "")
+    return lines
+
+
 def render(report: dict[str, Any]) -> str:
     params = report["params"]
     trace = report["trace"]
@@ -327,9 +348,9 @@ def render(report: dict[str, Any]) -> str:
         f"radix_x{params['sidecars']}: {params['sidecars']} radix routers, a tree each, requests "
         "spread over them as over the sidecars)",
         "* the same run as on the gRPC path of the same body (the radix router has no front)",
-        "",
-        "targets (as measured in this run)",
     ]
+    lines += _organic_decision_lines(report)
+    lines += ["", "targets (as measured in this run)"]
     lines += [
         f"  {t['name']}: {t['measured']} - {'MET' if t['met'] else 'NOT MET'}"
         for t in report["targets"]

@@ -441,6 +441,8 @@ def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
     assert runs["radix"]["decision_us"]["bucketed"] is False
     assert runs["radix_x2"]["decision_us"]["bucketed"] is False
     assert runs["radix"]["sidecars"] == runs["radix_x2"]["sidecars"] == 0
+    assert not any("organic_decisions" in run for run in runs.values())  # window, radix
+    assert "organic decisions" not in done.stdout
     assert runs["window_x2"]["sidecars"] == 2
     assert 0 < report["ceiling"]["hit_rate"] < 1
     assert "radix" in done.stdout and "oracle ceiling" in done.stdout
@@ -460,6 +462,11 @@ def test_hashed_and_wide_run_only_when_named(tmp_path: Path) -> None:
     for run in runs.values():
         _check_run(run, requests)
     assert runs["hashed_x2"]["sidecars"] == runs["wide_x2"]["sidecars"] == 2
+    # every request decided once, by one sidecar, counted by kind; hashed never moves a start
+    for run in runs.values():
+        assert sum(run["organic_decisions"].values()) == requests
+    assert runs["hashed"]["organic_decisions"]["start_moved"] == 0
+    assert runs["hashed"]["organic_decisions"]["start_far"] == 0
 
 
 def test_measure_after_counts_only_the_steady_state(tmp_path: Path) -> None:
@@ -476,6 +483,9 @@ def test_measure_after_counts_only_the_steady_state(tmp_path: Path) -> None:
     assert report["ceiling"]["hit_rate"] == pytest.approx(expected)
     for run in report["paths"]["grpc-chat"].values():
         _check_run(run, len(later))
+        # the sidecars count every decision, warm-up included
+        assert sum(run["organic_decisions"].values()) == len(trace.requests)
+    assert "organic decisions (the sidecars' counts, whole run):" in done.stdout
     assert f"steady state: {len(later)} of {len(trace.requests)} requests" in done.stdout
 
 
