@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from sidecar import _core
 from sidecar.routing.anchors import AnchorTable
 from sidecar.routing.organic import HEAD_BYTES, OrganicRouter
+from sidecar.tools.bench.argtypes import non_negative, positive
 from sidecar.tools.bench.organic_oracle import oracle
 from sidecar.tools.bench.organic_trace import CLASSES, OrganicTrace, TraceParams, build_trace
 from sidecar.tools.emulator.config import BLOCK_SIZE
@@ -212,11 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated trace seeds")
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument(
-        "--duration", type=float, default=45.0, help="modelled seconds flows start in (45)"
+        "--duration",
+        type=positive(float, "--duration"),
+        default=45.0,
+        help="modelled seconds flows start in (45)",
     )
     parser.add_argument(
         "--measure-after",
-        type=float,
+        type=non_negative("--measure-after"),
         default=0.0,
         help="modelled seconds routed but not counted: a steady state's warm-up (0)",
     )
@@ -229,8 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.against:
         print("\n".join(against_report(args.against)))
         return 0
-    if not 0.0 <= args.measure_after < args.duration:
-        parser.error("--measure-after must be >= 0 and < --duration")
+    if args.measure_after >= args.duration:
+        parser.error("--measure-after must be < --duration")
     seeds = [int(s) for s in args.seeds.split(",")]
     for sidecars in (int(k) for k in args.sidecars.split(",")):
         for chat in (False, True):
