@@ -29,10 +29,16 @@ from dataclasses import dataclass
 
 from sidecar import _core
 from sidecar.routing.anchors import AnchorTable
-from sidecar.routing.organic import HEAD_BYTES, OrganicRouter
+from sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from sidecar.tools.bench.argtypes import non_negative, positive
 from sidecar.tools.bench.organic_oracle import oracle
-from sidecar.tools.bench.organic_trace import CLASSES, OrganicTrace, TraceParams, build_trace
+from sidecar.tools.bench.organic_trace import (
+    CLASSES,
+    OrganicRequest,
+    OrganicTrace,
+    TraceParams,
+    build_trace,
+)
 from sidecar.tools.emulator.config import BLOCK_SIZE
 from sidecar.tools.emulator.prefix_cache import PrefixCache
 from sidecar.tools.emulator.tokenizer import block_hashes, count_tokens
@@ -54,9 +60,26 @@ def ring_of(pods: int, seed: int) -> _core.HashTable:
     return _core.Ring([f"http://127.0.0.1:{port}" for port in ports])
 
 
-def _sidecar_of(seq: int, count: int) -> int:
+def sidecar_of(seq: int, count: int) -> int:
     # bench organic's spread (organic_driver._pick): the same sidecar for the same request
     return 0 if count == 1 else random.Random(f"organic-sidecar-{seq}").randrange(count)
+
+
+def organic_keys(router: OrganicRouter, request: OrganicRequest, chat: bool) -> OrganicKeys:
+    """The keys the sidecar's Chat (`chat`) or Complete RPC gives `request`."""
+    if chat:
+        return router.for_chat(list(request.messages))
+    head = request.prompt[:HEAD_BYTES].encode("utf-8")[:HEAD_BYTES]
+    keys = router.for_prompt(head)
+    assert keys is not None, "the trace's prompts are longer than one block"
+    return keys
+
+
+def route(router: OrganicRouter, ring: _core.HashTable, request: OrganicRequest, chat: bool) -> int:
+    """The member `router` sends `request` to, before the bounded-load pick; counted as sent."""
+    member = router.homes(ring, organic_keys(router, request, chat))
+    router.sent(ring, ring.members[member])
+    return member
 
 
 def replay(
@@ -84,16 +107,7 @@ def replay(
     pod_of: dict[int, int] = {}
     moved = followed = 0
     for request in trace.requests:
-        router = routers[_sidecar_of(request.seq, sidecars)]
-        if chat:
-            keys = router.for_chat(list(request.messages))
-        else:
-            head = request.prompt[:HEAD_BYTES].encode("utf-8")[:HEAD_BYTES]
-            found = router.for_prompt(head)
-            assert found is not None, "the trace's prompts are longer than one block"
-            keys = found
-        member = router.homes(ring, keys)
-        router.sent(ring, ring.members[member])
+        member = route(routers[sidecar_of(request.seq, sidecars)], ring, request, chat)
         data = request.prompt.encode("utf-8")
         chain = block_hashes(data)
         cache = caches[member]
