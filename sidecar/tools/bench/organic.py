@@ -142,6 +142,8 @@ async def run_one(
     sampler = InFlightSampler(session, urls)
     started = time.perf_counter()
     organic_kinds: dict[str, float] = {}
+    picks: dict[str, float] = {}  # the sidecars' bounded-load branches (home, spill, ...)
+    failovers: dict[str, float] = {}  # attempts moved to the next pod, by reason
     if name.startswith("radix"):
         replicas = int(name.partition("_x")[2] or 1)
         routers = [
@@ -193,6 +195,8 @@ async def run_one(
         buckets = decision_buckets(scraped)
         # how each organic decision went (none for the window and round-robin)
         organic_kinds = summed_by(scraped, "prefix_sidecar_organic_decisions_total", "kind")
+        picks = summed_by(scraped, "prefix_sidecar_requests_total", "branch")
+        failovers = summed_by(scraped, "prefix_sidecar_failovers_total", "reason")
         decision = {
             "p50": bucket_percentile(buckets, 50) * 1e6,
             "p99": bucket_percentile(buckets, 99) * 1e6,
@@ -215,6 +219,8 @@ async def run_one(
     summary["sidecars"] = sidecars
     if organic_kinds:  # the sidecars' own counts, whole run (warm-up included)
         summary["organic_decisions"] = {k: int(v) for k, v in organic_kinds.items()}
+        summary["picks"] = {k: int(v) for k, v in picks.items()}
+        summary["failovers"] = {k: int(v) for k, v in failovers.items()}
     summary["wall_s"] = time.perf_counter() - started
     return summary
 

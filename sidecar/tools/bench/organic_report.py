@@ -262,21 +262,30 @@ def _floor_note(report: dict[str, Any], window: dict[str, Any]) -> str:
     return f"; at most {best:.2f}x is possible (the floor's p99 is {floor:,.0f} ms)"
 
 
+def _percentages(counts: dict[str, int]) -> str:
+    total = sum(counts.values()) or 1
+    return ", ".join(f"{key} {100 * count / total:.1f} %" for key, count in counts.items())
+
+
 def _organic_decision_lines(report: dict[str, Any]) -> list[str]:
     """How the sidecars' organic decisions went, per run that made any (their own counts,
     prefix_sidecar_organic_decisions_total, whole run): starts sent past the session set
-    are what balance costs in cold heads."""
+    are what balance costs in cold heads; then how bounded load picked (home or spill, every
+    request) and the failovers, which move a request too."""
     lines = []
     for path, runs in report["paths"].items():
         for name, run in runs.items():
             kinds = run.get("organic_decisions")
             if not kinds or run.get("same_run_as"):
                 continue
-            total = sum(kinds.values()) or 1
-            shares = ", ".join(
-                f"{kind} {100 * count / total:.1f} %" for kind, count in kinds.items()
-            )
-            lines.append(f"  {path} {name}: {shares}")
+            lines.append(f"  {path} {name}: {_percentages(kinds)}")
+            if run.get("picks"):  # what bounded load then did with them (every request)
+                lines.append(
+                    f"  {'':<{len(path)}} {'':<{len(name)}}  picks: {_percentages(run['picks'])}"
+                )
+            if run.get("failovers"):
+                moved = ", ".join(f"{reason} {count}" for reason, count in run["failovers"].items())
+                lines.append(f"  {'':<{len(path)}} {'':<{len(name)}}  failovers: {moved}")
     if lines:
         lines.insert(0, "organic decisions (the sidecars' counts, whole run):")
         lines.insert(0, "")

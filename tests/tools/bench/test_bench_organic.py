@@ -30,7 +30,11 @@ from sidecar.tools.bench.organic_radix import (
 )
 from sidecar.tools.bench.organic_replay import against_report, replay
 from sidecar.tools.bench.organic_replay import ring_of as replay_ring
-from sidecar.tools.bench.organic_report import evaluate_targets, summarize
+from sidecar.tools.bench.organic_report import (
+    _organic_decision_lines,
+    evaluate_targets,
+    summarize,
+)
 from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace
 from sidecar.tools.emulator import EmulatorConfig
 from sidecar.tools.emulator.app import run_emulator
@@ -462,9 +466,13 @@ def test_hashed_and_wide_run_only_when_named(tmp_path: Path) -> None:
     for run in runs.values():
         _check_run(run, requests)
     assert runs["hashed_x2"]["sidecars"] == runs["wide_x2"]["sidecars"] == 2
-    # every request decided once, by one sidecar, counted by kind; hashed never moves a start
+    # every request decided once, by one sidecar, counted by kind; hashed never moves a start;
+    # then picked once under bounded load (its branch), no pod failing over
     for run in runs.values():
         assert sum(run["organic_decisions"].values()) == requests
+        assert sum(run["picks"].values()) == requests
+        assert set(run["picks"]) <= {"home", "spill", "fallback"} and run["picks"]["home"] > 0
+        assert run["failovers"] == {}
     assert runs["hashed"]["organic_decisions"]["start_moved"] == 0
     assert runs["hashed"]["organic_decisions"]["start_far"] == 0
 
@@ -486,6 +494,7 @@ def test_measure_after_counts_only_the_steady_state(tmp_path: Path) -> None:
         # the sidecars count every decision, warm-up included
         assert sum(run["organic_decisions"].values()) == len(trace.requests)
     assert "organic decisions (the sidecars' counts, whole run):" in done.stdout
+    assert "picks: home " in done.stdout
     assert f"steady state: {len(later)} of {len(trace.requests)} requests" in done.stdout
 
 
@@ -588,3 +597,21 @@ def test_replay_against_a_report_uses_its_own_pods(tmp_path: Path) -> None:
     trace = build_trace(TraceParams(seed=3, duration_s=8.0, tenants=6, templates=3))
     expected = replay(trace, _core.Ring(sorted(pods)), 1, chat=True)
     assert f"replay {expected.max_over_mean:.2f} measured 9.00" in lines[0]
+
+
+def test_decision_lines_show_picks_and_failovers() -> None:
+    """Each sidecar run's organic decisions, then how bounded load picked and what failed
+    over (a failover moves a request to another pod too)."""
+    run = {
+        "organic_decisions": {"later_turn": 3, "start_stayed": 1},
+        "picks": {"home": 3, "spill": 1},
+        "failovers": {"timeout": 2},
+    }
+    report = {"paths": {"grpc-chat": {"sidecar": run, "window": {}}}}
+    lines = _organic_decision_lines(report)
+    assert lines[1:] == [
+        "organic decisions (the sidecars' counts, whole run):",
+        "  grpc-chat sidecar: later_turn 75.0 %, start_stayed 25.0 %",
+        "                     picks: home 75.0 %, spill 25.0 %",
+        "                     failovers: timeout 2",
+    ]
