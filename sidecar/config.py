@@ -333,6 +333,12 @@ class Config:
     organic_balance_starts: bool = setting(
         True, "organic routing: send flow starts to the least-loaded pod of the home set"
     )
+    # A chat's next request goes where this sidecar sent its previous one when no other
+    # sidecar sent one in between (docs/organic-routing.md, contract 9h); off: to its
+    # session's pod, as every sidecar computes it.
+    organic_follow_sessions: bool = setting(
+        True, "organic routing: send a chat's next request where its previous one went"
+    )
     organic_table_blocks: int = setting(
         32768,
         "organic routing: block keys remembered per generation (two generations; ~8 MB at the "

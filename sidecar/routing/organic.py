@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 from sidecar import _core
 from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
+from sidecar.routing.session_follow import SessionFollow
 from sidecar.routing.start_balance import FAR_MARGIN, FAR_MARGIN_PER_KB, StartBalancer
 
 HOME_SPREAD = 4.0  # pods per "fair share" of traffic a family's home set gets (9c)
@@ -72,6 +73,9 @@ class OrganicKeys(NamedTuple):
     # The family's head (through the anchor) in bytes (a chat: characters): what a start
     # sent past the session set may have to recompute. 0: no anchor.
     head: int = 0
+    # A chat's assistant messages, what tells a conversation's very next request (9h);
+    # -1: a raw prompt, which has no such structure.
+    answers: int = -1
 
 
 MIN_HOMES = 1
@@ -82,8 +86,17 @@ MIN_HOMES = 1
 # - start_stayed: a flow's start left on its session's pod (nothing counted lower, or a
 #   one-pod home set);
 # - start_moved: a start sent to a less-loaded pod of its session set;
-# - start_far: a start sent past the session set, where the head may be cold (9f).
-DECISION_KINDS = ("unanchored", "later_turn", "start_stayed", "start_moved", "start_far")
+# - start_far: a start sent past the session set, where the head may be cold (9f);
+# - later_followed: a chat's next request sent where this sidecar sent its previous one,
+#   not to its session's pod (9h).
+DECISION_KINDS = (
+    "unanchored",
+    "later_turn",
+    "start_stayed",
+    "start_moved",
+    "start_far",
+    "later_followed",
+)
 
 
 def home_size(share: float, members: int, spread: float = HOME_SPREAD) -> int:
@@ -126,17 +139,25 @@ class OrganicRouter:
         *,
         session_spread: float = SESSION_SPREAD,
         balance_starts: bool = True,
+        follow_sessions: bool = True,
     ) -> None:
         self.table = table
         self.spread = spread
         self.session_spread = session_spread
         self.balancer = StartBalancer() if balance_starts else None
+        self.follow = SessionFollow() if follow_sessions else None
+        self._ring: _core.HashTable | None = None
+        self._index: dict[str, int] = {}  # the ring's member -> index, for followed pods
         self.decisions = dict.fromkeys(DECISION_KINDS, 0)  # since start, by kind
 
-    def for_chat(self, messages: list[tuple[str, str]]) -> OrganicKeys:
+    def for_chat(self, messages: list[tuple[str, str]], answers: int | None = None) -> OrganicKeys:
         """A chat's keys: its messages are its blocks. The anchor is the shallowest learnt
         branch among its first LEARN_MESSAGES messages (a few-shot template's last example),
-        else its last leading system message (a tenant's system prompt)."""
+        else its last leading system message (a tenant's system prompt). `answers`: the
+        whole chat's assistant messages, when `messages` is only its first ones (default:
+        counted in `messages`)."""
+        if answers is None:
+            answers = sum(1 for role, _ in messages if role == "assistant")
         chain = message_keys(messages, LEARN_MESSAGES + 1)
         if not chain:
             return OrganicKeys(0, 0, self.table.count(0), -1)
@@ -150,7 +171,7 @@ class OrganicRouter:
         # A start: the chat ends with the message after its anchor (its first question).
         start = anchor >= 0 and len(messages) == anchor + 2
         head = sum(len(content) for _, content in messages[: anchor + 1]) if start else 0
-        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor, start, head)
+        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor, start, head, answers)
 
     def for_prompt(self, data: bytes) -> OrganicKeys | None:
         """The prompt's keys, or None when it is shorter than one block (it then routes on
@@ -206,6 +227,10 @@ class OrganicRouter:
             decisions["unanchored"] += 1
             return home
         if not keys.start:
+            followed = self._followed(ring, keys)
+            if followed is not None and followed != home:
+                decisions["later_followed"] += 1
+                return followed
             decisions["later_turn"] += 1
             return home
         if size > 1 and self.balancer is not None:
@@ -218,7 +243,22 @@ class OrganicRouter:
         decisions["start_stayed"] += 1
         return home
 
-    def sent(self, ring: _core.HashTable, backend: str) -> None:
-        """Count an organic request sent to `backend` (what starts are balanced on)."""
+    def sent(self, ring: _core.HashTable, backend: str, keys: OrganicKeys | None = None) -> None:
+        """Count an organic request sent to `backend` (what starts are balanced on), and
+        remember where a chat went (`keys`: its keys), for its next request (9h)."""
         if self.balancer is not None:
             self.balancer.sent(ring, backend)
+        if self.follow is not None and keys is not None and keys.anchor >= 0 and keys.answers >= 0:
+            self.follow.remember(keys.session, backend, keys.answers)
+
+    def _followed(self, ring: _core.HashTable, keys: OrganicKeys) -> int | None:
+        """The member this sidecar sent the chat's previous request to, if it did (9h)."""
+        if self.follow is None or keys.answers <= 0:
+            return None
+        backend = self.follow.recall(keys.session, keys.answers)
+        if backend is None:
+            return None
+        if ring is not self._ring:
+            self._ring = ring
+            self._index = {url: i for i, url in enumerate(ring.members)}
+        return self._index.get(backend)  # None: it left the fleet

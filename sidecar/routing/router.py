@@ -74,6 +74,7 @@ class Router:
         organic_table_blocks: int,
         organic_load_cap_floor: int,
         organic_balance_starts: bool,
+        organic_follow_sessions: bool = True,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -105,6 +106,7 @@ class Router:
                 organic_home_spread,
                 session_spread=organic_session_spread,
                 balance_starts=organic_balance_starts,
+                follow_sessions=organic_follow_sessions,
             )
             if unregistered_routing == "organic"
             else None
@@ -152,6 +154,7 @@ class Router:
             organic_table_blocks=config.organic_table_blocks,
             organic_load_cap_floor=config.organic_load_cap_floor,
             organic_balance_starts=config.organic_balance_starts,
+            organic_follow_sessions=config.organic_follow_sessions,
         )
 
     def _place_homes(self) -> None:
@@ -200,15 +203,16 @@ class Router:
         forced = replicas == 1 and branch is Branch.HOME
         return self._decision(started, table, key, None, backend, branch, preference, forced)
 
-    def for_chat(self, messages: list[tuple[str, str]]) -> Decision:
+    def for_chat(self, messages: list[tuple[str, str]], answers: int | None = None) -> Decision:
         """An unregistered chat, messages as (role, text): its first message routes as a
         registered prefix when it starts with one; otherwise by its structure (organic), or
-        as a prompt of its first message's text (window)."""
+        as a prompt of its first message's text (window). `answers`: the whole chat's
+        assistant messages when `messages` holds only its first ones."""
         first = messages[0][1] if messages else ""
         if self.organic is None or self.store.match(first) is not None:
             return self.for_prompt(first)
         started = time.perf_counter_ns()
-        return self._decide_organic(started, self.organic.for_chat(messages))
+        return self._decide_organic(started, self.organic.for_chat(messages, answers))
 
     def _decide_organic(self, started: int, keys: OrganicKeys) -> Decision:
         """The session's pod in its family's home set, under bounded load (contract 9)."""
@@ -220,7 +224,7 @@ class Router:
         # family's shared head is warm; a spilled session keeps spilling to one pod.
         pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor)
         backend, branch = self.policy.select(table, pick)
-        self.organic.sent(ring, backend)
+        self.organic.sent(ring, backend, keys)
         # Failover: the chosen pod, the session's home pod, then the family's order.
         preference = [backend]
         for member in (ring.members[home], *ring.preference(keys.family, self.max_attempts)):

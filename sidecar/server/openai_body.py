@@ -74,6 +74,8 @@ class FrontRequest:
     # A chat's messages as (role, text), the first LEARN_MESSAGES + 1: what organic routing
     # chains (routing contract 9d).
     messages: tuple[tuple[str, str], ...] = ()
+    # A chat's assistant messages, all of them (organic routing's session follow, 9h).
+    answers: int = 0
     # Whether the registered prefixes were already matched on the body's bytes: `prefix`
     # is then the longest one the route text starts with (None: none does), and
     # `route_text` at least its first `window` bytes (what the router reads of a prompt).
@@ -227,7 +229,8 @@ def _read(data: Any, chat: bool) -> FrontRequest:
         raise bad_request("stream must be a boolean", "stream")
     route_text = _first_message_text(data) if chat else _prompt_text(data)
     messages = _route_messages(data["messages"]) if chat else ()
-    return FrontRequest(model, route_text, bool(stream), messages)
+    answers = _answers(data["messages"]) if chat else 0
+    return FrontRequest(model, route_text, bool(stream), messages, answers)
 
 
 def _route_messages(messages: list[Any]) -> tuple[tuple[str, str], ...]:
@@ -239,6 +242,11 @@ def _route_messages(messages: list[Any]) -> tuple[tuple[str, str], ...]:
         role = item.get("role")
         found.append((role if isinstance(role, str) else "", _content_text(item.get("content"))))
     return tuple(found)
+
+
+def _answers(messages: list[Any]) -> int:
+    """How many of the messages are the assistant's (one pass, no copy)."""
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
 
 
 def _content_text(content: Any) -> str:

@@ -284,7 +284,7 @@ class OpenAIFront:
         if parsed.matched and parsed.prefix is not None:
             decision = self.router.for_prefix(parsed.prefix)
         elif chat:
-            decision = self.router.for_chat(list(parsed.messages))
+            decision = self.router.for_chat(list(parsed.messages), parsed.answers)
         else:
             decision = self.router.for_prompt(parsed.route_text)
         return decision, decision.decision_ns

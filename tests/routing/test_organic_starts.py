@@ -227,6 +227,7 @@ def test_every_decision_is_counted_by_its_kind() -> None:
         "start_stayed": 2,
         "start_moved": 1,
         "start_far": 1,
+        "later_followed": 0,
     }
 
 

@@ -107,6 +107,7 @@ async def test_organic_routing_exports_its_decisions_and_table(
         "start_stayed": 1,
         "start_moved": 0,
         "start_far": 0,
+        "later_followed": 0,
     }
     table = {
         dict(labels)["map"]: value

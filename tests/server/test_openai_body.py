@@ -48,6 +48,15 @@ def test_a_chat_routes_on_its_first_message_the_system_one_included() -> None:
     assert parsed.route_text == ""
 
 
+def test_a_chats_answers_are_counted_over_all_its_messages() -> None:
+    """Session follow (contract 9h) tells a conversation's next request by its assistant
+    messages: all of them, past the first LEARN_MESSAGES + 1 that routing chains."""
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": str(i)} for i in range(61)]
+    parsed = parse_request(body(messages=[*turns, "not an object"]), chat=True)
+    assert len(parsed.messages) == 33 and parsed.answers == 30
+    assert parse_request(body(prompt="p"), chat=False).answers == 0
+
+
 def test_unknown_fields_and_odd_numbers_are_left_alone() -> None:
     raw = b'{"zeta": 1e400, "prompt": "p", "big": 123456789012345678901234567890, "x": {}}'
     assert parse_request(raw, chat=False).route_text == "p"

@@ -77,8 +77,9 @@ def organic_keys(router: OrganicRouter, request: OrganicRequest, chat: bool) -> 
 
 def route(router: OrganicRouter, ring: _core.HashTable, request: OrganicRequest, chat: bool) -> int:
     """The member `router` sends `request` to, before the bounded-load pick; counted as sent."""
-    member = router.homes(ring, organic_keys(router, request, chat))
-    router.sent(ring, ring.members[member])
+    keys = organic_keys(router, request, chat)
+    member = router.homes(ring, keys)
+    router.sent(ring, ring.members[member], keys)
     return member
 
 

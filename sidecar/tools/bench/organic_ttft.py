@@ -144,7 +144,7 @@ def sidecars(ring: _core.HashTable, chat: bool, count: int) -> Chooser:
         keys = organic_keys(router, request, chat)
         home = router.homes(ring, keys)
         member = _bounded(ring, keys.family, home, pods.loads(at), LOAD_CAP_FLOOR)
-        router.sent(ring, ring.members[member])
+        router.sent(ring, ring.members[member], keys)
         return member
 
     return choose

@@ -1,0 +1,52 @@
+"""Session follow: a chat's next request goes where this sidecar sent its previous one
+(routing contract 9h).
+
+The session's pod (9b, 9f) is what every sidecar computes alike without talking. A sidecar
+that sent a conversation's previous request knows better where its history is now: the
+conversation's start may have gone to a less-loaded pod of its home set (9f), or bounded
+load may have spilled a turn. When the same sidecar gets the very next request of that
+conversation - exactly one assistant message more than the request it remembers, so no
+other sidecar sent one in between - it sends it where the previous one went, and the
+request finds its whole history there. Any other request goes to the session's pod, as
+every sidecar would send it: the agreement between sidecars is unchanged, a sidecar only
+uses what it saw itself.
+
+Only chats carry the structure to tell the very next request (their assistant messages);
+a raw prompt does not, and keeps the session's pod. Bounded: an LRU of `capacity`
+conversations (default 16,384: about 2.5 MB), O(1) per decision.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+CAPACITY = 16_384
+
+
+class SessionFollow:
+    """The pod this sidecar sent each recent conversation's last request to."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity is {capacity}; it must be >= 1")
+        self.capacity = capacity
+        # session key -> (backend, the request's assistant messages)
+        self._last: OrderedDict[int, tuple[str, int]] = OrderedDict()
+
+    def recall(self, session: int, answers: int) -> str | None:
+        """Where the conversation's previous request went, if this sidecar sent it: the
+        remembered request had one assistant message fewer. None otherwise."""
+        entry = self._last.get(session)
+        if entry is None or entry[1] + 1 != answers:
+            return None
+        return entry[0]
+
+    def remember(self, session: int, backend: str, answers: int) -> None:
+        last = self._last
+        last[session] = (backend, answers)
+        last.move_to_end(session)
+        if len(last) > self.capacity:
+            last.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._last)
