@@ -13,7 +13,7 @@ uses what it saw itself.
 
 Only chats carry the structure to tell the very next request (their assistant messages);
 a raw prompt does not, and keeps the session's pod. Bounded: an LRU of `capacity`
-conversations (default 16,384: about 2.5 MB), O(1) per decision.
+conversations (default 16,384: about 2.9 MB measured), O(1) per decision.
 """
 
 from __future__ import annotations

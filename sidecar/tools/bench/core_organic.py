@@ -5,7 +5,9 @@ the anchor, the family share, `session_home`, the bounded-load pick, the failove
 a router whose anchor table has already learnt a mixed traffic of tenants and sessions,
 100 pods, every prompt different, each call timed on its own so the p99 is a real p99.
 The v1 window route (`unregistered_routing: window`) is timed in the same run as the
-baseline. Target (issue 14): p99 <= 50 us.
+baseline. Target (issue 14): p99 <= 50 us. Also timed: a flow's first question, and a 32 KB
+chat's later turn (`Router.for_chat`) whose previous turn the same router sent, so it
+takes session follow's path (contract 9h).
 """
 
 from __future__ import annotations
@@ -54,6 +56,44 @@ def _starts(rng: random.Random, systems: list[str], count: int) -> list[str]:
         rng.choice(systems) + f"<|im_start|>user\nQuestion: {_prose(rng, 200)}<|im_end|>\n"
         for _ in range(count)
     ]
+
+
+Chat = list[tuple[str, str]]
+
+
+def _chats(rng: random.Random, systems: list[str], count: int) -> list[tuple[Chat, Chat]]:
+    """32 KB conversations, each with the request before it (one exchange fewer): a
+    system message, then turns of a 150-byte question and a 400-byte answer."""
+    pairs = []
+    for _ in range(count):
+        messages: Chat = [("system", rng.choice(systems))]
+        size = len(messages[0][1])
+        while size < PROMPT_BYTES:
+            for role, length in (("user", 150), ("assistant", 400)):
+                messages.append((role, _prose(rng, length)))
+                size += length
+        messages.append(("user", _prose(rng, 150)))
+        pairs.append((messages[:-2], messages))
+    return pairs
+
+
+def _timed_chats_us(router: Router, pairs: list[tuple[Chat, Chat]]) -> list[float]:
+    """Each chat timed alone, after its previous request went through the same router."""
+    times = []
+    clock = time.perf_counter_ns
+    decide = router.for_chat
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for previous, messages in pairs:
+            decide(previous)
+            start = clock()
+            decide(messages)
+            times.append((clock() - start) / 1e3)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return times
 
 
 def _router(pods: list[str], routing: str) -> Router:
@@ -110,6 +150,12 @@ def organic_decisions(quick: bool, seed: int) -> dict[str, Any]:
                 "p99_us": percentile(starts, 99),
                 "max_us": max(starts),
             }
+            chats = _timed_chats_us(router, _chats(rng, systems, len(measured)))
+            result["organic_chat"] = {
+                "p50_us": percentile(chats, 50),
+                "p99_us": percentile(chats, 99),
+                "max_us": max(chats),
+            }
             assert router.organic is not None
             result["anchor_table_entries"] = len(router.organic.table)
             result["anchor_table_bound"] = router.organic.table.max_entries
@@ -130,14 +176,19 @@ def render_organic(organic: dict[str, Any]) -> list[str]:
         f"prompt, {organic['pods']} pods, {organic['calls']} prompts each timed alone, us",
         f"  {'routing':<14}{'p50':>9}{'p99':>9}{'max':>9}",
     ]
-    for routing in ("organic", "organic_start", "window"):
+    for routing in ("organic", "organic_start", "organic_chat", "window"):
         times = organic.get(routing)
         if times is None:
             continue
         lines.append(
             f"  {routing:<14}{times['p50_us']:>9.1f}{times['p99_us']:>9.1f}{times['max_us']:>9.1f}"
         )
-    lines.append("  (organic_start: a first question, under 512 bytes past its system prompt)")
+    lines.append("  (organic_start: a first question, under 512 bytes past its system prompt;")
+    if "organic_chat" in organic:
+        lines.append(
+            "   organic_chat: a 32 KB chat's next turn, Router.for_chat, its previous turn sent "
+            "by the same router: session follow recalls it)"
+        )
     lines.append(
         f"  anchor table: {organic['anchor_table_entries']:,} entries (bound "
         f"{organic['anchor_table_bound']:,})"

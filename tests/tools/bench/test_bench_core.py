@@ -148,10 +148,11 @@ def test_bad_pods_argument_is_refused() -> None:
 
 def test_organic_decision_section(report: dict[str, Any]) -> None:
     """Issue 14's decision time: a 32 KB unregistered prompt, organic and window, timed;
-    and a flow's start (a first question), which also balances over the home set."""
+    and a flow's start (a first question), which also balances over the home set; and a
+    32 KB chat's next turn, which session follow recalls."""
     organic = report["organic"]
     assert organic["prompt_bytes"] == 32 * 1024 and organic["pods"] == 100
-    for routing in ("organic", "organic_start", "window"):
+    for routing in ("organic", "organic_start", "organic_chat", "window"):
         times = organic[routing]
         assert all(_positive(times[q]) for q in ("p50_us", "p99_us", "max_us"))
         assert times["p50_us"] <= times["p99_us"] <= times["max_us"]
