@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import random
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sidecar.config import build_config
@@ -77,25 +78,6 @@ def _chats(rng: random.Random, systems: list[str], count: int) -> list[tuple[Cha
     return pairs
 
 
-def _timed_chats_us(router: Router, pairs: list[tuple[Chat, Chat]]) -> list[float]:
-    """Each chat timed alone, after its previous request went through the same router."""
-    times = []
-    clock = time.perf_counter_ns
-    decide = router.for_chat
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for previous, messages in pairs:
-            decide(previous)
-            start = clock()
-            decide(messages)
-            times.append((clock() - start) / 1e3)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return times
-
-
 def _router(pods: list[str], routing: str) -> Router:
     pool = BackendPool(warm_before_serve=False)
     pool.set_members([Member(url, 1) for url in pods])
@@ -104,21 +86,39 @@ def _router(pods: list[str], routing: str) -> Router:
     return Router.from_config(pool, PrefixStore(), build_config({"unregistered_routing": routing}))
 
 
-def _timed_us(router: Router, prompts: list[str]) -> list[float]:
+def _timed_us(
+    decide: Callable[[Any], object],
+    inputs: Sequence[Any],
+    before: Callable[[Any], object] | None = None,
+) -> list[float]:
+    """Each `decide(input)` timed alone (after `before(input)`, untimed), collections off:
+    a pause would land in one call's time."""
     times = []
     clock = time.perf_counter_ns
-    decide = router.for_prompt
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for prompt in prompts:
+        for item in inputs:
+            if before is not None:
+                before(item)
             start = clock()
-            decide(prompt)
+            decide(item)
             times.append((clock() - start) / 1e3)
     finally:
         if gc_was_enabled:
             gc.enable()
     return times
+
+
+def _followed_us(router: Router, pairs: list[tuple[Chat, Chat]]) -> list[float]:
+    """Each chat's decision, timed after its previous request went through the router."""
+    return _timed_us(
+        lambda pair: router.for_chat(pair[1]), pairs, before=lambda pair: router.for_chat(pair[0])
+    )
+
+
+def _spread(times: list[float]) -> dict[str, float]:
+    return {"p50_us": percentile(times, 50), "p99_us": percentile(times, 99), "max_us": max(times)}
 
 
 def organic_decisions(quick: bool, seed: int) -> dict[str, Any]:
@@ -137,25 +137,14 @@ def organic_decisions(quick: bool, seed: int) -> dict[str, Any]:
         router = _router(pods, routing)
         for prompt in warm:  # learn the tenants' anchors and shares first
             router.for_prompt(prompt)
-        times = _timed_us(router, measured)
-        result[routing] = {
-            "p50_us": percentile(times, 50),
-            "p99_us": percentile(times, 99),
-            "max_us": max(times),
-        }
+        result[routing] = _spread(_timed_us(router.for_prompt, measured))
         if routing == "organic":
-            starts = _timed_us(router, _starts(rng, systems, len(measured)))
-            result["organic_start"] = {
-                "p50_us": percentile(starts, 50),
-                "p99_us": percentile(starts, 99),
-                "max_us": max(starts),
-            }
-            chats = _timed_chats_us(router, _chats(rng, systems, len(measured)))
-            result["organic_chat"] = {
-                "p50_us": percentile(chats, 50),
-                "p99_us": percentile(chats, 99),
-                "max_us": max(chats),
-            }
+            starts = _starts(rng, systems, len(measured))
+            result["organic_start"] = _spread(_timed_us(router.for_prompt, starts))
+            # a chat's next turn, whose previous one went through this router: followed
+            result["organic_chat"] = _spread(
+                _followed_us(router, _chats(rng, systems, len(measured)))
+            )
             assert router.organic is not None
             result["anchor_table_entries"] = len(router.organic.table)
             result["anchor_table_bound"] = router.organic.table.max_entries

@@ -24,8 +24,9 @@ import argparse
 import json
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar import _core
 from sidecar.routing.anchors import AnchorTable
@@ -186,38 +187,58 @@ POLICIES: dict[str, RouterFactory] = {
 }
 
 
-def against_report(path: str) -> list[str]:
-    """Replay a `bench organic --json` report's organic runs on the ring of its own pods
-    (their URLs, as the sidecars' pool orders them): replay and measured side by side."""
+@dataclass(frozen=True)
+class ReportRun:
+    """One run of a `bench organic --json` report, on the ring of its own pods."""
+
+    path: str  # the bench path, e.g. grpc-chat
+    name: str  # as reported, e.g. sidecar_x4
+    policy: str  # the name without its _xK
+    sidecars: int  # K
+    run: dict[str, Any]  # what the report says of it
+    ring: _core.HashTable  # its pods' URLs, as the sidecars' pool orders them
+
+
+def read_report(path: str, policies: Collection[str]) -> tuple[dict[str, Any], list[ReportRun]]:
+    """A report's params and its runs of `policies` on the gRPC paths (an HTTP path routes
+    the same bodies alike)."""
     with open(path, encoding="utf-8") as source:
         report = json.load(source)
-    params = report["params"]
+    runs = []
+    for bench_path, named in report["paths"].items():
+        if bench_path.startswith("http"):
+            continue
+        for name, run in named.items():
+            policy, _, count = name.partition("_x")
+            if policy in policies:
+                ring = _core.Ring(sorted(run["load"]["per_pod"]))
+                runs.append(ReportRun(bench_path, name, policy, int(count or 1), run, ring))
+    return report["params"], runs
+
+
+def against_report(path: str) -> list[str]:
+    """Replay a `bench organic --json` report's organic runs on the ring of its own pods:
+    replay and measured side by side."""
+    params, runs = read_report(path, POLICIES)
     trace = build_trace(TraceParams.of_settings(params))
     ceilings = [c.cached_tokens for c in oracle([r.prompt for r in trace.requests])]
     lines = []
-    for bench_path, runs in report["paths"].items():
-        if bench_path.startswith("http"):
-            continue  # the same routing as the gRPC path of the same body
-        for name, run in runs.items():
-            policy, _, count = name.partition("_x")
-            if policy not in POLICIES:
-                continue
-            ring = _core.Ring(sorted(run["load"]["per_pod"]))
-            result = replay(
-                trace,
-                ring,
-                int(count) if count else 1,
-                bench_path.endswith("chat"),
-                kv_tokens=params["kv_tokens"],
-                factory=POLICIES[policy],
-                ceilings=ceilings,
-                measure_after=params.get("measure_after", 0.0),
-            )
-            lines.append(
-                f"{bench_path:<14}{name:<12} max/mean replay {result.max_over_mean:.2f} "
-                f"measured {run['load']['max_over_mean']:.2f}   hit /ceil replay "
-                f"{result.fraction:.3f} measured {run['fraction']:.3f}"
-            )
+    for one in runs:
+        result = replay(
+            trace,
+            one.ring,
+            one.sidecars,
+            one.path.endswith("chat"),
+            kv_tokens=params["kv_tokens"],
+            factory=POLICIES[one.policy],
+            ceilings=ceilings,
+            measure_after=params.get("measure_after", 0.0),
+        )
+        lines.append(
+            f"{one.path:<14}{one.name:<12} max/mean replay {result.max_over_mean:.2f} "
+            f"measured {one.run['load']['max_over_mean']:.2f}   hit /ceil replay "
+            f"{result.fraction:.3f} measured {one.run['fraction']:.3f}"
+        )
     return lines
 
 

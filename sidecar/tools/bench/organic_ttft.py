@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import array
 import heapq
-import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -43,7 +42,7 @@ from sidecar.routing.anchors import AnchorTable
 from sidecar.routing.organic import OrganicRouter
 from sidecar.tools.bench.argtypes import positive
 from sidecar.tools.bench.organic_oracle import oracle
-from sidecar.tools.bench.organic_replay import organic_keys, ring_of, sidecar_of
+from sidecar.tools.bench.organic_replay import organic_keys, read_report, ring_of, sidecar_of
 from sidecar.tools.bench.organic_trace import OrganicRequest, OrganicTrace, TraceParams, build_trace
 from sidecar.tools.emulator.config import BLOCK_SIZE, EmulatorConfig
 from sidecar.tools.emulator.prefix_cache import PrefixCache
@@ -261,30 +260,23 @@ def describe(p99s: dict[str, list[float]]) -> list[str]:
 def against_report(path: str) -> list[str]:
     """The model beside a `bench organic --json` report: each window and organic run's p99 on
     the run's own pods (the gRPC paths; the HTTP ones route alike)."""
-    with open(path, encoding="utf-8") as source:
-        report = json.load(source)
-    params = report["params"]
+    params, runs = read_report(path, ("window", "sidecar"))
     trace = build_trace(TraceParams.of_settings(params))
     model = PodModel(kv_tokens=params["kv_tokens"], prefill_tps=params["prefill_tps"])
     warmup = max(params["warmup"], params.get("measure_after", 0.0))
     lines = []
-    for bench_path, runs in report["paths"].items():
-        if not bench_path.startswith("grpc"):
-            continue
-        chat = bench_path.endswith("chat")
-        for name, run in runs.items():
-            policy, _, count = name.partition("_x")
-            if policy not in ("window", "sidecar"):
-                continue
-            ring = _core.Ring(sorted(run["load"]["per_pod"]))
-            choose = (
-                window(ring, chat) if policy == "window" else sidecars(ring, chat, int(count or 1))
-            )
-            modelled = p99(ttfts(trace, len(ring.members), choose, model, warmup))
-            lines.append(
-                f"{bench_path:<14}{name:<12} TTFT p99 model {1000 * modelled:5.0f} ms   "
-                f"measured {run['ttft_ms']['p99']:5.0f} ms"
-            )
+    for one in runs:
+        chat = one.path.endswith("chat")
+        choose = (
+            window(one.ring, chat)
+            if one.policy == "window"
+            else sidecars(one.ring, chat, one.sidecars)
+        )
+        modelled = p99(ttfts(trace, len(one.ring.members), choose, model, warmup))
+        lines.append(
+            f"{one.path:<14}{one.name:<12} TTFT p99 model {1000 * modelled:5.0f} ms   "
+            f"measured {one.run['ttft_ms']['p99']:5.0f} ms"
+        )
     return lines
 
 

@@ -7,7 +7,9 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -43,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 64  # bytes of one 16-token block at 4 bytes per token
 
 # --- the oracle: hand-computed ---------------------------------------------------------------
+
+# conftest.organic_report: a run -> (the report's path, its pods)
+WriteReport = Callable[[dict[str, Any]], tuple[str, list[str]]]
 
 
 def test_oracle_first_sight_is_a_miss_and_a_repeat_keeps_its_last_token_uncached() -> None:
@@ -565,33 +570,14 @@ def test_replay_measures_after_a_warm_up() -> None:
     assert done.returncode == 2 and "--measure-after must be" in done.stderr
 
 
-def test_replay_against_a_report_uses_its_own_pods(tmp_path: Path) -> None:
+def test_replay_against_a_report_uses_its_own_pods(organic_report: WriteReport) -> None:
     """`--against`: a report's organic runs replayed on the ring of the report's pods."""
-    pods = {f"http://127.0.0.1:{port}": 0 for port in (40001, 40002, 40003)}
-    params = {
-        "seed": 3,
-        "duration": 8.0,
-        "tenants": 6,
-        "templates": 3,
-        "zipf": 1.0,
-        "tenant_rate": 4.0,
-        "fewshot_rate": 3.0,
-        "session_rate": 0.7,
-        "kv_tokens": 12_000,
-    }
-    run = {"load": {"per_pod": pods, "max_over_mean": 9.0}, "fraction": 0.5}
-    report = {
-        "params": params,
-        "paths": {
-            "grpc-chat": {"sidecar": run, "wide_x2": run, "radix": run},
-            "http-chat": {"sidecar": run},
-        },
-    }
-    path = tmp_path / "organic.json"
-    path.write_text(json.dumps(report))
-    lines = against_report(str(path))
+    run = {"load": {"max_over_mean": 9.0}, "fraction": 0.5}
+    path, pods = organic_report(run)
+    lines = against_report(path)
     assert [line.split()[:2] for line in lines] == [
         ["grpc-chat", "sidecar"],
+        ["grpc-chat", "sidecar_x2"],
         ["grpc-chat", "wide_x2"],
     ]
     trace = build_trace(TraceParams(seed=3, duration_s=8.0, tenants=6, templates=3))

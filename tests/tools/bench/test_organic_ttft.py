@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,10 @@ from sidecar.tools.bench.organic_trace import (
     build_trace,
 )
 from sidecar.tools.emulator.tokenizer import block_hashes, count_tokens
+
+# conftest.organic_report: a run -> (the report's path, its pods)
+WriteReport = Callable[[dict[str, Any]], tuple[str, list[str]]]
+
 
 ROOT = Path(__file__).resolve().parents[3]
 PODS = model.PodModel()
@@ -119,34 +124,14 @@ def test_no_router_beats_the_floor_on_a_real_trace() -> None:
     assert len(set(p99s.values())) > 1
 
 
-def test_against_a_report_models_its_runs_on_its_pods(tmp_path: Path) -> None:
-    pods = {f"http://127.0.0.1:{port}": 0 for port in (40001, 40002, 40003)}
-    params = {
-        "seed": 3,
-        "duration": 8.0,
-        "tenants": 6,
-        "templates": 3,
-        "zipf": 1.0,
-        "tenant_rate": 4.0,
-        "fewshot_rate": 3.0,
-        "session_rate": 0.7,
-        "kv_tokens": 12_000,
-        "prefill_tps": 1_500.0,
-        "warmup": 2.0,
-    }
-    run = {"load": {"per_pod": pods}, "ttft_ms": {"p99": 1234.0}}
-    report = {
-        "params": params,
-        "paths": {
-            "grpc-chat": {"window": run, "sidecar_x2": run, "radix": run},
-            "http-chat": {"sidecar": run},
-        },
-    }
-    path = tmp_path / "organic.json"
-    path.write_text(json.dumps(report))
-    lines = model.against_report(str(path))
+def test_against_a_report_models_its_runs_on_its_pods(organic_report: WriteReport) -> None:
+    """`--against`: the window's and the sidecars' runs of a report (gRPC paths), modelled
+    on the report's own pods, beside the p99 each measured."""
+    path, pods = organic_report({"ttft_ms": {"p99": 1234.0}})
+    lines = model.against_report(path)
     assert [line.split()[:2] for line in lines] == [
         ["grpc-chat", "window"],
+        ["grpc-chat", "sidecar"],
         ["grpc-chat", "sidecar_x2"],
     ]
     trace = build_trace(TraceParams(seed=3, duration_s=8.0, tenants=6, templates=3))
