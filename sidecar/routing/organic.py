@@ -217,7 +217,8 @@ class OrganicRouter:
     def homes(self, ring: _core.HashTable, keys: OrganicKeys) -> int:
         """The request's pod (member index): the session's pod in the family's session set,
         the first of its home set (contract 9b, 9f); a start, the least-loaded pod of the
-        whole home set by this sidecar's counts (9f)."""
+        whole home set by this sidecar's counts (9f); a chat's very next request, the pod
+        this sidecar sent its previous one to (9h)."""
         members = len(ring.members)
         size = home_size(keys.share, members, self.spread)
         sessions = min(size, home_size(keys.share, members, self.session_spread))
