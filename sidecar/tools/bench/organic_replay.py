@@ -16,6 +16,8 @@ the quick filter for ideas (docs/organic-routing.md, "Limits").
     python -m sidecar.tools.bench.organic_replay --duration 135 --measure-after 45
         (a steady state: flows start for 135 modelled seconds, the first 45 are routed and
         cached but not counted)
+    python -m sidecar.tools.bench.organic_replay --pin-flows
+        (a flow's requests through one sidecar, as when each caller has its own)
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ def sidecar_of(seq: int, count: int) -> int:
     return 0 if count == 1 else random.Random(f"organic-sidecar-{seq}").randrange(count)
 
 
+def sidecar_of_flow(flow: int, count: int) -> int:
+    # --pin-flows: every request of a flow through one sidecar (a sidecar per caller, and a
+    # conversation kept on one caller)
+    return 0 if count == 1 else random.Random(f"organic-flow-{flow}").randrange(count)
+
+
 def organic_keys(router: OrganicRouter, request: OrganicRequest, chat: bool) -> OrganicKeys:
     """The keys the sidecar's Chat (`chat`) or Complete RPC gives `request`."""
     if chat:
@@ -94,11 +102,13 @@ def replay(
     factory: RouterFactory = lambda: OrganicRouter(AnchorTable()),
     ceilings: Sequence[int] | None = None,
     measure_after: float = 0.0,
+    pin_flows: bool = False,
 ) -> ReplayResult:
     """Route every request of `trace` on `ring` through `sidecars` routers; the pods' caches
     answer as the emulator's would with nothing in flight. Requests due before
     `measure_after` modelled seconds are routed and cached but not counted (a warm-up: the
-    ceiling still counts what they left in its cache)."""
+    ceiling still counts what they left in its cache). Requests are spread over the routers
+    as bench organic spreads them, or with `pin_flows` a flow's requests to one router."""
     routers = [factory() for _ in range(sidecars)]
     caches = [PrefixCache(max(1, kv_tokens // BLOCK_SIZE)) for _ in ring.members]
     if ceilings is None:
@@ -109,7 +119,12 @@ def replay(
     pod_of: dict[int, int] = {}
     moved = followed = 0
     for request in trace.requests:
-        member = route(routers[sidecar_of(request.seq, sidecars)], ring, request, chat)
+        sender = (
+            sidecar_of_flow(request.flow, sidecars)
+            if pin_flows
+            else sidecar_of(request.seq, sidecars)
+        )
+        member = route(routers[sender], ring, request, chat)
         data = request.prompt.encode("utf-8")
         chain = block_hashes(data)
         cache = caches[member]
@@ -144,6 +159,7 @@ def sweep(
     factory: RouterFactory = lambda: OrganicRouter(AnchorTable()),
     duration: float = 45.0,
     measure_after: float = 0.0,
+    pin_flows: bool = False,
     **trace_params: float,
 ) -> list[ReplayResult]:
     results = []
@@ -160,6 +176,7 @@ def sweep(
                     factory=factory,
                     ceilings=ceilings,
                     measure_after=measure_after,
+                    pin_flows=pin_flows,
                 )
             )
     return results
@@ -261,6 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="modelled seconds routed but not counted: a steady state's warm-up (0)",
     )
     parser.add_argument(
+        "--pin-flows",
+        action="store_true",
+        help="every request of a flow through one sidecar (default: each request to a "
+        "random one, as bench organic sends them)",
+    )
+    parser.add_argument(
         "--against",
         metavar="REPORT.json",
         help="replay a bench organic --json report's organic runs on its own pods instead",
@@ -282,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.pods,
                 duration=args.duration,
                 measure_after=args.measure_after,
+                pin_flows=args.pin_flows,
             )
             print(f"K={sidecars} {'chat' if chat else 'raw '}: {describe(results)}")
     return 0

@@ -550,6 +550,18 @@ def test_replay_is_deterministic_and_reads_like_the_bench() -> None:
     assert one.fraction == pytest.approx(1.0) and one.max_over_mean == 1.0 and one.moved == 0.0
 
 
+def test_replay_with_flows_pinned_follows_every_chat_turn() -> None:
+    """--pin-flows: a flow's requests through one router, so session follow (contract 9h)
+    keeps each chat turn where the previous one went (no turn moved); spread at random over
+    two routers, some are not followed and move; raw prompts are never followed."""
+    trace = build_trace(TraceParams(seed=4, duration_s=16.0, tenants=6, templates=3))
+    ring = replay_ring(4, 1)
+    pinned = replay(trace, ring, 2, chat=True, pin_flows=True)
+    spread = replay(trace, ring, 2, chat=True)
+    assert pinned.moved == 0.0 < spread.moved
+    assert replay(trace, ring, 2, chat=False, pin_flows=True).moved > 0.0
+
+
 def test_replay_measures_after_a_warm_up() -> None:
     """--measure-after: earlier requests are routed and cached but not counted, so the
     counted ones find what the warm-up left (a steady state); 0 counts every request."""
