@@ -155,7 +155,9 @@ async def run_one(
             for _ in range(replicas)
         ]
         samples: list[int] = []
-        send = central_sender(session, routers, chat, args.max_tokens, timeout_s, samples)
+        send = central_sender(
+            session, routers, chat, args.max_tokens, timeout_s, samples, args.pin_flows
+        )
         with sampler:
             results = await replay(trace, send, args.time_scale)
         decision = exact_decision_us(samples)
@@ -181,14 +183,16 @@ async def run_one(
                     grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS) for t in group.targets
                 ]
                 try:
-                    send = grpc_sender(channels, path, args.max_tokens, timeout_s)
+                    send = grpc_sender(channels, path, args.max_tokens, timeout_s, args.pin_flows)
                     with sampler:
                         results = await replay(trace, send, args.time_scale)
                 finally:
                     for channel in channels:
                         await channel.close()
             else:
-                send = http_front_sender(session, group.http_urls, chat, args.max_tokens, timeout_s)
+                send = http_front_sender(
+                    session, group.http_urls, chat, args.max_tokens, timeout_s, args.pin_flows
+                )
                 with sampler:
                     results = await replay(trace, send, args.time_scale)
             scraped = await scrape_sidecars(session, group.metrics_ports)
@@ -439,6 +443,13 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         type=positive(float, "--first-token-timeout"),
         default=30.0,
         help="modelled seconds a caller waits for the first token",
+    )
+    add(
+        "--pin-flows",
+        action="store_true",
+        help="send every request of a flow through one sidecar (radix replica) of the _xK "
+        "runs: a sidecar per caller, a conversation kept on one caller (default: each "
+        "request to one drawn at random)",
     )
     add("--paths", help=f"comma-separated subset of {', '.join(PATHS)} (default all)")
     add(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import grpc
 
 from sidecar.lifecycle import AsyncService
 from sidecar.tools.bench.organic_radix import CacheAwareRouter
-from sidecar.tools.bench.organic_trace import OrganicRequest, OrganicTrace
+from sidecar.tools.bench.organic_trace import OrganicRequest, OrganicTrace, router_of
 from sidecar.tools.harness import STDERR, SidecarProcess, free_port
 from sidecar.tools.workload.driver import TIMEOUT, read_stream
 from sidecar.v1 import router_pb2, router_pb2_grpc
@@ -127,20 +126,17 @@ class SidecarGroup(AsyncService):
 # --- senders -------------------------------------------------------------------------------
 
 
-def _pick(seq: int, count: int) -> int:
-    return 0 if count == 1 else random.Random(f"organic-sidecar-{seq}").randrange(count)
-
-
 def grpc_sender(
     channels: Sequence[grpc.aio.Channel],
     path: str,
     max_tokens: int,
     first_token_timeout_s: float,
+    pin_flows: bool = False,
 ) -> Sender:
     stubs = [router_pb2_grpc.RouterStub(channel) for channel in channels]
 
     async def send(request: OrganicRequest, result: Result) -> None:
-        result.sidecar = _pick(request.seq, len(stubs))
+        result.sidecar = router_of(request, len(stubs), pin_flows)
         stub = stubs[result.sidecar]
         call: Any
         whole_call_s = STREAM_TIMEOUT_FACTOR * first_token_timeout_s  # grpc's own deadline
@@ -232,9 +228,10 @@ def http_front_sender(
     chat: bool,
     max_tokens: int,
     first_token_timeout_s: float,
+    pin_flows: bool = False,
 ) -> Sender:
     async def send(request: OrganicRequest, result: Result) -> None:
-        result.sidecar = _pick(request.seq, len(urls))
+        result.sidecar = router_of(request, len(urls), pin_flows)
         await post_streamed(
             session,
             urls[result.sidecar],
@@ -255,13 +252,14 @@ def central_sender(
     max_tokens: int,
     first_token_timeout_s: float,
     decisions_ns: list[int],
+    pin_flows: bool = False,
 ) -> Sender:
     """The central router: decide here (timed), then POST straight to the chosen pod. With
     several (replicas, each with its own tree), each request goes to one drawn at random as
     a request goes to one of K sidecars."""
 
     async def send(request: OrganicRequest, result: Result) -> None:
-        router = routers[_pick(request.seq, len(routers))]
+        router = routers[router_of(request, len(routers), pin_flows)]
         router.evict_if_due()
         started = time.perf_counter_ns()
         pod = router.select(request.prompt)

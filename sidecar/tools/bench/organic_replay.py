@@ -41,6 +41,7 @@ from sidecar.tools.bench.organic_trace import (
     OrganicTrace,
     TraceParams,
     build_trace,
+    router_of,
 )
 from sidecar.tools.emulator.config import BLOCK_SIZE
 from sidecar.tools.emulator.prefix_cache import PrefixCache
@@ -61,17 +62,6 @@ def ring_of(pods: int, seed: int) -> _core.HashTable:
     rng = random.Random(f"organic-replay-ring-{seed}")
     ports = rng.sample(range(20_000, 60_000), pods)
     return _core.Ring([f"http://127.0.0.1:{port}" for port in ports])
-
-
-def sidecar_of(seq: int, count: int) -> int:
-    # bench organic's spread (organic_driver._pick): the same sidecar for the same request
-    return 0 if count == 1 else random.Random(f"organic-sidecar-{seq}").randrange(count)
-
-
-def sidecar_of_flow(flow: int, count: int) -> int:
-    # --pin-flows: every request of a flow through one sidecar (a sidecar per caller, and a
-    # conversation kept on one caller)
-    return 0 if count == 1 else random.Random(f"organic-flow-{flow}").randrange(count)
 
 
 def organic_keys(router: OrganicRouter, request: OrganicRequest, chat: bool) -> OrganicKeys:
@@ -119,12 +109,7 @@ def replay(
     pod_of: dict[int, int] = {}
     moved = followed = 0
     for request in trace.requests:
-        sender = (
-            sidecar_of_flow(request.flow, sidecars)
-            if pin_flows
-            else sidecar_of(request.seq, sidecars)
-        )
-        member = route(routers[sender], ring, request, chat)
+        member = route(routers[router_of(request, sidecars, pin_flows)], ring, request, chat)
         data = request.prompt.encode("utf-8")
         chain = block_hashes(data)
         cache = caches[member]
@@ -250,6 +235,7 @@ def against_report(path: str) -> list[str]:
             factory=POLICIES[one.policy],
             ceilings=ceilings,
             measure_after=params.get("measure_after", 0.0),
+            pin_flows=params.get("pin_flows", False),
         )
         lines.append(
             f"{one.path:<14}{one.name:<12} max/mean replay {result.max_over_mean:.2f} "

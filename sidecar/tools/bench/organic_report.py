@@ -300,7 +300,12 @@ def render(report: dict[str, Any]) -> str:
         f"prefix-sidecar bench organic: {params['pods']} pods (KV {params['kv_tokens']:,} "
         f"tokens each), {trace['requests']} requests ({classes}), "
         f"time x{params['time_scale']:g}, seed {params['seed']}"
-        + ("  [--quick]" if params["quick"] else ""),
+        + ("  [--quick]" if params["quick"] else "")
+        + (
+            "  [--pin-flows: a flow's requests through one sidecar]"
+            if params.get("pin_flows")
+            else ""
+        ),
         f"pod: prefill {params['prefill_tps']:,.0f} tokens/s, mean prefill utilisation at the "
         f"ceiling {100 * report['utilisation_at_ceiling']:.0f} %; distinct prompt tokens "
         f"{report['distinct_prompt_tokens']:,} vs {params['pods'] * params['kv_tokens']:,} of KV",

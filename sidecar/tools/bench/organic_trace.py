@@ -242,3 +242,14 @@ def build_trace(params: TraceParams) -> OrganicTrace:
         system_prompts=systems,
         template_blocks=[render_chat([{"role": r, "content": c} for r, c in t]) for t in templates],
     )
+
+
+def router_of(request: OrganicRequest, count: int, pin_flows: bool = False) -> int:
+    """Which of `count` routers (sidecars, radix replicas) sends `request`: one drawn at
+    random per request, seeded by its sequence number (callers spread over the routers
+    without regard to conversations), or with `pin_flows` one per flow (a router per caller,
+    and a conversation kept on one caller)."""
+    if count == 1:
+        return 0
+    seed = f"organic-flow-{request.flow}" if pin_flows else f"organic-sidecar-{request.seq}"
+    return random.Random(seed).randrange(count)

@@ -42,8 +42,14 @@ from sidecar.routing.anchors import AnchorTable
 from sidecar.routing.organic import OrganicRouter
 from sidecar.tools.bench.argtypes import positive
 from sidecar.tools.bench.organic_oracle import oracle
-from sidecar.tools.bench.organic_replay import organic_keys, read_report, ring_of, sidecar_of
-from sidecar.tools.bench.organic_trace import OrganicRequest, OrganicTrace, TraceParams, build_trace
+from sidecar.tools.bench.organic_replay import organic_keys, read_report, ring_of
+from sidecar.tools.bench.organic_trace import (
+    OrganicRequest,
+    OrganicTrace,
+    TraceParams,
+    build_trace,
+    router_of,
+)
 from sidecar.tools.emulator.config import BLOCK_SIZE, EmulatorConfig
 from sidecar.tools.emulator.prefix_cache import PrefixCache
 from sidecar.tools.emulator.tokenizer import block_hashes, count_tokens
@@ -132,14 +138,15 @@ def window(ring: _core.HashTable, chat: bool) -> Chooser:
     return choose
 
 
-def sidecars(ring: _core.HashTable, chat: bool, count: int) -> Chooser:
-    """`count` sidecars' organic routing (each its own tables, counts and in-flight loads)."""
+def sidecars(ring: _core.HashTable, chat: bool, count: int, pin_flows: bool = False) -> Chooser:
+    """`count` sidecars' organic routing (each its own tables and counts), requests spread
+    over them as bench organic spreads them (`pin_flows`: a flow's to one)."""
     routers = [OrganicRouter(AnchorTable()) for _ in range(count)]
 
     def choose(
         request: OrganicRequest, chain: Sequence[int], tokens: int, at: float, pods: Pods
     ) -> int:
-        router = routers[sidecar_of(request.seq, count)]
+        router = routers[router_of(request, count, pin_flows)]
         keys = organic_keys(router, request, chat)
         home = router.homes(ring, keys)
         member = _bounded(ring, keys.family, home, pods.loads(at), LOAD_CAP_FLOOR)
@@ -270,7 +277,7 @@ def against_report(path: str) -> list[str]:
         choose = (
             window(one.ring, chat)
             if one.policy == "window"
-            else sidecars(one.ring, chat, one.sidecars)
+            else sidecars(one.ring, chat, one.sidecars, params.get("pin_flows", False))
         )
         modelled = p99(ttfts(trace, len(one.ring.members), choose, model, warmup))
         lines.append(

@@ -37,7 +37,7 @@ from sidecar.tools.bench.organic_report import (
     evaluate_targets,
     summarize,
 )
-from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace
+from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace, router_of
 from sidecar.tools.emulator import EmulatorConfig
 from sidecar.tools.emulator.app import run_emulator
 
@@ -548,6 +548,30 @@ def test_replay_is_deterministic_and_reads_like_the_bench() -> None:
         assert result.max_over_mean >= 1.0 and 0.0 <= result.moved <= 1.0
     one = replay(trace, _core.Ring(["http://127.0.0.1:1"]), 1, chat=True, kv_tokens=10**7)
     assert one.fraction == pytest.approx(1.0) and one.max_over_mean == 1.0 and one.moved == 0.0
+
+
+def test_router_of_spreads_requests_or_pins_flows() -> None:
+    """Which sidecar sends a request: drawn per request (the default), or per flow
+    (--pin-flows), the same in the bench, the replay and the queue model."""
+    trace = build_trace(TraceParams(seed=2, duration_s=20.0, tenants=6, templates=3))
+    sessions = [f for f in trace.flows if len(f.requests) > 3]
+    assert sessions
+    for flow in sessions:
+        assert len({router_of(r, 4, pin_flows=True) for r in flow.requests}) == 1
+    assert any(len({router_of(r, 4) for r in flow.requests}) > 1 for flow in sessions)
+    assert {router_of(r, 4) for r in trace.requests} == {0, 1, 2, 3}
+    assert {router_of(r, 1, pin_flows=True) for r in trace.requests} == {0}
+
+
+def test_quick_run_with_flows_pinned(tmp_path: Path) -> None:
+    """--pin-flows in a real run: recorded in the report and said in its header; every
+    request decided once."""
+    done, report = _quick(tmp_path, "grpc-chat", "sidecar", "--pin-flows", timeout=120)
+    assert report["params"]["pin_flows"] is True
+    assert "[--pin-flows: a flow's requests through one sidecar]" in done.stdout
+    for run in report["paths"]["grpc-chat"].values():
+        _check_run(run, report["trace"]["requests"])
+        assert sum(run["organic_decisions"].values()) == report["trace"]["requests"]
 
 
 def test_replay_with_flows_pinned_follows_every_chat_turn() -> None:
