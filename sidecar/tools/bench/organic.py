@@ -18,7 +18,11 @@ the OpenAI HTTP front's /v1/completions and /v1/chat/completions) under each pol
   before starts were balanced: a before/after on the same pods, so the same ring;
 - wide / wide_xK (only when --policies names it): organic routing with the spreads before
   sessions got a narrower set than starts (home spread 3, sessions over the whole home
-  set): a before/after on the same pods.
+  set): a before/after on the same pods;
+- unfollowed / unfollowed_xK (only when --policies names it): organic routing without
+  session follow (organic_follow_sessions off): every later turn to its session's pod.
+With --pin-flows every request of a flow goes through one sidecar (radix replica) of the
+_xK runs instead of one drawn per request.
 Every run starts with the pods' caches emptied. The oracle (organic_oracle) gives the hit
 rate of one infinite cache over the same trace; every policy is reported as a fraction of
 it, whole run and per class. Times are modelled (the emulator's clock = real x
@@ -34,6 +38,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from typing import Any
 
 import aiohttp
@@ -88,21 +93,25 @@ def sidecar_default_scheme() -> str:
     return str(getattr(Config(), SCHEME_SETTING))
 
 
-BALANCE_SETTING = "organic_balance_starts"  # off in the "hashed" runs
-# The "wide" runs: the spreads before sessions got a narrower set than starts.
-WIDE_SETTINGS = {"organic_home_spread": 3.0, "organic_session_spread": 3.0}
+# Organic routing's befores, each run only when named, on the same pods as "sidecar":
+OPTIONAL_POLICIES: dict[str, dict[str, object]] = {
+    # flow starts sent to their session's pod like later turns
+    "hashed": {"organic_balance_starts": False},
+    # the spreads before sessions got a narrower set than starts
+    "wide": {"organic_home_spread": 3.0, "organic_session_spread": 3.0},
+    # every later turn to its session's pod (no session follow, contract 9h)
+    "unfollowed": {"organic_follow_sessions": False},
+}
 
 
-def policy_names(
-    sidecars: int, with_scheme: bool, hashed: bool = False, wide: bool = False
-) -> list[str]:
+def policy_names(sidecars: int, with_scheme: bool, optional: Collection[str] = ()) -> list[str]:
+    """The runs, in order: the default policies, then the OPTIONAL_POLICIES named."""
     names = ["round_robin", "window", f"window_x{sidecars}", "radix", f"radix_x{sidecars}"]
     if with_scheme:
         names += ["sidecar", f"sidecar_x{sidecars}"]
-        if hashed:
-            names += ["hashed", f"hashed_x{sidecars}"]
-        if wide:
-            names += ["wide", f"wide_x{sidecars}"]
+        for name in OPTIONAL_POLICIES:
+            if name in optional:
+                names += [name, f"{name}_x{sidecars}"]
     return names
 
 
@@ -170,10 +179,8 @@ async def run_one(
             settings["policy"] = "round_robin"
         elif policy == "window" and scheme_flag_exists():
             settings[SCHEME_SETTING] = "window"
-        elif policy == "hashed":
-            settings[BALANCE_SETTING] = False
-        elif policy == "wide":
-            settings.update(WIDE_SETTINGS)
+        elif policy in OPTIONAL_POLICIES:
+            settings.update(OPTIONAL_POLICIES[policy])
         group = SidecarGroup(
             sidecars, urls, settings, socket_dir=socket_dir, http_front=path.startswith("http")
         )
@@ -235,9 +242,7 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     ceilings = oracle([r.prompt for r in trace.requests])
     with_scheme = scheme_flag_exists()
     wanted = args.policies.split(",") if args.policies else []
-    names = policy_names(
-        args.sidecars, with_scheme, hashed="hashed" in wanted, wide="wide" in wanted
-    )
+    names = policy_names(args.sidecars, with_scheme, wanted)
     if wanted:
         names = [n for n in names if n.partition("_x")[0] in wanted]
     paths = args.paths.split(",") if args.paths else list(PATHS)
@@ -455,8 +460,9 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     add(
         "--policies",
         help="comma-separated subset of round_robin, window, radix, sidecar (default all "
-        "four), and hashed (only when named: organic_balance_starts off) and wide (only "
-        "when named: home spread 3, sessions over the whole home set)",
+        "four), and, only when named: hashed (organic_balance_starts off), wide (home "
+        "spread 3, sessions over the whole home set), unfollowed (organic_follow_sessions "
+        "off)",
     )
     add(
         "--radix-tree-chars",
@@ -489,7 +495,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    policies = {"round_robin", "window", "radix", "sidecar", "hashed", "wide"}
+    policies = {"round_robin", "window", "radix", "sidecar", *OPTIONAL_POLICIES}
     unknown = set((args.policies or "").split(",")) - policies - {""}
     if unknown:
         print(

@@ -186,6 +186,7 @@ POLICIES: dict[str, RouterFactory] = {
     "sidecar": lambda: OrganicRouter(AnchorTable()),
     "wide": lambda: OrganicRouter(AnchorTable(), 3.0, session_spread=3.0),
     "hashed": lambda: OrganicRouter(AnchorTable(), balance_starts=False),
+    "unfollowed": lambda: OrganicRouter(AnchorTable(), follow_sessions=False),
 }
 
 

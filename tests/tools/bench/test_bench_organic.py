@@ -461,9 +461,10 @@ def test_hashed_and_wide_run_only_when_named(tmp_path: Path) -> None:
     """`hashed` and `wide` are the befores of befores/afters on the same pods: organic
     routing with flow starts unbalanced (organic_balance_starts off), and with the spreads
     before sessions got a narrower set than starts; each runs only when named."""
-    assert not {"hashed", "wide"} & set(policy_names(2, True))
-    assert policy_names(2, True, hashed=True)[-2:] == ["hashed", "hashed_x2"]
-    assert policy_names(2, True, wide=True)[-2:] == ["wide", "wide_x2"]
+    assert not {"hashed", "wide", "unfollowed"} & set(policy_names(2, True))
+    assert policy_names(2, True, ["hashed"])[-2:] == ["hashed", "hashed_x2"]
+    assert policy_names(2, True, ["wide"])[-2:] == ["wide", "wide_x2"]
+    assert policy_names(2, True, ["unfollowed"])[-2:] == ["unfollowed", "unfollowed_x2"]
     _, report = _quick(tmp_path, "grpc-chat", "sidecar,hashed,wide", timeout=180)
     runs = report["paths"]["grpc-chat"]
     assert set(runs) == {"sidecar", "sidecar_x2", "hashed", "hashed_x2", "wide", "wide_x2"}
