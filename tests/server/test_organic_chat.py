@@ -1,7 +1,9 @@
 """Organic routing of chats through a real sidecar (gRPC Chat and the HTTP front's
-/v1/chat/completions) before six emulator pods: every turn of a session after its first is
-served by one pod, and the sessions of one tenant are spread over several (routing contract
-9). The first turn starts the flow: it may go to any pod of the tenant's home set (9f).
+/v1/chat/completions) before six emulator pods: every turn of a session is served by one
+pod, and the sessions of one tenant are spread over several (routing contract 9). The first
+turn starts the flow and may go to any pod of the tenant's home set (9f); the sidecar that
+sent it sends the next turns there (session follow, 9h). Without session follow a session
+whose start went elsewhere continues on its session's pod.
 
 "Served by" is read from the pods' own request counters (gRPC) or the front's backend
 header, not from the router.
@@ -77,19 +79,29 @@ def _check(where: dict[int, set[str]]) -> None:
     assert len(set.union(*where.values())) >= 3, where  # the tenant's sessions: several
 
 
+async def _grpc_sessions(tmp_path: Path, follow: bool) -> dict[int, list[str]]:
+    """Each session's pods, turn by turn, through a real sidecar's Chat RPC."""
+    async with six_pods() as pods:
+        config = sidecar_config(tmp_path, pods, organic_follow_sessions=follow)
+        async with running_sidecar(config) as (_, stub):
+            rng = random.Random(1)
+            for _ in range(50):  # one-shot questions: the tenant's share and branch are learnt
+                await collect(stub.Chat(_grpc([("system", SYSTEM), ("user", prose(rng, 80))])))
+            where: dict[int, list[str]] = {i: [] for i in range(SESSIONS)}
+            flows = sessions(2)
+            for turn in range(TURNS):  # interleaved, as concurrent users would send them
+                for i, flow in enumerate(flows):
+                    where[i].append(await _grpc_chat(stub, pods, flow[turn]))
+    return where
+
+
 async def test_grpc_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_path: Path) -> None:
-    async with six_pods() as pods, running_sidecar(sidecar_config(tmp_path, pods)) as (_, stub):
-        rng = random.Random(1)
-        for _ in range(50):  # one-shot questions: the tenant's share and branch are learnt
-            await collect(stub.Chat(_grpc([("system", SYSTEM), ("user", prose(rng, 80))])))
-        where: dict[int, set[str]] = {i: set() for i in range(SESSIONS)}
-        flows = sessions(2)
-        for turn in range(TURNS):  # interleaved, as concurrent users would send them
-            for i, flow in enumerate(flows):
-                served = await _grpc_chat(stub, pods, flow[turn])
-                if turn:  # the first turn is a start (contract 9f)
-                    where[i].add(served)
-    _check(where)
+    where = await _grpc_sessions(tmp_path, follow=True)
+    _check({i: set(pods) for i, pods in where.items()})
+    # Without follow the later turns still share one pod, but not always the start's.
+    unfollowed = await _grpc_sessions(tmp_path, follow=False)
+    _check({i: set(pods[1:]) for i, pods in unfollowed.items()})
+    assert any(pods[0] != pods[1] for pods in unfollowed.values()), unfollowed
 
 
 async def test_http_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_path: Path) -> None:
@@ -123,7 +135,5 @@ async def test_http_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_pat
             flows = sessions(4)
             for turn in range(TURNS):
                 for i, flow in enumerate(flows):
-                    served = await chat(flow[turn], parts=turn % 2 == 1)
-                    if turn:  # the first turn is a start (contract 9f)
-                        where[i].add(served)
+                    where[i].add(await chat(flow[turn], parts=turn % 2 == 1))
     _check(where)
