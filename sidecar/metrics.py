@@ -385,7 +385,8 @@ class _Organic(_ScrapeTime):
             CounterMetricFamily(
                 "prefix_sidecar_organic_decisions",
                 "Organic routing decisions of unregistered prompts by kind: unanchored, "
-                "later_turn, start_stayed, start_moved, start_far (docs/organic-routing.md)",
+                "later_turn, start_stayed, start_moved, start_far, later_followed "
+                "(docs/organic-routing.md)",
                 labels=["kind"],
             ),
             state.decisions,
