@@ -11,6 +11,8 @@ from sidecar.routing.pick import Branch, Pick
 
 
 class LeastLoaded:
+    ignores_key = True  # the router computes no organic keys for it
+
     def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
         loads = table.loads
         best = min(range(len(loads)), key=loads.__getitem__)

@@ -27,6 +27,13 @@ class Policy(Protocol):
         ...
 
 
+def ignores_key(policy: Policy) -> bool:
+    """Whether the policy picks without looking at the Pick's key (a baseline such as
+    round_robin): such a policy needs no organic keys, and counting organic "decisions"
+    it never made would mislead the metrics."""
+    return bool(getattr(policy, "ignores_key", False))
+
+
 class PolicySettings(Protocol):
     """What a policy may be built from: sidecar.config.Config's fields of these names."""
 

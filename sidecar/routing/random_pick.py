@@ -12,6 +12,8 @@ from sidecar.routing.pick import Branch, Pick
 
 
 class RandomPick:
+    ignores_key = True  # the router computes no organic keys for it
+
     def __init__(self, seed: int = 0) -> None:
         self._random = random.Random(seed)
 

@@ -13,6 +13,8 @@ from sidecar.routing.pick import Branch, Pick
 
 
 class RoundRobin:
+    ignores_key = True  # the router computes no organic keys for it
+
     def __init__(self) -> None:
         self._counter = itertools.count()
 

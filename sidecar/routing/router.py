@@ -31,7 +31,7 @@ from sidecar.routing.anchors import AnchorTable
 from sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from sidecar.routing.pick import Branch, Pick
 from sidecar.routing.placement import HomePlacer
-from sidecar.routing.policy import Policy, make_policy
+from sidecar.routing.policy import Policy, ignores_key, make_policy
 
 # The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
 ORGANIC_HEAD_BYTES = HEAD_BYTES
@@ -80,11 +80,14 @@ class Router:
         self.store = store
         self.policy = policy
         self.route_window_bytes = route_window_bytes
+        if unregistered_routing not in ("organic", "window"):
+            raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
+        # A policy that ignores the key (a baseline) gets no organic keys: they would cost
+        # time and count decisions it never made.
+        organic_on = unregistered_routing == "organic" and not ignores_key(policy)
         # How much of an unregistered prompt's head routing reads: a caller may pass just
         # that much (the HTTP front decodes no more of a long prompt).
-        self.head_bytes = max(
-            route_window_bytes, ORGANIC_HEAD_BYTES if unregistered_routing == "organic" else 0
-        )
+        self.head_bytes = max(route_window_bytes, ORGANIC_HEAD_BYTES if organic_on else 0)
         self.default_replicas = default_replicas
         self.max_attempts = max_attempts
         self.placer = HomePlacer(
@@ -98,8 +101,6 @@ class Router:
         # The one-call path from a prompt's bytes to a pod, when the policy has one.
         self._select_bytes = getattr(policy, "select_bytes", None)
         self._watching = False
-        if unregistered_routing not in ("organic", "window"):
-            raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
         self.organic = (
             OrganicRouter(
                 AnchorTable(max_blocks=organic_table_blocks),
@@ -108,7 +109,7 @@ class Router:
                 balance_starts=organic_balance_starts,
                 follow_sessions=organic_follow_sessions,
             )
-            if unregistered_routing == "organic"
+            if organic_on
             else None
         )
         self.organic_load_cap_floor = organic_load_cap_floor

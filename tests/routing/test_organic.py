@@ -207,6 +207,21 @@ def test_fallbacks(make_router: MakeRouter) -> None:
     assert window.organic is None
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "random", "least_loaded"])
+def test_a_policy_that_ignores_the_key_gets_no_organic_keys(
+    make_router: MakeRouter, policy: str
+) -> None:
+    """A baseline picks without the key: organic keys would be wasted work, and their
+    decision counts (and session-follow memory) would describe picks nobody made."""
+    router = make_router(serving_pool(pods(4)), PrefixStore(), policy=policy)
+    assert router.organic is None
+    assert router.head_bytes == router.route_window_bytes
+    decision = router.for_chat([("system", "rules " * 50), ("user", "hello")])
+    assert decision.route_key == _core.route_key(("rules " * 50).encode())
+    keyed = make_router(serving_pool(pods(4)), PrefixStore(), policy="consistent_hash")
+    assert keyed.organic is not None
+
+
 def test_a_registered_system_message_routes_as_its_prefix(make_router: MakeRouter) -> None:
     store = PrefixStore()
     router = make_router(serving_pool(pods(4)), store)
