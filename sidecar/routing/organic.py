@@ -73,8 +73,8 @@ class OrganicKeys(NamedTuple):
     # The family's head (through the anchor) in bytes (a chat: characters): what a start
     # sent past the session set may have to recompute. 0: no anchor.
     head: int = 0
-    # A chat's assistant messages, what tells a conversation's very next request (9h);
-    # -1: a raw prompt, which has no such structure.
+    # A chat's assistant messages, or a raw prompt's assistant turns by its chat template:
+    # what tells a conversation's very next request (9h); -1: no such structure.
     answers: int = -1
 
 
@@ -87,8 +87,8 @@ MIN_HOMES = 1
 #   one-pod home set);
 # - start_moved: a start sent to a less-loaded pod of its session set;
 # - start_far: a start sent past the session set, where the head may be cold (9f);
-# - later_followed: a chat's next request sent where this sidecar sent its previous one,
-#   not to its session's pod (9h).
+# - later_followed: a conversation's next request sent where this sidecar sent its
+#   previous one, not to its session's pod (9h).
 DECISION_KINDS = (
     "unanchored",
     "later_turn",
@@ -173,10 +173,11 @@ class OrganicRouter:
         head = sum(len(content) for _, content in messages[: anchor + 1]) if start else 0
         return OrganicKeys(chain[0], session, table.count(chain[0]), anchor, start, head, answers)
 
-    def for_prompt(self, data: bytes) -> OrganicKeys | None:
+    def for_prompt(self, data: bytes, answers: int = -1) -> OrganicKeys | None:
         """The prompt's keys, or None when it is shorter than one block (it then routes on
         its window key, as before). `data` is the prompt's UTF-8, cut at HEAD_BYTES: a
-        shorter one is the whole prompt."""
+        shorter one is the whole prompt. `answers`: the whole prompt's assistant turns by
+        its chat template (`chat_templates.assistant_turns`), -1 when it has none (9h)."""
         # Most anchors sit in the first 4 KB: hash those first, the rest only when needed
         # (the result is the same as hashing LEARN_BLOCKS + 1 blocks at once).
         chain = _core.chain_keys(data, BLOCK_BYTES, FIRST_BLOCKS)
@@ -212,13 +213,13 @@ class OrganicRouter:
             and len(data) <= (anchor + 1 + START_BLOCKS) * BLOCK_BYTES
         )
         head = (anchor + 1) * BLOCK_BYTES if anchor >= 0 else 0
-        return OrganicKeys(family, session, table.count(family), anchor, start, head)
+        return OrganicKeys(family, session, table.count(family), anchor, start, head, answers)
 
     def homes(self, ring: _core.HashTable, keys: OrganicKeys) -> int:
         """The request's pod (member index): the session's pod in the family's session set,
         the first of its home set (contract 9b, 9f); a start, the least-loaded pod of the
-        whole home set by this sidecar's counts (9f); a chat's very next request, the pod
-        this sidecar sent its previous one to (9h)."""
+        whole home set by this sidecar's counts (9f); a conversation's very next request,
+        the pod this sidecar sent its previous one to (9h)."""
         members = len(ring.members)
         size = home_size(keys.share, members, self.spread)
         sessions = min(size, home_size(keys.share, members, self.session_spread))
@@ -253,7 +254,7 @@ class OrganicRouter:
             self.follow.remember(keys.session, backend, keys.answers)
 
     def _followed(self, ring: _core.HashTable, keys: OrganicKeys) -> int | None:
-        """The member this sidecar sent the chat's previous request to, if it did (9h)."""
+        """The member this sidecar sent the conversation's previous request to, if it did."""
         if self.follow is None or keys.answers <= 0:
             return None
         backend = self.follow.recall(keys.session, keys.answers)

@@ -28,6 +28,7 @@ from sidecar.config import Config
 from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.prefixes import PrefixEntry, PrefixStore
 from sidecar.routing.anchors import AnchorTable
+from sidecar.routing.chat_templates import assistant_turns
 from sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from sidecar.routing.pick import Branch, Pick
 from sidecar.routing.placement import HomePlacer
@@ -177,14 +178,21 @@ class Router:
             return self._decide(started, entry.route_key, entry)
         return self._decide_bytes(started, text.encode("utf-8"))
 
-    def for_prompt(self, prompt: str) -> Decision:
+    def for_prompt(self, prompt: str, answers: int | None = None) -> Decision:
+        """`answers`: the whole prompt's assistant turns by its chat template, when `prompt`
+        is only its head (default: counted in `prompt`; organic routing's 9h)."""
         started = time.perf_counter_ns()
         entry = self.store.match(prompt)
         if entry is not None:
             return self._decide(started, entry.route_key, entry)
-        if self.organic is not None:
+        organic = self.organic
+        if organic is not None:
             head = prompt[:ORGANIC_HEAD_BYTES].encode("utf-8")[:ORGANIC_HEAD_BYTES]
-            keys = self.organic.for_prompt(head)
+            if organic.follow is None:
+                answers = -1
+            elif answers is None:
+                answers = assistant_turns(prompt)
+            keys = organic.for_prompt(head, answers)
             if keys is not None:
                 return self._decide_organic(started, keys)
         window = prompt.encode("utf-8")[: self.route_window_bytes]

@@ -1,5 +1,5 @@
-"""Session follow: a chat's next request goes where this sidecar sent its previous one
-(routing contract 9h).
+"""Session follow: a conversation's next request goes where this sidecar sent its previous
+one (routing contract 9h).
 
 The session's pod (9b, 9f) is what every sidecar computes alike without talking. A sidecar
 that sent a conversation's previous request knows better where its history is now: the
@@ -11,9 +11,11 @@ request finds its whole history there. Any other request goes to the session's p
 every sidecar would send it: the agreement between sidecars is unchanged, a sidecar only
 uses what it saw itself.
 
-Only chats carry the structure to tell the very next request (their assistant messages);
-a raw prompt does not, and keeps the session's pod. Bounded: an LRU of `capacity`
-conversations (default 16,384: about 2.9 MB measured), O(1) per decision.
+What tells the very next request is the number of answers: a chat's assistant messages,
+or a raw prompt's assistant turns by the chat template it was rendered with
+(`chat_templates`); a raw prompt of no known template has none, and keeps the session's
+pod. Bounded: an LRU of `capacity` conversations (default 16,384: about 2.9 MB
+measured), O(1) per decision.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.prefixes import PrefixEntry, PrefixStore
+from sidecar.routing.chat_templates import assistant_turns_escaped
 from sidecar.routing.organic import LEARN_MESSAGES
 
 # What of a caller's text may reach an error message.
@@ -74,8 +75,10 @@ class FrontRequest:
     # A chat's messages as (role, text), the first LEARN_MESSAGES + 1: what organic routing
     # chains (routing contract 9d).
     messages: tuple[tuple[str, str], ...] = ()
-    # A chat's assistant messages, all of them (organic routing's session follow, 9h).
-    answers: int = 0
+    # A chat's assistant messages, all of them; a prompt's assistant turns by its chat
+    # template, when `route_text` is only its head (organic routing's session follow, 9h).
+    # None: a prompt read whole, counted by the router.
+    answers: int | None = None
     # Whether the registered prefixes were already matched on the body's bytes: `prefix`
     # is then the longest one the route text starts with (None: none does), and
     # `route_text` at least its first `window` bytes (what the router reads of a prompt).
@@ -130,8 +133,11 @@ def parse_request(
         return request  # the route text is elsewhere in the body, and was read whole
     if prefix is None and chat:
         return _read(_loads(raw), chat)  # an unregistered chat routes on its messages
-    head = "" if prefix is not None else _decoded_head(raw, start, end, window)
-    return FrontRequest(request.model, head, request.stream, matched=True, prefix=prefix)
+    if prefix is not None:  # a registered prefix: no organic routing, nothing to count
+        return FrontRequest(request.model, "", request.stream, matched=True, prefix=prefix)
+    head = _decoded_head(raw, start, end, window)
+    answers = assistant_turns_escaped(raw, start, end)  # the whole prompt's, undecoded
+    return FrontRequest(request.model, head, request.stream, answers=answers, matched=True)
 
 
 def _route_string(raw: bytes, chat: bool) -> int | None:
@@ -229,7 +235,7 @@ def _read(data: Any, chat: bool) -> FrontRequest:
         raise bad_request("stream must be a boolean", "stream")
     route_text = _first_message_text(data) if chat else _prompt_text(data)
     messages = _route_messages(data["messages"]) if chat else ()
-    answers = _answers(data["messages"]) if chat else 0
+    answers = _answers(data["messages"]) if chat else None
     return FrontRequest(model, route_text, bool(stream), messages, answers)
 
 

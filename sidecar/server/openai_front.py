@@ -286,7 +286,7 @@ class OpenAIFront:
         elif chat:
             decision = self.router.for_chat(list(parsed.messages), parsed.answers)
         else:
-            decision = self.router.for_prompt(parsed.route_text)
+            decision = self.router.for_prompt(parsed.route_text, parsed.answers)
         return decision, decision.decision_ns
 
     def _prefix_of(self, request: Request) -> PrefixEntry | None:

@@ -248,6 +248,37 @@ def message_keys(messages: list[tuple[str, str]], limit: int) -> list[int]:
     return keys
 
 
+# Rule 9h: (the header a rendered conversation starts with, its assistant turn's header)
+TEMPLATE_HEADERS = [
+    ("<|im_start|>", "<|im_start|>assistant"),
+    ("<|start_header_id|>", "<|start_header_id|>assistant<|end_header_id|>"),
+    ("<start_of_turn>", "<start_of_turn>model"),
+    ("[INST]", "[/INST]"),
+    ("<|system|>", "<|assistant|>"),
+    ("<|user|>", "<|assistant|>"),
+]
+TEMPLATE_BOS = ["<|begin_of_text|>", "<bos>", "<s>"]
+
+
+def assistant_turns(prompt: str) -> int:
+    """Rule 9h: skip ASCII whitespace (space, tab, CR, LF), then a BOS and whitespace if one
+    follows; a template's header follows (in table order): count its assistant header in
+    the whole prompt (non-overlapping); none does: -1."""
+    at = 0
+    while at < len(prompt) and prompt[at] in " \t\r\n":
+        at += 1
+    for bos in TEMPLATE_BOS:
+        if prompt.startswith(bos, at):
+            at += len(bos)
+            while at < len(prompt) and prompt[at] in " \t\r\n":
+                at += 1
+            break
+    for opening, answer in TEMPLATE_HEADERS:
+        if prompt.startswith(opening, at):
+            return prompt.count(answer)
+    return -1
+
+
 def owned_arcs(points: list[tuple[int, str]]) -> dict[str, int]:
     """The exact number of keys each member owns: the arc (previous point, point]."""
     owned: dict[str, int] = {}
@@ -712,6 +743,30 @@ MESSAGE_CASES: list[list[tuple[str, str]]] = [
 ]
 
 
+CHATML_TURNS = (
+    "<|im_start|>system\nYou are the assistant of store #3.<|im_end|>\n"
+    "<|im_start|>user\nwhere is my parcel?<|im_end|>\n"
+    "<|im_start|>assistant\nIt left on Monday.<|im_end|>\n"
+    "<|im_start|>user\nand the refund?<|im_end|>\n<|im_start|>assistant\n"
+)
+TEMPLATE_CASES: list[str] = [
+    CHATML_TURNS,  # one answer and the generation prompt: 2
+    CHATML_TURNS[: CHATML_TURNS.rindex("<|im_start|>assistant")],  # no generation prompt: 1
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nRules.<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\nMore<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n",  # Llama 3: 2
+    "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+    "<start_of_turn>user\nMore<end_of_turn>\n<start_of_turn>model\n",  # Gemma: 2
+    "<s>[INST] Rules. Hi [/INST] Hello</s>[INST] More [/INST]",  # Mistral: 2
+    "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n<|user|>\nMore<|end|>\n<|assistant|>\n",
+    "  \n<|im_start|>user\nquoting <|start_header_id|>assistant<|end_header_id|><|im_end|>\n",
+    "Rules of the store. <|im_start|>assistant\n",  # not a rendered conversation: -1
+    "",
+]
+
+
 def organic_vectors() -> dict[str, Any]:
     chains = [
         {
@@ -757,6 +812,9 @@ def organic_vectors() -> dict[str, Any]:
         "messages": [
             {"messages": [list(m) for m in case], "keys": [str(k) for k in message_keys(case, 32)]}
             for case in MESSAGE_CASES
+        ],
+        "assistant_turns": [
+            {"prompt": prompt, "turns": assistant_turns(prompt)} for prompt in TEMPLATE_CASES
         ],
     }
 

@@ -1,5 +1,6 @@
-"""Session follow (routing contract 9h): a chat's very next request goes where this sidecar
-sent its previous one; anything else goes to the session's pod, as every sidecar computes."""
+"""Session follow (routing contract 9h): a conversation's very next request (a chat, or a raw
+prompt in a known chat template) goes where this sidecar sent its previous one; anything
+else goes to the session's pod, as every sidecar computes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from sidecar import _core
 from sidecar.prefixes import PrefixStore
 from sidecar.routing import organic
 from sidecar.routing.anchors import AnchorTable
+from sidecar.routing.router import Router
 from sidecar.routing.session_follow import SessionFollow
 
 from .conftest import MakeRouter, pods, serving_pool
@@ -84,32 +86,49 @@ def test_off_and_gone_and_raw_prompts_keep_the_sessions_pod() -> None:
     second = router.for_chat(turns[1])
     expected = smaller.session_home(second.family, 1, second.session)
     assert router.homes(smaller, second) == expected
-    # A raw prompt has no assistant messages to count: nothing remembered, nothing followed.
+    # A raw prompt's turns are counted by its caller (Router.for_prompt, by its chat
+    # template): given none, nothing is remembered and nothing followed.
     raw = router.for_prompt(render(turns[1]).encode())
     assert raw is not None and raw.answers == -1
     router.sent(ring, ring.members[0], raw)
     assert router.follow is not None and router.follow.recall(raw.session, 0) is None
 
 
-def test_the_router_follows_the_start_it_spread(make_router: MakeRouter) -> None:
-    """Through the sidecar's Router, as the Chat RPC and the HTTP front call it: one
-    tenant's sessions start on every pod of its home set, and each session's later turns
-    stay on the pod its start went to (with follow off: on the session's pod)."""
+def _plain(messages: list[tuple[str, str]]) -> str:
+    """A conversation as one string in no known template: no turns to count."""
+    return "".join(f"{role.upper()}: {text}\n" for role, text in messages) + "ASSISTANT:"
+
+
+@pytest.mark.parametrize("shape", ["chat", "chatml", "plain"])
+def test_the_router_follows_the_start_it_spread(make_router: MakeRouter, shape: str) -> None:
+    """Through the sidecar's Router, as the Chat and Complete RPCs and the HTTP front call
+    it: one tenant's sessions start on every pod of its home set, and each session's later
+    turns stay on the pod its start went to (with follow off: on the session's pod). A raw
+    prompt in a chat template (ChatML here) is followed by its assistant turns; one in no
+    known template is not."""
+
+    def decide(router: Router, messages: list[tuple[str, str]]) -> str:
+        if shape == "chat":
+            return router.for_chat(messages).backend
+        return router.for_prompt((render if shape == "chatml" else _plain)(messages)).backend
 
     def run(follow: bool) -> tuple[set[str], list[set[str]]]:
         router = make_router(serving_pool(pods(4)), PrefixStore(), organic_follow_sessions=follow)
         traffic = Traffic(9, 1)
         for _ in range(30):
-            router.for_chat(traffic.one_shot(0))
+            decide(router, traffic.one_shot(0))
         sessions = [traffic.session(0, 3) for _ in range(12)]
         starts: set[str] = set()
         stayed = []
         for session in sessions:
-            first = router.for_chat(session[0]).backend
+            first = decide(router, session[0])
             starts.add(first)
-            stayed.append({first} | {router.for_chat(turn).backend for turn in session[1:]})
+            stayed.append({first} | {decide(router, turn) for turn in session[1:]})
         return starts, stayed
 
+    if shape == "plain":  # nothing to count: follow changes nothing
+        assert run(True) == run(False)
+        return
     starts, stayed = run(True)
     assert len(starts) == 4  # the starts even out the whole fleet
     assert all(len(used) == 1 for used in stayed), stayed  # each session on its start's pod

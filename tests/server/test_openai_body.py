@@ -35,7 +35,7 @@ def test_a_chat_routes_on_its_first_message_the_system_one_included() -> None:
         {"role": "user", "content": "the thin query"},
     ]
     assert parse_request(body(messages=messages), chat=True) == FrontRequest(
-        None, "the fat rules", False, (("system", "the fat rules"), ("user", "the thin query"))
+        None, "the fat rules", False, (("system", "the fat rules"), ("user", "the thin query")), 0
     )
     parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
     parsed = parse_request(body(messages=[{"role": "user", "content": parts}]), chat=True)
@@ -54,7 +54,22 @@ def test_a_chats_answers_are_counted_over_all_its_messages() -> None:
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": str(i)} for i in range(61)]
     parsed = parse_request(body(messages=[*turns, "not an object"]), chat=True)
     assert len(parsed.messages) == 33 and parsed.answers == 30
-    assert parse_request(body(prompt="p"), chat=False).answers == 0
+    assert parse_request(body(prompt="p"), chat=False).answers is None  # the router counts
+
+
+def test_a_long_rendered_prompts_turns_are_counted_over_the_whole_body() -> None:
+    """The fast path reads only a long prompt's head (`window`): the assistant turns of its
+    chat template (9h) are counted where the prompt lies in the body, all of it."""
+    turns = "".join(
+        f'<|im_start|>user\nq{i} "quoted"<|im_end|>\n<|im_start|>assistant\n{"a" * 900}<|im_end|>\n'
+        for i in range(40)
+    )
+    prompt = "<|im_start|>system\nrules<|im_end|>\n" + turns + "<|im_start|>assistant\n"
+    parsed = parse_request(body(prompt=prompt), chat=False, store=PrefixStore(), window=4096)
+    assert parsed.matched and len(parsed.route_text) < len(prompt)
+    assert parsed.answers == 41  # 40 answers and the generation prompt
+    plain = parse_request(body(prompt="x" * 50_000), chat=False, store=PrefixStore())
+    assert plain.matched and plain.answers == -1  # no template: nothing to follow
 
 
 def test_unknown_fields_and_odd_numbers_are_left_alone() -> None:

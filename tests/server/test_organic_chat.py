@@ -3,7 +3,9 @@
 pod, and the sessions of one tenant are spread over several (routing contract 9). The first
 turn starts the flow and may go to any pod of the tenant's home set (9f); the sidecar that
 sent it sends the next turns there (session follow, 9h). Without session follow a session
-whose start went elsewhere continues on its session's pod.
+whose start went elsewhere continues on its session's pod. The same conversations rendered
+in ChatML and sent as raw prompts (gRPC Complete, /v1/completions) are followed by their
+template's assistant turns.
 
 "Served by" is read from the pods' own request counters (gRPC) or the front's backend
 header, not from the router.
@@ -21,6 +23,7 @@ import aiohttp
 
 from sidecar.server.openai_relay import BACKEND_HEADER
 from sidecar.tools.emulator import run_emulator
+from sidecar.tools.emulator.protocol import render_chat
 from sidecar.v1 import router_pb2
 
 from .conftest import FAST, collect, free_port, requests_per_pod, running_sidecar, sidecar_config
@@ -74,24 +77,41 @@ async def _grpc_chat(stub: Any, pods: list[str], messages: list[tuple[str, str]]
     return served[0]
 
 
+def _chatml(messages: list[tuple[str, str]]) -> str:
+    return render_chat([{"role": r, "content": c} for r, c in messages])
+
+
+async def _grpc_complete(stub: Any, pods: list[str], messages: list[tuple[str, str]]) -> str:
+    """A conversation rendered by the caller, sent whole as the Complete RPC's input."""
+    before = await requests_per_pod(pods)
+    request = router_pb2.CompleteRequest(input=_chatml(messages), max_tokens=1)
+    chunks = await collect(stub.Complete(request))
+    after = await requests_per_pod(pods)
+    served = [url for url in pods if after[url] != before[url]]
+    assert served == [chunks[0].backend]
+    return served[0]
+
+
 def _check(where: dict[int, set[str]]) -> None:
     assert all(len(used) == 1 for used in where.values()), where  # each session: one pod
     assert len(set.union(*where.values())) >= 3, where  # the tenant's sessions: several
 
 
-async def _grpc_sessions(tmp_path: Path, follow: bool) -> dict[int, list[str]]:
-    """Each session's pods, turn by turn, through a real sidecar's Chat RPC."""
+async def _grpc_sessions(tmp_path: Path, follow: bool, raw: bool = False) -> dict[int, list[str]]:
+    """Each session's pods, turn by turn, through a real sidecar's Chat RPC (`raw`: its
+    Complete RPC, each request the conversation rendered in ChatML)."""
+    send = _grpc_complete if raw else _grpc_chat
     async with six_pods() as pods:
         config = sidecar_config(tmp_path, pods, organic_follow_sessions=follow)
         async with running_sidecar(config) as (_, stub):
             rng = random.Random(1)
             for _ in range(50):  # one-shot questions: the tenant's share and branch are learnt
-                await collect(stub.Chat(_grpc([("system", SYSTEM), ("user", prose(rng, 80))])))
+                await send(stub, pods, [("system", SYSTEM), ("user", prose(rng, 80))])
             where: dict[int, list[str]] = {i: [] for i in range(SESSIONS)}
             flows = sessions(2)
             for turn in range(TURNS):  # interleaved, as concurrent users would send them
                 for i, flow in enumerate(flows):
-                    where[i].append(await _grpc_chat(stub, pods, flow[turn]))
+                    where[i].append(await send(stub, pods, flow[turn]))
     return where
 
 
@@ -102,6 +122,13 @@ async def test_grpc_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_pat
     unfollowed = await _grpc_sessions(tmp_path, follow=False)
     _check({i: set(pods[1:]) for i, pods in unfollowed.items()})
     assert any(pods[0] != pods[1] for pods in unfollowed.values()), unfollowed
+
+
+async def test_grpc_complete_follows_a_chatml_conversation(tmp_path: Path) -> None:
+    where = await _grpc_sessions(tmp_path, follow=True, raw=True)
+    _check({i: set(pods) for i, pods in where.items()})
+    unfollowed = await _grpc_sessions(tmp_path, follow=False, raw=True)
+    assert any(len(set(pods)) > 1 for pods in unfollowed.values()), unfollowed
 
 
 async def test_http_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_path: Path) -> None:
@@ -136,4 +163,35 @@ async def test_http_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_pat
             for turn in range(TURNS):
                 for i, flow in enumerate(flows):
                     where[i].add(await chat(flow[turn], parts=turn % 2 == 1))
+    _check(where)
+
+
+async def test_http_completions_follow_a_chatml_conversation(tmp_path: Path) -> None:
+    """/v1/completions with the conversation rendered by the caller: the front counts the
+    template's turns over the whole body (its fast path reads only the prompt's head)."""
+    port = free_port()
+    async with six_pods() as pods:
+        config = sidecar_config(tmp_path, pods, openai_listen=f"127.0.0.1:{port}")
+        async with running_sidecar(config), aiohttp.ClientSession() as http:
+
+            async def complete(messages: list[tuple[str, str]]) -> str:
+                body = {
+                    "model": "Qwen2.5-72B-Instruct",
+                    "max_tokens": 1,
+                    "prompt": _chatml(messages),
+                }
+                url = f"http://127.0.0.1:{port}/v1/completions"
+                async with http.post(url, json=body) as reply:
+                    assert reply.status == 200, await reply.text()
+                    await reply.read()
+                    return reply.headers[BACKEND_HEADER]
+
+            rng = random.Random(3)
+            for _ in range(50):
+                await complete([("system", SYSTEM), ("user", prose(rng, 80))])
+            where: dict[int, set[str]] = {i: set() for i in range(SESSIONS)}
+            flows = sessions(4)
+            for turn in range(TURNS):
+                for i, flow in enumerate(flows):
+                    where[i].add(await complete(flow[turn]))
     _check(where)

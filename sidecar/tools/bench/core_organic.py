@@ -7,7 +7,7 @@ a router whose anchor table has already learnt a mixed traffic of tenants and se
 The v1 window route (`unregistered_routing: window`) is timed in the same run as the
 baseline. Target (issue 14): p99 <= 50 us. Also timed: a flow's first question, and a 32 KB
 chat's later turn (`Router.for_chat`) whose previous turn the same router sent, so it
-takes session follow's path (contract 9h).
+takes session follow's path (contract 9h), and the same chats as raw ChatML prompts.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sidecar.membership.pool import BackendPool
 from sidecar.membership.sources import Member
 from sidecar.prefixes import PrefixStore
 from sidecar.routing.router import Router
+from sidecar.tools.emulator.protocol import render_chat
 from sidecar.tools.percentile import percentile
 
 PROMPT_BYTES = 32 * 1024
@@ -117,6 +118,19 @@ def _followed_us(router: Router, pairs: list[tuple[Chat, Chat]]) -> list[float]:
     )
 
 
+def _followed_raw_us(router: Router, pairs: list[tuple[Chat, Chat]]) -> list[float]:
+    """The same conversations rendered in ChatML and sent as raw prompts: followed by their
+    template's assistant turns, counted over all 32 KB."""
+    rendered = [(_chatml(before), _chatml(after)) for before, after in pairs]
+    return _timed_us(
+        lambda pair: router.for_prompt(pair[1]), rendered, before=lambda p: router.for_prompt(p[0])
+    )
+
+
+def _chatml(chat: Chat) -> str:
+    return render_chat([{"role": role, "content": content} for role, content in chat])
+
+
 def _spread(times: list[float]) -> dict[str, float]:
     return {"p50_us": percentile(times, 50), "p99_us": percentile(times, 99), "max_us": max(times)}
 
@@ -142,9 +156,9 @@ def organic_decisions(quick: bool, seed: int) -> dict[str, Any]:
             starts = _starts(rng, systems, len(measured))
             result["organic_start"] = _spread(_timed_us(router.for_prompt, starts))
             # a chat's next turn, whose previous one went through this router: followed
-            result["organic_chat"] = _spread(
-                _followed_us(router, _chats(rng, systems, len(measured)))
-            )
+            chats = _chats(rng, systems, len(measured))
+            result["organic_chat"] = _spread(_followed_us(router, chats))
+            result["organic_raw_followed"] = _spread(_followed_raw_us(router, chats))
             assert router.organic is not None
             result["anchor_table_entries"] = len(router.organic.table)
             result["anchor_table_bound"] = router.organic.table.max_entries
@@ -163,20 +177,22 @@ def render_organic(organic: dict[str, Any]) -> list[str]:
         "",
         f"organic routing: one decision of an unregistered {organic['prompt_bytes'] // 1024} KB "
         f"prompt, {organic['pods']} pods, {organic['calls']} prompts each timed alone, us",
-        f"  {'routing':<14}{'p50':>9}{'p99':>9}{'max':>9}",
+        f"  {'routing':<22}{'p50':>9}{'p99':>9}{'max':>9}",
     ]
-    for routing in ("organic", "organic_start", "organic_chat", "window"):
+    for routing in ("organic", "organic_start", "organic_chat", "organic_raw_followed", "window"):
         times = organic.get(routing)
         if times is None:
             continue
         lines.append(
-            f"  {routing:<14}{times['p50_us']:>9.1f}{times['p99_us']:>9.1f}{times['max_us']:>9.1f}"
+            f"  {routing:<22}{times['p50_us']:>9.1f}{times['p99_us']:>9.1f}{times['max_us']:>9.1f}"
         )
     lines.append("  (organic_start: a first question, under 512 bytes past its system prompt;")
     if "organic_chat" in organic:
         lines.append(
             "   organic_chat: a 32 KB chat's next turn, Router.for_chat, its previous turn sent "
-            "by the same router: session follow recalls it)"
+            "by the same router: session follow recalls it;\n"
+            "   organic_raw_followed: the same chats rendered in ChatML, Router.for_prompt: "
+            "their template's turns counted over the prompt, then recalled)"
         )
     lines.append(
         f"  anchor table: {organic['anchor_table_entries']:,} entries (bound "

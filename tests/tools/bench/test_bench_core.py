@@ -152,7 +152,7 @@ def test_organic_decision_section(report: dict[str, Any]) -> None:
     32 KB chat's next turn, which session follow recalls."""
     organic = report["organic"]
     assert organic["prompt_bytes"] == 32 * 1024 and organic["pods"] == 100
-    for routing in ("organic", "organic_start", "organic_chat", "window"):
+    for routing in ("organic", "organic_start", "organic_chat", "organic_raw_followed", "window"):
         times = organic[routing]
         assert all(_positive(times[q]) for q in ("p50_us", "p99_us", "max_us"))
         assert times["p50_us"] <= times["p99_us"] <= times["max_us"]
