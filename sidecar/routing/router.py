@@ -117,6 +117,12 @@ class Router:
         if self._placing:
             self._watch_and_place()
 
+    @property
+    def follows_conversations(self) -> bool:
+        """Whether organic routing follows conversations (9h): a prompt's chat-template
+        turns are worth counting."""
+        return self.organic is not None and self.organic.follow is not None
+
     def _watch_and_place(self) -> None:
         if not self._watching:
             self._watching = True
@@ -189,7 +195,7 @@ class Router:
         if organic is not None:
             head = prompt[:ORGANIC_HEAD_BYTES].encode("utf-8")[:ORGANIC_HEAD_BYTES]
             if organic.follow is None:
-                answers = -1
+                answers = -1  # nothing is followed: nothing to count
             elif answers is None:
                 answers = assistant_turns(prompt)
             keys = organic.for_prompt(head, answers)

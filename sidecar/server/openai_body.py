@@ -101,12 +101,18 @@ _CONTENT_HEAD = (b'"content"', b":", b'"')
 
 
 def parse_request(
-    raw: bytes, *, chat: bool, store: PrefixStore | None = None, window: int = 4096
+    raw: bytes,
+    *,
+    chat: bool,
+    store: PrefixStore | None = None,
+    window: int = 4096,
+    turns: bool = True,
 ) -> FrontRequest:
     """Read the routing fields; FrontError 400 on a body that is not a JSON object or lacks
     its prompt or messages. With `store`, a long route text is matched against its
     prefixes where it lies in the body when it can be (FrontRequest.matched); `window` is
-    the router's route_window_bytes."""
+    the router's route_window_bytes; `turns`: count a long prompt's chat-template turns
+    (the router follows conversations, 9h)."""
     found = _route_string(raw, chat) if store is not None else None
     if found is None:
         return _read(_loads(raw), chat)
@@ -136,7 +142,8 @@ def parse_request(
     if prefix is not None:  # a registered prefix: no organic routing, nothing to count
         return FrontRequest(request.model, "", request.stream, matched=True, prefix=prefix)
     head = _decoded_head(raw, start, end, window)
-    answers = assistant_turns_escaped(raw, start, end)  # the whole prompt's, undecoded
+    # the whole prompt's, undecoded; -1 (nothing to follow) when the router would not look
+    answers = assistant_turns_escaped(raw, start, end) if turns else -1
     return FrontRequest(request.model, head, request.stream, answers=answers, matched=True)
 
 

@@ -225,6 +225,7 @@ class OpenAIFront:
             chat=chat,
             store=self.store if entry is None else None,
             window=self.router.head_bytes,
+            turns=self.router.follows_conversations,
         )
         if len(raw) > YIELD_ABOVE_BYTES:
             await asyncio.sleep(0)

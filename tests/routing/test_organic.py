@@ -204,7 +204,10 @@ def test_fallbacks(make_router: MakeRouter) -> None:
     window = make_router(serving_pool(pods(6)), PrefixStore(), unregistered_routing="window")
     messages = [("system", "rules " * 50), ("user", "hello")]
     assert window.for_chat(messages).route_key == _core.route_key(("rules " * 50).encode())
-    assert window.organic is None
+    assert window.organic is None and not window.follows_conversations
+    assert router.follows_conversations
+    off = make_router(serving_pool(pods(6)), PrefixStore(), organic_follow_sessions=False)
+    assert not off.follows_conversations
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "random", "least_loaded"])

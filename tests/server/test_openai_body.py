@@ -70,6 +70,9 @@ def test_a_long_rendered_prompts_turns_are_counted_over_the_whole_body() -> None
     assert parsed.answers == 41  # 40 answers and the generation prompt
     plain = parse_request(body(prompt="x" * 50_000), chat=False, store=PrefixStore())
     assert plain.matched and plain.answers == -1  # no template: nothing to follow
+    # a router that follows no conversation: not counted
+    unfollowed = parse_request(body(prompt=prompt), chat=False, store=PrefixStore(), turns=False)
+    assert unfollowed.matched and unfollowed.answers == -1
 
 
 def test_unknown_fields_and_odd_numbers_are_left_alone() -> None:
