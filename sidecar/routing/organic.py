@@ -43,7 +43,8 @@ from typing import NamedTuple
 
 from sidecar import _core
 from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, AnchorTable
-from sidecar.routing.session_follow import SessionFollow
+from sidecar.routing.chat_templates import NOT_FOLLOWED
+from sidecar.routing.session_follow import NO_MARK, SessionFollow
 from sidecar.routing.start_balance import FAR_MARGIN, FAR_MARGIN_PER_KB, StartBalancer
 
 HOME_SPREAD = 4.0  # pods per "fair share" of traffic a family's home set gets (9c)
@@ -73,9 +74,11 @@ class OrganicKeys(NamedTuple):
     # The family's head (through the anchor) in bytes (a chat: characters): what a start
     # sent past the session set may have to recompute. 0: no anchor.
     head: int = 0
-    # A chat's assistant messages, or a raw prompt's assistant turns by its chat template:
-    # what tells a conversation's very next request (9h); -1: no such structure.
-    answers: int = -1
+    # What tells a conversation's very next request (9h): the mark this request leaves
+    # (a chat: its assistant messages; a raw prompt: its last assistant header's offset by
+    # its chat template), and the one its previous request left. NO_MARK: no such structure.
+    mark: int = NO_MARK
+    after: int = NO_MARK
 
 
 MIN_HOMES = 1
@@ -158,6 +161,7 @@ class OrganicRouter:
         counted in `messages`)."""
         if answers is None:
             answers = sum(1 for role, _ in messages if role == "assistant")
+        # a chat leaves its assistant messages; its previous request had one fewer
         chain = message_keys(messages, LEARN_MESSAGES + 1)
         if not chain:
             return OrganicKeys(0, 0, self.table.count(0), -1)
@@ -171,13 +175,15 @@ class OrganicRouter:
         # A start: the chat ends with the message after its anchor (its first question).
         start = anchor >= 0 and len(messages) == anchor + 2
         head = sum(len(content) for _, content in messages[: anchor + 1]) if start else 0
-        return OrganicKeys(chain[0], session, table.count(chain[0]), anchor, start, head, answers)
+        return OrganicKeys(
+            chain[0], session, table.count(chain[0]), anchor, start, head, answers, answers - 1
+        )
 
-    def for_prompt(self, data: bytes, answers: int = -1) -> OrganicKeys | None:
+    def for_prompt(self, data: bytes, marks: tuple[int, int] = NOT_FOLLOWED) -> OrganicKeys | None:
         """The prompt's keys, or None when it is shorter than one block (it then routes on
         its window key, as before). `data` is the prompt's UTF-8, cut at HEAD_BYTES: a
-        shorter one is the whole prompt. `answers`: the whole prompt's assistant turns by
-        its chat template (`chat_templates.assistant_turns`), -1 when it has none (9h)."""
+        shorter one is the whole prompt. `marks`: the whole prompt's (mark, after) by its
+        chat template (`chat_templates.turn_marks`; 9h)."""
         # Most anchors sit in the first 4 KB: hash those first, the rest only when needed
         # (the result is the same as hashing LEARN_BLOCKS + 1 blocks at once).
         chain = _core.chain_keys(data, BLOCK_BYTES, FIRST_BLOCKS)
@@ -213,7 +219,7 @@ class OrganicRouter:
             and len(data) <= (anchor + 1 + START_BLOCKS) * BLOCK_BYTES
         )
         head = (anchor + 1) * BLOCK_BYTES if anchor >= 0 else 0
-        return OrganicKeys(family, session, table.count(family), anchor, start, head, answers)
+        return OrganicKeys(family, session, table.count(family), anchor, start, head, *marks)
 
     def homes(self, ring: _core.HashTable, keys: OrganicKeys) -> int:
         """The request's pod (member index): the session's pod in the family's session set,
@@ -250,14 +256,15 @@ class OrganicRouter:
         remember where a chat went (`keys`: its keys), for its next request (9h)."""
         if self.balancer is not None:
             self.balancer.sent(ring, backend)
-        if self.follow is not None and keys is not None and keys.anchor >= 0 and keys.answers >= 0:
-            self.follow.remember(keys.session, backend, keys.answers)
+        follow = self.follow
+        if follow is not None and keys is not None and keys.anchor >= 0 and keys.mark != NO_MARK:
+            follow.remember(keys.session, backend, keys.mark)
 
     def _followed(self, ring: _core.HashTable, keys: OrganicKeys) -> int | None:
         """The member this sidecar sent the conversation's previous request to, if it did."""
-        if self.follow is None or keys.answers <= 0:
+        if self.follow is None or keys.after == NO_MARK:
             return None
-        backend = self.follow.recall(keys.session, keys.answers)
+        backend = self.follow.recall(keys.session, keys.after)
         if backend is None:
             return None
         if ring is not self._ring:

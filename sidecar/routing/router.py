@@ -28,7 +28,7 @@ from sidecar.config import Config
 from sidecar.membership.pool import BackendPool, RoutingTable
 from sidecar.prefixes import PrefixEntry, PrefixStore
 from sidecar.routing.anchors import AnchorTable
-from sidecar.routing.chat_templates import assistant_turns
+from sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks
 from sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from sidecar.routing.pick import Branch, Pick
 from sidecar.routing.placement import HomePlacer
@@ -184,9 +184,9 @@ class Router:
             return self._decide(started, entry.route_key, entry)
         return self._decide_bytes(started, text.encode("utf-8"))
 
-    def for_prompt(self, prompt: str, answers: int | None = None) -> Decision:
-        """`answers`: the whole prompt's assistant turns by its chat template, when `prompt`
-        is only its head (default: counted in `prompt`; organic routing's 9h)."""
+    def for_prompt(self, prompt: str, marks: tuple[int, int] | None = None) -> Decision:
+        """`marks`: the prompt's (mark, after) by its chat template, when `prompt` is only its
+        head (default: read from `prompt`; organic routing's 9h)."""
         started = time.perf_counter_ns()
         entry = self.store.match(prompt)
         if entry is not None:
@@ -195,10 +195,10 @@ class Router:
         if organic is not None:
             head = prompt[:ORGANIC_HEAD_BYTES].encode("utf-8")[:ORGANIC_HEAD_BYTES]
             if organic.follow is None:
-                answers = -1  # nothing is followed: nothing to count
-            elif answers is None:
-                answers = assistant_turns(prompt)
-            keys = organic.for_prompt(head, answers)
+                marks = NOT_FOLLOWED  # nothing is followed: nothing to read
+            elif marks is None:
+                marks = turn_marks(prompt)
+            keys = organic.for_prompt(head, marks)
             if keys is not None:
                 return self._decide_organic(started, keys)
         window = prompt.encode("utf-8")[: self.route_window_bytes]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.prefixes import PrefixEntry, PrefixStore
-from sidecar.routing.chat_templates import assistant_turns_escaped
+from sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks_escaped
 from sidecar.routing.organic import LEARN_MESSAGES
 
 # What of a caller's text may reach an error message.
@@ -75,10 +75,11 @@ class FrontRequest:
     # A chat's messages as (role, text), the first LEARN_MESSAGES + 1: what organic routing
     # chains (routing contract 9d).
     messages: tuple[tuple[str, str], ...] = ()
-    # A chat's assistant messages, all of them; a prompt's assistant turns by its chat
-    # template, when `route_text` is only its head (organic routing's session follow, 9h).
-    # None: a prompt read whole, counted by the router.
+    # A chat's assistant messages, all of them (organic routing's session follow, 9h).
     answers: int | None = None
+    # A prompt's (mark, after) by its chat template, read in the body when `route_text` is
+    # only its head (9h). None: a prompt read whole, whose marks the router reads.
+    marks: tuple[int, int] | None = None
     # Whether the registered prefixes were already matched on the body's bytes: `prefix`
     # is then the longest one the route text starts with (None: none does), and
     # `route_text` at least its first `window` bytes (what the router reads of a prompt).
@@ -111,7 +112,7 @@ def parse_request(
     """Read the routing fields; FrontError 400 on a body that is not a JSON object or lacks
     its prompt or messages. With `store`, a long route text is matched against its
     prefixes where it lies in the body when it can be (FrontRequest.matched); `window` is
-    the router's route_window_bytes; `turns`: count a long prompt's chat-template turns
+    the router's route_window_bytes; `turns`: read a long prompt's chat-template turns
     (the router follows conversations, 9h)."""
     found = _route_string(raw, chat) if store is not None else None
     if found is None:
@@ -142,9 +143,9 @@ def parse_request(
     if prefix is not None:  # a registered prefix: no organic routing, nothing to count
         return FrontRequest(request.model, "", request.stream, matched=True, prefix=prefix)
     head = _decoded_head(raw, start, end, window)
-    # the whole prompt's, undecoded; -1 (nothing to follow) when the router would not look
-    answers = assistant_turns_escaped(raw, start, end) if turns else -1
-    return FrontRequest(request.model, head, request.stream, answers=answers, matched=True)
+    # read in the body, undecoded; not at all when the router would not look
+    marks = turn_marks_escaped(raw, start, end) if turns else NOT_FOLLOWED
+    return FrontRequest(request.model, head, request.stream, marks=marks, matched=True)
 
 
 def _route_string(raw: bytes, chat: bool) -> int | None:

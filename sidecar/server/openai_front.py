@@ -287,7 +287,7 @@ class OpenAIFront:
         elif chat:
             decision = self.router.for_chat(list(parsed.messages), parsed.answers)
         else:
-            decision = self.router.for_prompt(parsed.route_text, parsed.answers)
+            decision = self.router.for_prompt(parsed.route_text, parsed.marks)
         return decision, decision.decision_ns
 
     def _prefix_of(self, request: Request) -> PrefixEntry | None:

@@ -260,10 +260,16 @@ TEMPLATE_HEADERS = [
 TEMPLATE_BOS = ["<|begin_of_text|>", "<bos>", "<s>"]
 
 
-def assistant_turns(prompt: str) -> int:
+TURN_TAIL = 8_192
+
+
+def turn_marks(prompt: str) -> list[int]:
     """Rule 9h: skip ASCII whitespace (space, tab, CR, LF), then a BOS and whitespace if one
-    follows; a template's header follows (in table order): count its assistant header in
-    the whole prompt (non-overlapping); none does: -1."""
+    follows; if a template's opening follows (in table order), look at the occurrences of
+    its assistant header that lie wholly in the last TURN_TAIL characters: [mark, after] =
+    the offsets of the last and the second-to-last (-1 for none when the tail is the whole
+    prompt, -2 when it is not; [-1, -2] for no header in a whole prompt, [-2, -2] for none
+    in a tail); [-2, -2] when no opening follows."""
     at = 0
     while at < len(prompt) and prompt[at] in " \t\r\n":
         at += 1
@@ -275,8 +281,17 @@ def assistant_turns(prompt: str) -> int:
             break
     for opening, answer in TEMPLATE_HEADERS:
         if prompt.startswith(opening, at):
-            return prompt.count(answer)
-    return -1
+            low = max(0, len(prompt) - TURN_TAIL)
+            whole = low == 0
+            found, i = [], prompt.find(answer, low)
+            while i >= 0:  # every occurrence in the tail, left to right (they cannot overlap)
+                found.append(i)
+                i = prompt.find(answer, i + len(answer))
+            if not found:
+                return [-1, -2] if whole else [-2, -2]
+            before = found[-2] if len(found) > 1 else (-1 if whole else -2)
+            return [found[-1], before]
+    return [-2, -2]
 
 
 def owned_arcs(points: list[tuple[int, str]]) -> dict[str, int]:
@@ -750,19 +765,24 @@ CHATML_TURNS = (
     "<|im_start|>user\nand the refund?<|im_end|>\n<|im_start|>assistant\n"
 )
 TEMPLATE_CASES: list[str] = [
-    CHATML_TURNS,  # one answer and the generation prompt: 2
-    CHATML_TURNS[: CHATML_TURNS.rindex("<|im_start|>assistant")],  # no generation prompt: 1
+    CHATML_TURNS,  # one answer and the generation prompt
+    CHATML_TURNS[: CHATML_TURNS.rindex("<|im_start|>assistant")],  # no generation prompt
     "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nRules.<|eot_id|>"
     "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
     "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"
     "<|start_header_id|>user<|end_header_id|>\n\nMore<|eot_id|>"
-    "<|start_header_id|>assistant<|end_header_id|>\n\n",  # Llama 3: 2
+    "<|start_header_id|>assistant<|end_header_id|>\n\n",  # Llama 3
     "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
-    "<start_of_turn>user\nMore<end_of_turn>\n<start_of_turn>model\n",  # Gemma: 2
-    "<s>[INST] Rules. Hi [/INST] Hello</s>[INST] More [/INST]",  # Mistral: 2
+    "<start_of_turn>user\nMore<end_of_turn>\n<start_of_turn>model\n",  # Gemma
+    "<s>[INST] Rules. Hi [/INST] Hello</s>[INST] More [/INST]",  # Mistral
     "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n<|user|>\nMore<|end|>\n<|assistant|>\n",
     "  \n<|im_start|>user\nquoting <|start_header_id|>assistant<|end_header_id|><|im_end|>\n",
-    "Rules of the store. <|im_start|>assistant\n",  # not a rendered conversation: -1
+    "<|im_start|>system\nRules.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n",  # no answer yet
+    "Rules of the store. <|im_start|>assistant\n",  # not a rendered conversation
+    # an answer longer than the tail: the header before it is not looked for
+    CHATML_TURNS.replace("It left on Monday.", "Monday. " * 1050),
+    # no header in the tail of a long prompt: nothing known
+    "<|im_start|>user\n" + "question " * 950,
     "",
 ]
 
@@ -813,8 +833,8 @@ def organic_vectors() -> dict[str, Any]:
             {"messages": [list(m) for m in case], "keys": [str(k) for k in message_keys(case, 32)]}
             for case in MESSAGE_CASES
         ],
-        "assistant_turns": [
-            {"prompt": prompt, "turns": assistant_turns(prompt)} for prompt in TEMPLATE_CASES
+        "turn_marks": [
+            {"prompt": prompt, "marks": turn_marks(prompt)} for prompt in TEMPLATE_CASES
         ],
     }
 

@@ -11,7 +11,7 @@ from sidecar.prefixes import PrefixStore
 from sidecar.routing import organic
 from sidecar.routing.anchors import AnchorTable
 from sidecar.routing.router import Router
-from sidecar.routing.session_follow import SessionFollow
+from sidecar.routing.session_follow import NO_MARK, SessionFollow
 
 from .conftest import MakeRouter, pods, serving_pool
 from .test_organic import Traffic, render
@@ -19,17 +19,18 @@ from .test_organic import Traffic, render
 
 def test_only_the_very_next_request_is_recalled_and_the_map_is_bounded() -> None:
     follow = SessionFollow(capacity=3)
-    follow.remember(1, "http://a", 0)
-    assert follow.recall(1, 1) == "http://a"  # one answer more: the next request
-    assert follow.recall(1, 2) is None  # two more: another sidecar sent one between
-    assert follow.recall(1, 0) is None  # the same request again (a retry): not a turn
-    assert follow.recall(2, 1) is None  # never seen
+    follow.remember(1, "http://a", 0)  # a chat with no answer yet leaves 0
+    assert follow.recall(1, 0) == "http://a"  # names 0 (one answer): the next request
+    assert follow.recall(1, 1) is None  # names 1 (two answers): another sidecar sent one
+    assert follow.recall(1, -1) is None  # the same request again (a retry): not a turn
+    assert follow.recall(2, 0) is None  # never seen
+    assert follow.recall(1, NO_MARK) is None  # names nothing: never followed
     follow.remember(1, "http://b", 1)
-    assert follow.recall(1, 2) == "http://b"
+    assert follow.recall(1, 1) == "http://b"
     for session in (2, 3, 4):  # the least recently sent falls out first
         follow.remember(session, "http://c", 0)
-    assert len(follow) == 3 and follow.recall(1, 2) is None
-    assert follow.recall(4, 1) == "http://c"
+    assert len(follow) == 3 and follow.recall(1, 1) is None
+    assert follow.recall(4, 0) == "http://c"
     with pytest.raises(ValueError, match="capacity is 0"):
         SessionFollow(0)
 
@@ -44,7 +45,7 @@ def _moved_start(
         router.for_chat(traffic.one_shot(0))
     turns = traffic.session(0, 4)
     keys = router.for_chat(turns[0])
-    assert keys.start and keys.answers == 0
+    assert keys.start and (keys.mark, keys.after) == (0, -1)
     home = router.homes(ring, keys._replace(start=False))
     for _ in range(6):
         router.sent(ring, ring.members[home])
@@ -59,7 +60,7 @@ def test_a_chats_next_request_follows_a_moved_start_and_others_go_home() -> None
     router = organic.OrganicRouter(AnchorTable())
     turns, start, home = _moved_start(router, ring, Traffic(5, 1))
     second = router.for_chat(turns[1])
-    assert second.answers == 1 and not second.start
+    assert (second.mark, second.after) == (1, 0) and not second.start
     assert router.homes(ring, second) == start  # where its first exchange is cached
     router.sent(ring, ring.members[start], second)
     # Turn 4 arrives, turn 3 went through another sidecar: two answers more than this one
@@ -86,12 +87,14 @@ def test_off_and_gone_and_raw_prompts_keep_the_sessions_pod() -> None:
     second = router.for_chat(turns[1])
     expected = smaller.session_home(second.family, 1, second.session)
     assert router.homes(smaller, second) == expected
-    # A raw prompt's turns are counted by its caller (Router.for_prompt, by its chat
+    # A raw prompt's marks are read by its caller (Router.for_prompt, by its chat
     # template): given none, nothing is remembered and nothing followed.
     raw = router.for_prompt(render(turns[1]).encode())
-    assert raw is not None and raw.answers == -1
+    assert raw is not None and raw.mark == raw.after == NO_MARK
+    assert router.follow is not None
+    remembered = len(router.follow)
     router.sent(ring, ring.members[0], raw)
-    assert router.follow is not None and router.follow.recall(raw.session, 0) is None
+    assert len(router.follow) == remembered
 
 
 def _plain(messages: list[tuple[str, str]]) -> str:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sidecar.prefixes import PrefixStore
+from sidecar.routing.chat_templates import NOT_FOLLOWED
 from sidecar.server.openai_body import FrontError, FrontRequest, parse_request
 
 
@@ -54,25 +55,28 @@ def test_a_chats_answers_are_counted_over_all_its_messages() -> None:
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": str(i)} for i in range(61)]
     parsed = parse_request(body(messages=[*turns, "not an object"]), chat=True)
     assert len(parsed.messages) == 33 and parsed.answers == 30
-    assert parse_request(body(prompt="p"), chat=False).answers is None  # the router counts
+    assert parse_request(body(prompt="p"), chat=False).marks is None  # the router reads them
 
 
-def test_a_long_rendered_prompts_turns_are_counted_over_the_whole_body() -> None:
-    """The fast path reads only a long prompt's head (`window`): the assistant turns of its
-    chat template (9h) are counted where the prompt lies in the body, all of it."""
+def test_a_long_rendered_prompts_turns_are_read_in_the_body() -> None:
+    """The fast path decodes only a long prompt's head (`window`): the marks of its chat
+    template (9h) are read where the prompt lies in the body, at its end."""
     turns = "".join(
         f'<|im_start|>user\nq{i} "quoted"<|im_end|>\n<|im_start|>assistant\n{"a" * 900}<|im_end|>\n'
         for i in range(40)
     )
     prompt = "<|im_start|>system\nrules<|im_end|>\n" + turns + "<|im_start|>assistant\n"
-    parsed = parse_request(body(prompt=prompt), chat=False, store=PrefixStore(), window=4096)
+    raw = body(prompt=prompt)
+    parsed = parse_request(raw, chat=False, store=PrefixStore(), window=4096)
     assert parsed.matched and len(parsed.route_text) < len(prompt)
-    assert parsed.answers == 41  # 40 answers and the generation prompt
+    start = raw.index(b'"prompt": "') + len(b'"prompt": "')
+    header = b"<|im_start|>assistant"
+    assert parsed.marks == (raw.rindex(header) - start, raw.rindex(header, 0, -40) - start)
     plain = parse_request(body(prompt="x" * 50_000), chat=False, store=PrefixStore())
-    assert plain.matched and plain.answers == -1  # no template: nothing to follow
-    # a router that follows no conversation: not counted
-    unfollowed = parse_request(body(prompt=prompt), chat=False, store=PrefixStore(), turns=False)
-    assert unfollowed.matched and unfollowed.answers == -1
+    assert plain.matched and plain.marks == NOT_FOLLOWED  # no template: nothing to follow
+    # a router that follows no conversation: not read
+    unfollowed = parse_request(raw, chat=False, store=PrefixStore(), turns=False)
+    assert unfollowed.matched and unfollowed.marks == NOT_FOLLOWED
 
 
 def test_unknown_fields_and_odd_numbers_are_left_alone() -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from sidecar import _core
 from sidecar.routing.anchors import AnchorTable
-from sidecar.routing.chat_templates import assistant_turns
+from sidecar.routing.chat_templates import turn_marks
 from sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from sidecar.tools.bench.argtypes import non_negative, positive
 from sidecar.tools.bench.organic_oracle import oracle
@@ -70,7 +70,7 @@ def organic_keys(router: OrganicRouter, request: OrganicRequest, chat: bool) -> 
     if chat:
         return router.for_chat(list(request.messages))
     head = request.prompt[:HEAD_BYTES].encode("utf-8")[:HEAD_BYTES]
-    keys = router.for_prompt(head, assistant_turns(request.prompt))  # as Router.for_prompt
+    keys = router.for_prompt(head, turn_marks(request.prompt))  # as Router.for_prompt
     assert keys is not None, "the trace's prompts are longer than one block"
     return keys
 
