@@ -161,7 +161,6 @@ class OrganicRouter:
         counted in `messages`)."""
         if answers is None:
             answers = sum(1 for role, _ in messages if role == "assistant")
-        # a chat leaves its assistant messages; its previous request had one fewer
         chain = message_keys(messages, LEARN_MESSAGES + 1)
         if not chain:
             return OrganicKeys(0, 0, self.table.count(0), -1)
@@ -175,6 +174,7 @@ class OrganicRouter:
         # A start: the chat ends with the message after its anchor (its first question).
         start = anchor >= 0 and len(messages) == anchor + 2
         head = sum(len(content) for _, content in messages[: anchor + 1]) if start else 0
+        # a chat leaves its assistant messages; its previous request had one fewer (9h)
         return OrganicKeys(
             chain[0], session, table.count(chain[0]), anchor, start, head, answers, answers - 1
         )
@@ -253,7 +253,7 @@ class OrganicRouter:
 
     def sent(self, ring: _core.HashTable, backend: str, keys: OrganicKeys | None = None) -> None:
         """Count an organic request sent to `backend` (what starts are balanced on), and
-        remember where a chat went (`keys`: its keys), for its next request (9h)."""
+        remember where a conversation went (`keys`: its keys), for its next request (9h)."""
         if self.balancer is not None:
             self.balancer.sent(ring, backend)
         follow = self.follow

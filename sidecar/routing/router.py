@@ -120,7 +120,7 @@ class Router:
     @property
     def follows_conversations(self) -> bool:
         """Whether organic routing follows conversations (9h): a prompt's chat-template
-        turns are worth counting."""
+        headers are worth reading."""
         return self.organic is not None and self.organic.follow is not None
 
     def _watch_and_place(self) -> None:

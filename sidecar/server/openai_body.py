@@ -140,7 +140,7 @@ def parse_request(
         return request  # the route text is elsewhere in the body, and was read whole
     if prefix is None and chat:
         return _read(_loads(raw), chat)  # an unregistered chat routes on its messages
-    if prefix is not None:  # a registered prefix: no organic routing, nothing to count
+    if prefix is not None:  # a registered prefix: no organic routing, nothing to read
         return FrontRequest(request.model, "", request.stream, matched=True, prefix=prefix)
     head = _decoded_head(raw, start, end, window)
     # read in the body, undecoded; not at all when the router would not look

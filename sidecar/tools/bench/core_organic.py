@@ -120,7 +120,7 @@ def _followed_us(router: Router, pairs: list[tuple[Chat, Chat]]) -> list[float]:
 
 def _followed_raw_us(router: Router, pairs: list[tuple[Chat, Chat]]) -> list[float]:
     """The same conversations rendered in ChatML and sent as raw prompts: followed by their
-    template's assistant turns, counted over all 32 KB."""
+    template's last two assistant headers (9h), read at the prompt's end."""
     rendered = [(_chatml(before), _chatml(after)) for before, after in pairs]
     return _timed_us(
         lambda pair: router.for_prompt(pair[1]), rendered, before=lambda p: router.for_prompt(p[0])
@@ -192,7 +192,7 @@ def render_organic(organic: dict[str, Any]) -> list[str]:
             "   organic_chat: a 32 KB chat's next turn, Router.for_chat, its previous turn sent "
             "by the same router: session follow recalls it;\n"
             "   organic_raw_followed: the same chats rendered in ChatML, Router.for_prompt: "
-            "their template's turns counted over the prompt, then recalled)"
+            "their template's last two assistant headers read, then recalled)"
         )
     lines.append(
         f"  anchor table: {organic['anchor_table_entries']:,} entries (bound "
