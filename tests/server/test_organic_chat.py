@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,67 +131,53 @@ async def test_grpc_complete_follows_a_chatml_conversation(tmp_path: Path) -> No
     assert any(len(set(pods)) > 1 for pods in unfollowed.values()), unfollowed
 
 
-async def test_http_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_path: Path) -> None:
+async def _http_sessions(
+    tmp_path: Path, path: str, body_of: Callable[[list[tuple[str, str]], int], dict[str, Any]]
+) -> dict[int, set[str]]:
+    """Each session's pods through a real sidecar's HTTP front (`path`), read from the
+    front's backend header; `body_of(messages, turn)`: the request's body fields."""
     port = free_port()
     async with six_pods() as pods:
         config = sidecar_config(tmp_path, pods, openai_listen=f"127.0.0.1:{port}")
         async with running_sidecar(config), aiohttp.ClientSession() as http:
 
-            async def chat(messages: list[tuple[str, str]], parts: bool = False) -> str:
-                def content(text: str) -> Any:
-                    half = len(text) // 2  # as text parts, it routes as the same text
-                    return [{"type": "text", "text": t} for t in (text[:half], text[half:])]
-
-                body = {
-                    "model": "Qwen2.5-72B-Instruct",
-                    "max_tokens": 1,
-                    "messages": [
-                        {"role": r, "content": content(c) if parts else c} for r, c in messages
-                    ],
-                }
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                async with http.post(url, json=body) as reply:
+            async def send(messages: list[tuple[str, str]], turn: int) -> str:
+                body = {"model": "Qwen2.5-72B-Instruct", "max_tokens": 1, **body_of(messages, turn)}
+                async with http.post(f"http://127.0.0.1:{port}{path}", json=body) as reply:
                     assert reply.status == 200, await reply.text()
                     await reply.read()
                     return reply.headers[BACKEND_HEADER]
 
             rng = random.Random(3)
             for _ in range(50):
-                await chat([("system", SYSTEM), ("user", prose(rng, 80))])
+                await send([("system", SYSTEM), ("user", prose(rng, 80))], 0)
             where: dict[int, set[str]] = {i: set() for i in range(SESSIONS)}
             flows = sessions(4)
             for turn in range(TURNS):
                 for i, flow in enumerate(flows):
-                    where[i].add(await chat(flow[turn], parts=turn % 2 == 1))
-    _check(where)
+                    where[i].add(await send(flow[turn], turn))
+    return where
+
+
+async def test_http_chat_keeps_a_session_on_one_pod_and_spreads_a_tenant(tmp_path: Path) -> None:
+    def content(text: str) -> Any:
+        half = len(text) // 2  # as text parts, it routes as the same text
+        return [{"type": "text", "text": t} for t in (text[:half], text[half:])]
+
+    def body_of(messages: list[tuple[str, str]], turn: int) -> dict[str, Any]:
+        parts = turn % 2 == 1
+        return {
+            "messages": [{"role": r, "content": content(c) if parts else c} for r, c in messages]
+        }
+
+    _check(await _http_sessions(tmp_path, "/v1/chat/completions", body_of))
 
 
 async def test_http_completions_follow_a_chatml_conversation(tmp_path: Path) -> None:
-    """/v1/completions with the conversation rendered by the caller: the front counts the
-    template's turns over the whole body (its fast path reads only the prompt's head)."""
-    port = free_port()
-    async with six_pods() as pods:
-        config = sidecar_config(tmp_path, pods, openai_listen=f"127.0.0.1:{port}")
-        async with running_sidecar(config), aiohttp.ClientSession() as http:
-
-            async def complete(messages: list[tuple[str, str]]) -> str:
-                body = {
-                    "model": "Qwen2.5-72B-Instruct",
-                    "max_tokens": 1,
-                    "prompt": _chatml(messages),
-                }
-                url = f"http://127.0.0.1:{port}/v1/completions"
-                async with http.post(url, json=body) as reply:
-                    assert reply.status == 200, await reply.text()
-                    await reply.read()
-                    return reply.headers[BACKEND_HEADER]
-
-            rng = random.Random(3)
-            for _ in range(50):
-                await complete([("system", SYSTEM), ("user", prose(rng, 80))])
-            where: dict[int, set[str]] = {i: set() for i in range(SESSIONS)}
-            flows = sessions(4)
-            for turn in range(TURNS):
-                for i, flow in enumerate(flows):
-                    where[i].add(await complete(flow[turn]))
+    """/v1/completions with the conversation rendered by the caller: the front reads the
+    template's last assistant headers where the prompt lies in the body (its fast path
+    decodes only the prompt's head)."""
+    where = await _http_sessions(
+        tmp_path, "/v1/completions", lambda messages, _: {"prompt": _chatml(messages)}
+    )
     _check(where)
