@@ -298,7 +298,8 @@ class Config:
     # the original key of the first route_window_bytes bytes (a chat's first message).
     unregistered_routing: str = setting(
         "organic",
-        "organic (learnt anchors, chat structure) or window (key of the first bytes)",
+        "organic (learnt anchors, chat structure) or window (key of the first bytes); the "
+        "key-less baseline policies (round_robin, random, least_loaded) compute no organic keys",
         check=one_of(UNREGISTERED_ROUTING),
     )
     route_window_bytes: int = setting(
@@ -333,11 +334,13 @@ class Config:
     organic_balance_starts: bool = setting(
         True, "organic routing: send flow starts to the least-loaded pod of the home set"
     )
-    # A chat's next request goes where this sidecar sent its previous one when no other
-    # sidecar sent one in between (docs/organic-routing.md, contract 9h); off: to its
+    # A conversation's next request goes where this sidecar sent its previous one when no
+    # other sidecar sent one in between (docs/organic-routing.md, contract 9h); off: to its
     # session's pod, as every sidecar computes it.
     organic_follow_sessions: bool = setting(
-        True, "organic routing: send a chat's next request where its previous one went"
+        True,
+        "organic routing: send a conversation's next request (a chat, or a raw prompt in a "
+        "known chat template: contract 9h) where its previous one went",
     )
     organic_table_blocks: int = setting(
         32768,

@@ -30,7 +30,7 @@ from sidecar.tools.bench.organic_radix import (
     CacheAwareRouter,
     shared_length,
 )
-from sidecar.tools.bench.organic_replay import against_report, replay
+from sidecar.tools.bench.organic_replay import POLICIES, against_report, replay
 from sidecar.tools.bench.organic_replay import ring_of as replay_ring
 from sidecar.tools.bench.organic_report import (
     _organic_decision_lines,
@@ -575,16 +575,19 @@ def test_quick_run_with_flows_pinned(tmp_path: Path) -> None:
         assert sum(run["organic_decisions"].values()) == report["trace"]["requests"]
 
 
-def test_replay_with_flows_pinned_follows_every_chat_turn() -> None:
+@pytest.mark.parametrize("chat", [True, False])
+def test_replay_with_flows_pinned_follows_every_turn(chat: bool) -> None:
     """--pin-flows: a flow's requests through one router, so session follow (contract 9h)
-    keeps each chat turn where the previous one went (no turn moved); spread at random over
-    two routers, some are not followed and move; raw prompts are never followed."""
+    keeps each turn where the previous one went (no turn moved) - a chat's, and a raw
+    prompt's in its chat template (the trace's raw prompts are ChatML); spread at random
+    over two routers, some are not followed and move; with follow off, pinned turns move."""
     trace = build_trace(TraceParams(seed=4, duration_s=16.0, tenants=6, templates=3))
     ring = replay_ring(4, 1)
-    pinned = replay(trace, ring, 2, chat=True, pin_flows=True)
-    spread = replay(trace, ring, 2, chat=True)
+    pinned = replay(trace, ring, 2, chat=chat, pin_flows=True)
+    spread = replay(trace, ring, 2, chat=chat)
     assert pinned.moved == 0.0 < spread.moved
-    assert replay(trace, ring, 2, chat=False, pin_flows=True).moved > 0.0
+    unfollowed = replay(trace, ring, 2, chat=chat, pin_flows=True, factory=POLICIES["unfollowed"])
+    assert unfollowed.moved > 0.0
 
 
 def test_replay_measures_after_a_warm_up() -> None:
