@@ -262,9 +262,9 @@ class OrganicRouter:
 
     def _followed(self, ring: _core.HashTable, keys: OrganicKeys) -> int | None:
         """The member this sidecar sent the conversation's previous request to, if it did."""
-        if self.follow is None or keys.after == NO_MARK:
+        if self.follow is None:
             return None
-        backend = self.follow.recall(keys.session, keys.after)
+        backend = self.follow.recall(keys.session, keys.after)  # None for NO_MARK
         if backend is None:
             return None
         if ring is not self._ring:
