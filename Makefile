@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 # the built wheel in its cache, so later runs on the same machine skip the build.
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
-SOURCES := pyproject.toml setup.py csrc/_core_c.pyx csrc/murmur3.h $(wildcard proto/*/*/*.proto)
+SOURCES := pyproject.toml tools/pyproject.toml setup.py csrc/_core_c.pyx csrc/murmur3.h $(wildcard proto/*/*/*.proto)
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
@@ -21,19 +21,19 @@ $(VENV)/bin/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(DEMO_STAMP): $(SOURCES) | $(VENV)/bin/python
-	$(BIN)/python -m pip install -q -e '.[tools]'
+	$(BIN)/python -m pip install -q -e '.[tools]' -e ./tools
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(SOURCES) | $(VENV)/bin/python
-	$(BIN)/python -m pip install -q -e '.[test,tools,real]'
+	$(BIN)/python -m pip install -q -e '.[test,tools,real]' -e './tools[real]'
 	touch $(STAMP) $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(BIN)/prefix-sidecar demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check sidecar tests setup.py
-	$(BIN)/ruff format --check sidecar tests setup.py
+	$(BIN)/ruff check prefix_sidecar tools tests setup.py
+	$(BIN)/ruff format --check prefix_sidecar tools tests setup.py
 	$(BIN)/mypy
 
 # The whole suite with the extension, then again on the pure-Python twin.
@@ -52,4 +52,4 @@ image:
 	deploy/build-image.sh
 
 clean:
-	rm -rf build dist *.egg-info sidecar/v1 sidecar/*.so .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist *.egg-info prefix_sidecar/v1 prefix_sidecar/*.so .pytest_cache .mypy_cache .ruff_cache

@@ -1,9 +1,9 @@
-"""Build: cythonize csrc/*.pyx into sidecar._core_c and generate the gRPC modules from proto/.
+"""Build: cythonize csrc/*.pyx into prefix_sidecar._core_c, generate the gRPC modules from proto/.
 
 SIDECAR_NO_EXTENSIONS=1 skips the extension (the pure-Python twin is used). The proto modules
 are generated into the source tree (git-ignored) before build_py, so that both wheels and
-editable installs carry them. SIDECAR_RUNTIME_ONLY=1 leaves the tooling (sidecar/tools) out:
-the container image's wheel holds only what `serve` and the client verbs run.
+editable installs carry them. The wheel holds the runtime only: the tooling is its own
+distribution (tools/, prefix-sidecar-tools), which the `tools` extra installs.
 """
 
 import os
@@ -18,7 +18,7 @@ ROOT = Path(__file__).parent.resolve()
 
 
 class GenerateProto(Command):
-    description = "generate sidecar/v1/*_pb2*.py(i) from proto/ with grpcio-tools"
+    description = "generate prefix_sidecar/v1/*_pb2*.py(i) from proto/ with grpcio-tools"
     user_options: ClassVar[list[tuple[str, str, str]]] = []
 
     def initialize_options(self) -> None:
@@ -69,23 +69,21 @@ def extensions() -> list:
     from Cython.Build import cythonize
 
     core = Extension(
-        "sidecar._core_c", ["csrc/_core_c.pyx"], include_dirs=["csrc"], extra_compile_args=["-O3"]
+        "prefix_sidecar._core_c",
+        ["csrc/_core_c.pyx"],
+        include_dirs=["csrc"],
+        extra_compile_args=["-O3"],
     )
     return cythonize([core], language_level=3, build_dir="build/cython")
 
 
-# Package discovery runs inside setup(), before build_py: sidecar/v1 must exist by then, or a
-# wheel built from a clean tree (Docker, sdist) ships without the gRPC modules.
+# Package discovery runs inside setup(), before build_py: prefix_sidecar/v1 must exist by then,
+# or a wheel built from a clean tree (Docker, sdist) ships without the gRPC modules.
 GenerateProto(Distribution()).run()
 
 
-def packages() -> list[str]:
-    tooling = ["sidecar.tools", "sidecar.tools.*"] if os.environ.get("SIDECAR_RUNTIME_ONLY") else []
-    return find_packages(include=["sidecar", "sidecar.*"], exclude=tooling)
-
-
 setup(
-    packages=packages(),
+    packages=find_packages(include=["prefix_sidecar", "prefix_sidecar.*"]),
     ext_modules=extensions(),
     cmdclass={
         "generate_proto": GenerateProto,

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Routing contract v1, compiled: the fast twin of sidecar/_core_py.py.
+"""Routing contract v1, compiled: the fast twin of prefix_sidecar/_core_py.py.
 
 Same API and results to the bit (docs/routing-contract.md, tests/core/). The ring is built once
 per membership change, Envoy ring_hash style: points are hashed and sorted in C, then a bucket
@@ -20,7 +20,7 @@ from libc.string cimport memcpy, memset
 import array
 import hashlib
 
-from sidecar._core_py import (
+from prefix_sidecar._core_py import (
     BRANCH_FALLBACK,
     BRANCH_HOME,
     BRANCH_SPILL,

@@ -1,4 +1,4 @@
-"""The one config table (sidecar/fields.py): Config and the emulator's pod model are declared
+"""The one config table (prefix_sidecar/fields.py): Config and the emulator's pod model are declared
 with it, and the flags, env vars, checks, component defaults and docs all follow it."""
 
 from __future__ import annotations
@@ -11,9 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefix_sidecar_tools.emulator.config import (
+    EmulatorConfig,
+    Faults,
+    add_config_arguments,
+    config_from_args,
+    config_to_argv,
+)
 
-from sidecar import _core_py, fields
-from sidecar.config import (
+from prefix_sidecar import _core_py, fields
+from prefix_sidecar.config import (
     DEFAULTS,
     FIELDS,
     Config,
@@ -23,19 +30,12 @@ from sidecar.config import (
     build_config,
     from_args,
 )
-from sidecar.membership.health import HealthMonitor
-from sidecar.membership.pool import BackendPool
-from sidecar.membership.sources import MAX_WEIGHT, DnsSource, FileSource, Member
-from sidecar.metrics import Metrics
-from sidecar.prefixes import PrefixStore
-from sidecar.prewarm import Prewarmer
-from sidecar.tools.emulator.config import (
-    EmulatorConfig,
-    Faults,
-    add_config_arguments,
-    config_from_args,
-    config_to_argv,
-)
+from prefix_sidecar.membership.health import HealthMonitor
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.membership.sources import MAX_WEIGHT, DnsSource, FileSource, Member
+from prefix_sidecar.metrics import Metrics
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.prewarm import Prewarmer
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 

@@ -1,11 +1,11 @@
-"""The one host:port parser (sidecar/hostport.py), and the parsers that now use it."""
+"""The one host:port parser (prefix_sidecar/hostport.py), and the parsers that now use it."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.hostport import split_host_port
-from sidecar.membership.sources import parse_dns_target
+from prefix_sidecar.hostport import split_host_port
+from prefix_sidecar.membership.sources import parse_dns_target
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Log lines as text or as one JSON object per line (sidecar/logs.py)."""
+"""Log lines as text or as one JSON object per line (prefix_sidecar/logs.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sidecar.logs import FIELDS_ATTR, TEXT_FORMAT, JsonFormatter, log_fields
+from prefix_sidecar.logs import FIELDS_ATTR, TEXT_FORMAT, JsonFormatter, log_fields
 
 
 def record(**extra: object) -> logging.LogRecord:

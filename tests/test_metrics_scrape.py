@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from sidecar.metrics import Metrics, start_metrics_server
+from prefix_sidecar.metrics import Metrics, start_metrics_server
 
 PODS = 100
 NAMES = 1024

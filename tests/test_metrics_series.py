@@ -1,9 +1,9 @@
-"""The metrics' label sweeps (sidecar/metrics.py): series of pods that left and of names no
+"""The metrics' label sweeps (prefix_sidecar/metrics.py): series of pods that left and of names no
 longer registered go (issue 11 item 9)."""
 
 from __future__ import annotations
 
-from sidecar.metrics import FRONT_GRPC, FRONT_HTTP, Metrics
+from prefix_sidecar.metrics import FRONT_GRPC, FRONT_HTTP, Metrics
 
 # --- Metrics: series of pods that left, names no longer registered --------------------------
 

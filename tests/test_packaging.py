@@ -21,8 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-from sidecar.tools.harness import free_port
+from prefix_sidecar_tools.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # What only the tooling extras bring. Not h2: dnspython imports httpx for DNS-over-HTTPS when
@@ -55,7 +54,7 @@ def test_no_runtime_module_imports_the_tooling_in_its_source() -> None:
                 imported = [alias.name for alias in node.names]
             else:
                 continue
-            offenders += [f"{name}: {m}" for m in imported if m.startswith("sidecar.tools")]
+            offenders += [f"{name}: {m}" for m in imported if m.startswith("prefix_sidecar_tools")]
     assert not offenders
 
 
@@ -71,7 +70,7 @@ def test_importing_the_whole_runtime_loads_no_tooling() -> None:
     )
     assert done.returncode == 0, done.stderr
     loaded = set(eval(done.stdout))  # a JSON list of strings is a Python literal
-    assert not {m for m in loaded if m.startswith("sidecar.tools")}
+    assert not {m for m in loaded if m.startswith("prefix_sidecar_tools")}
     assert not loaded & set(TOOLING_ONLY)
 
 
@@ -108,7 +107,10 @@ def test_the_declared_minimum_versions_are_enough(tmp_path: Path) -> None:
     ).stdout.split()  # fmt: skip
     pinned = dict(pin.split("==") for pin in declared_minimums())
     assert versions == [pinned["grpcio"], pinned["protobuf"]]
-    stubs = "from sidecar.v1 import router_pb2, router_pb2_grpc; import sidecar.server.app"
+    stubs = (
+        "from prefix_sidecar.v1 import router_pb2, router_pb2_grpc; "
+        "import prefix_sidecar.server.app"
+    )
     done = subprocess.run(
         [python, "-c", stubs], capture_output=True, text=True, env=run_env, cwd=tmp_path
     )

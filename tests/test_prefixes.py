@@ -1,11 +1,11 @@
-"""The prefix store (sidecar/prefixes.py): one text under several names, names bounded like
+"""The prefix store (prefix_sidecar/prefixes.py): one text under several names, names bounded like
 prefixes (issue 11 item 11)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.prefixes import PrefixLimitExceeded, PrefixStore
+from prefix_sidecar.prefixes import PrefixLimitExceeded, PrefixStore
 
 # --- PrefixStore: one text, several names ---------------------------------------------------
 

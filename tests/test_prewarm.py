@@ -1,4 +1,4 @@
-"""The prewarmer (sidecar/prewarm.py): per-pod slots, free during a backoff, jittered retries
+"""The prewarmer (prefix_sidecar/prewarm.py): per-pod slots, free during a backoff, jittered retries
 (issue 11 item 12). Pods are small aiohttp servers on 127.0.0.1."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from sidecar.prefixes import PrefixStore
-from sidecar.prewarm import RETRYING, WARMED, Prewarmer
-from sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.prewarm import RETRYING, WARMED, Prewarmer
+from prefix_sidecar.upstream.client import UpstreamClient
 
 # --- Prewarmer: per-pod slots, released during backoff, jitter ------------------------------
 

@@ -26,7 +26,7 @@
 #include <sstream>
 #include <string>
 
-#include "sidecar/v1/router.grpc.pb.h"
+#include "prefix_sidecar/v1/router.grpc.pb.h"
 
 namespace {
 

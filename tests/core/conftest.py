@@ -1,6 +1,6 @@
 """Fixtures for the routing-core tests: every test runs against both twins, multidict style.
 
-The "c" case imports `sidecar._core_c` directly, so a failed build fails loudly instead of
+The "c" case imports `prefix_sidecar._core_c` directly, so a failed build fails loudly instead of
 silently testing the pure-Python twin twice; it is skipped only when SIDECAR_NO_EXTENSIONS is
 set (the CI run that tests the twin alone).
 """
@@ -27,8 +27,8 @@ def core(request: pytest.FixtureRequest) -> ModuleType:
     if request.param == "c":
         if NO_EXTENSIONS:
             pytest.skip("SIDECAR_NO_EXTENSIONS is set: the extension is not under test")
-        return importlib.import_module("sidecar._core_c")
-    return importlib.import_module("sidecar._core_py")
+        return importlib.import_module("prefix_sidecar._core_c")
+    return importlib.import_module("prefix_sidecar._core_py")
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +36,9 @@ def twins() -> tuple[ModuleType, ModuleType]:
     """(extension, twin) for tests that compare the two."""
     if NO_EXTENSIONS:
         pytest.skip("SIDECAR_NO_EXTENSIONS is set: there is no extension to compare")
-    return importlib.import_module("sidecar._core_c"), importlib.import_module("sidecar._core_py")
+    return importlib.import_module("prefix_sidecar._core_c"), importlib.import_module(
+        "prefix_sidecar._core_py"
+    )
 
 
 @pytest.fixture(scope="session")

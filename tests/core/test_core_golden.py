@@ -178,8 +178,8 @@ def test_picks_among_given_homes(core: ModuleType, golden: dict[str, Any]) -> No
 
 
 def test_placements(core: ModuleType, golden: dict[str, Any]) -> None:
-    """sidecar/routing/placement.py (over either twin's ring) against the reference."""
-    from sidecar.routing.placement import Placed, place
+    """prefix_sidecar/routing/placement.py (over either twin's ring) against the reference."""
+    from prefix_sidecar.routing.placement import Placed, place
 
     rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
     for case in golden["placements"]:

@@ -244,7 +244,7 @@ def test_tie_break_on_colliding_points_is_by_code_point(
     U+FFFF sorts before U+1F600 by code point (and by UTF-8 bytes), but after it by UTF-16
     code unit - the mistake a Java or JavaScript client would make.
     """
-    import sidecar._core_py as twin
+    import prefix_sidecar._core_py as twin
 
     members = ["pod-😀", "pod-b", "pod-\uffff", "pod-a", "pod-Z", "pod-é"]
     monkeypatch.setattr(twin, "mmh3", _CollidingMmh3)

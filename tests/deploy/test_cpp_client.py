@@ -72,10 +72,11 @@ def cpp_client() -> Path:
 @contextlib.asynccontextmanager
 async def sidecar_with_pods(socket_path: Path) -> AsyncIterator[tuple[str, list[str]]]:
     """PODS emulated pods + one in-process sidecar on `socket_path`; yields (target, urls)."""
-    from sidecar.config import build_config
-    from sidecar.server.app import Sidecar
-    from sidecar.tools.emulator import EmulatorConfig, run_emulator
-    from sidecar.v1 import router_pb2, router_pb2_grpc
+    from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
+
+    from prefix_sidecar.config import build_config
+    from prefix_sidecar.server.app import Sidecar
+    from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
     async with contextlib.AsyncExitStack() as stack:
         pod_config = EmulatorConfig(time_scale=20)
@@ -116,7 +117,7 @@ async def run_cpp(client: Path, target: str, *extra: str) -> list[dict[str, Any]
 
 async def python_cli_route(target: str) -> dict[str, Any]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.cli", "route", "--socket", target,
+        sys.executable, "-m", "prefix_sidecar.cli", "route", "--socket", target,
         "--prefix-name", "compliance-rules", "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
@@ -134,7 +135,7 @@ def one(lines: list[dict[str, Any]], rpc: str, field: str) -> dict[str, Any]:
 
 
 async def test_cpp_client_agrees_with_the_python_clients(cpp_client: Path, tmp_path: Path) -> None:
-    from sidecar.v1 import router_pb2, router_pb2_grpc
+    from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
     async with sidecar_with_pods(tmp_path / "sidecar.sock") as (target, urls):
         first = await run_cpp(cpp_client, target)

@@ -18,8 +18,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from prefix_sidecar_tools import inject
 
-from sidecar import cli, inject
+from prefix_sidecar import cli
 
 from .conftest import ROOT
 
@@ -131,8 +132,8 @@ def test_socket_dir_is_a_volume_and_metrics_serve_the_probes_on_the_exposed_port
 @pytest.mark.timeout(60)
 async def test_the_healthcheck_command_passes_on_livez_and_fails_without_it() -> None:
     """The HEALTHCHECK's command, run as the container runs it, against the real endpoints."""
-    from sidecar.metrics import Metrics, start_metrics_server
-    from sidecar.server.probes import Readiness, probe_routes
+    from prefix_sidecar.metrics import Metrics, start_metrics_server
+    from prefix_sidecar.server.common.probes import Readiness, probe_routes
 
     def free_port() -> int:
         with socket.socket() as sock:
@@ -209,10 +210,12 @@ def build_context(destination: Path) -> list[str]:
 
 def test_ignore_file_sends_sources_only(tmp_path: Path) -> None:
     copied = build_context(tmp_path)
-    assert {"pyproject.toml", "setup.py", "csrc/_core_c.pyx", "sidecar/cli.py"} <= set(copied)
-    assert "proto/sidecar/v1/router.proto" in copied
-    leaked = [p for p in copied if p.endswith((".so", ".pyc")) or p.startswith(("sidecar/v1/",
-              "build/", "tests/", "examples/", "docs/", "deploy/"))]  # fmt: skip
+    assert {"pyproject.toml", "setup.py", "csrc/_core_c.pyx", "prefix_sidecar/cli.py"} <= set(
+        copied
+    )
+    assert "proto/prefix_sidecar/v1/router.proto" in copied
+    skipped = ("prefix_sidecar/v1/", "build/", "tests/", "examples/", "docs/", "deploy/")
+    leaked = [p for p in copied if p.endswith((".so", ".pyc")) or p.startswith(skipped)]
     assert leaked == []
 
 
@@ -232,14 +235,17 @@ def test_builder_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = wheels.glob("prefix_sidecar-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert any(re.fullmatch(r"sidecar/_core_c\..*\.so", n) for n in names), "no Cython core"
+    assert any(re.fullmatch(r"prefix_sidecar/_core_c\..*\.so", n) for n in names), "no Cython core"
     for module in (
-        "sidecar/v1/router_pb2.py",
-        "sidecar/v1/router_pb2_grpc.py",
-        "sidecar/cli.py",
-        "sidecar/inject.py",
-        "sidecar/server/app.py",
+        "prefix_sidecar/v1/router_pb2.py",
+        "prefix_sidecar/v1/router_pb2_grpc.py",
+        "prefix_sidecar/cli.py",
+        "prefix_sidecar_tools/inject.py",
+        "prefix_sidecar/server/app.py",
     ):
         assert module in names, f"the wheel lacks {module}: the image could not serve"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "prefix-sidecar = sidecar.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert (
+        "prefix-sidecar = prefix_sidecar.cli:main"
+        in zipfile.ZipFile(wheel).read(entry_points).decode()
+    )

@@ -38,9 +38,8 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-
-from sidecar import inject
-from sidecar.tools.harness import free_port
+from prefix_sidecar_tools import inject
+from prefix_sidecar_tools.harness import free_port
 
 from .conftest import K8S_DIR, ROOT, load_all
 from .test_dockerfile import env_of, instructions, only, stages
@@ -176,7 +175,7 @@ def built_image() -> Built:
 def pods() -> Iterator[list[str]]:
     """Three emulated vLLM pods on 127.0.0.1, in their own process."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "sidecar.cli", "emulate", "--pods", "3", "--base-port", "0",
+        [sys.executable, "-m", "prefix_sidecar.cli", "emulate", "--pods", "3", "--base-port", "0",
          "--model", MODEL],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
@@ -276,7 +275,7 @@ def container(
 
 
 def wait_serving(router: Any, pods: list[str], timeout: float = 30) -> None:
-    from sidecar.v1 import router_pb2
+    from prefix_sidecar.v1 import router_pb2
 
     deadline = time.monotonic() + timeout
     while True:
@@ -290,7 +289,7 @@ def wait_serving(router: Any, pods: list[str], timeout: float = 30) -> None:
 
 @pytest.fixture(scope="module")
 def router(container: Running, pods: list[str]) -> Iterator[Any]:
-    from sidecar.v1 import router_pb2_grpc
+    from prefix_sidecar.v1 import router_pb2_grpc
 
     with grpc.insecure_channel(f"unix://{container.socket}") as channel:
         stub = router_pb2_grpc.RouterStub(channel)
@@ -306,7 +305,7 @@ def image_test(test: Any) -> Any:
 @image_test
 def test_health_is_serving_and_the_healthcheck_passes(container: Running, router: Any) -> None:
     health = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "health", "--socket", str(container.socket)],
+        [sys.executable, "-m", "prefix_sidecar.cli", "health", "--socket", str(container.socket)],
         capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert health.returncode == 0 and "SERVING" in health.stdout, health
@@ -328,11 +327,11 @@ def test_health_is_serving_and_the_healthcheck_passes(container: Running, router
 
 @image_test
 def test_the_runtime_image_has_no_tooling(container: Running) -> None:
-    """SIDECAR_RUNTIME_ONLY leaves sidecar/tools out: a tooling verb names the extra."""
+    """SIDECAR_RUNTIME_ONLY leaves prefix_sidecar_tools out: a tooling verb names the extra."""
     demo = podman("exec", container.name, "prefix-sidecar", "demo", check=False)
     assert demo.returncode == 2, demo
     assert "pip install 'prefix-sidecar[tools]'" in demo.stderr, demo.stderr
-    where = "import pathlib, sidecar; print(pathlib.Path(sidecar.__file__).parent)"
+    where = "import pathlib, sidecar; print(pathlib.Path(prefix_sidecar.__file__).parent)"
     package = podman("exec", container.name, "python3", "-c", where).stdout.strip()
     assert package.startswith("/opt/venv/"), package
     listed = podman("exec", container.name, "ls", package).stdout.split()
@@ -351,7 +350,7 @@ def test_the_socket_belongs_to_the_image_user_with_mode_0660(container: Running)
 
 @image_test
 def test_a_complete_streams_from_a_host_pod(router: Any, pods: list[str]) -> None:
-    from sidecar.v1 import router_pb2
+    from prefix_sidecar.v1 import router_pb2
 
     request = router_pb2.CompleteRequest(
         prefix_name="compliance-rules", input="Is 'lowest price ever' allowed?", max_tokens=12
@@ -370,11 +369,11 @@ def test_a_complete_streams_from_a_host_pod(router: Any, pods: list[str]) -> Non
 def test_routes_agree_with_a_sidecar_on_the_host_with_the_same_config(
     container: Running, router: Any, pods: list[str]
 ) -> None:
-    from sidecar.v1 import router_pb2, router_pb2_grpc
+    from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
     host_socket = container.config_dir.parent / f"host-{os.getpid()}.sock"
     host = subprocess.Popen(
-        [sys.executable, "-m", "sidecar.cli", "serve", "--config", inject.CONFIG_FILE,
+        [sys.executable, "-m", "prefix_sidecar.cli", "serve", "--config", inject.CONFIG_FILE,
          "--listen", f"unix://{host_socket}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=container.config_dir,
@@ -412,7 +411,7 @@ def test_routes_agree_with_a_sidecar_on_the_host_with_the_same_config(
 def test_sigterm_during_a_stream_drains_it_and_the_container_exits_0(
     container: Running, router: Any
 ) -> None:
-    from sidecar.v1 import router_pb2, router_pb2_grpc
+    from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
     request = router_pb2.CompleteRequest(
         prefix_name="live-stream-script", input="A script for a 499 yuan jacket.",

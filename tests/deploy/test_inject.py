@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from sidecar import inject
+from prefix_sidecar_tools import inject
 
 from .conftest import ROOT, validate_k8s
 
@@ -24,7 +23,7 @@ SOCKET_TARGET = "unix:///var/run/prefix-sidecar/sidecar.sock"
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "inject", *args],
+        [sys.executable, "-m", "prefix_sidecar.cli", "inject", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -374,7 +373,7 @@ def test_openai_port_starts_the_front_and_sets_the_base_url_of_apps_that_opt_in(
 def test_openai_args_parse_with_the_real_serve_parser(
     with_openai: inject.InjectResult, tmp_path: Path
 ) -> None:
-    from sidecar import cli, config
+    from prefix_sidecar import cli, config
 
     from .conftest import K8S_DIR, load_all
 

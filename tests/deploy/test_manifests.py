@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from sidecar import inject
+from prefix_sidecar_tools import inject
 
 from .conftest import K8S_DIR, load_all, validate_k8s
 
@@ -131,8 +130,8 @@ def test_caller_is_exactly_what_inject_produces() -> None:
 
 
 def test_probes_and_socket_agree_with_the_config(tmp_path: Path) -> None:
-    from sidecar import cli, config
-    from sidecar.server import probes
+    from prefix_sidecar import cli, config
+    from prefix_sidecar.server.common import probes
 
     caller = _objects()[("Deployment", "merchant-assistant")]
     sidecar = next(c for c in _pod_spec(caller)["containers"] if c["name"] == inject.SIDECAR_NAME)
@@ -166,7 +165,7 @@ def test_prefix_files_are_in_the_config_map() -> None:
 
 
 def test_sidecar_config_loads_with_the_sidecars_loader() -> None:
-    from sidecar import config as sidecar_config  # the lead's loader: the real judge
+    from prefix_sidecar import config as sidecar_config  # the lead's loader: the real judge
 
     loaded = sidecar_config.build_config(_sidecar_config(), env={}, overrides={})
     assert loaded.backends_dns.startswith("vllm-headless.")

@@ -29,8 +29,7 @@ import pytest
 import yaml
 from dnslib import AAAA, QTYPE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
-
-from sidecar import inject
+from prefix_sidecar_tools import inject
 
 from .conftest import K8S_DIR, ROOT, load_all
 
@@ -102,7 +101,7 @@ def in_sandbox(value: str, config_dir: Path, socket_dir: Path) -> str:
 
 def prefix_sidecar(*args: str) -> list[str]:
     """The image's `prefix-sidecar` executable, from this checkout."""
-    return [sys.executable, "-m", "sidecar.cli", *args]
+    return [sys.executable, "-m", "prefix_sidecar.cli", *args]
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -119,8 +118,9 @@ def http_get(url: str) -> tuple[int, str]:
 async def test_the_caller_pod_starts_discovers_prewarms_serves_and_drains(
     tmp_path: Path, dns_port: int
 ) -> None:
-    from sidecar.tools.emulator import EmulatorConfig, run_emulator
-    from sidecar.v1 import router_pb2, router_pb2_grpc
+    from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
+
+    from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
     sidecar, data = caller_objects()
     config_dir, socket_dir = tmp_path / "etc", tmp_path / "run"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.membership import (
+from prefix_sidecar.membership import (
     CombinedSource,
     DnsSource,
     FileSource,
@@ -47,7 +47,7 @@ def test_static_source_rejects_empty_and_duplicates() -> None:
 async def test_union_of_static_file_and_dns(
     tmp_path: Path, dns_server: DnsFixture, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="sidecar.membership.sources")
+    caplog.set_level(logging.ERROR, logger="prefix_sidecar.membership.sources")
     backends_file = tmp_path / "backends.yaml"
     backends_file.write_text("- {url: 10.0.0.1:8000, weight: 5}\n- 10.0.0.2:8000\n")
     dns_server.resolver.set(NAME, ["10.0.0.2", "10.0.0.3"])

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from sidecar.membership import DnsSource, Member, MembershipError
+from prefix_sidecar.membership import DnsSource, Member, MembershipError
 
 from .conftest import DnsFixture
 from .test_file_source import Updates
@@ -72,7 +72,7 @@ def test_bad_nameserver_is_rejected() -> None:
 async def test_watch_follows_changes_and_keeps_last_good(
     dns_server: DnsFixture, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="sidecar.membership.sources")
+    caplog.set_level(logging.ERROR, logger="prefix_sidecar.membership.sources")
     dns_server.resolver.set(NAME, ["10.0.0.1", "10.0.0.2"])
     updates = Updates()
     task = asyncio.create_task(source_for(dns_server, interval_s=POLL_S).watch(updates))

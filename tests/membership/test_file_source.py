@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.membership import FileSource, Member, MembershipError
+from prefix_sidecar.membership import FileSource, Member, MembershipError
 
 POLL_S = 0.05
 
@@ -101,7 +101,7 @@ async def test_watch_follows_configmap_symlink_swap(tmp_path: Path, watching: Wa
 async def test_garbage_empty_and_missing_keep_last_good(
     tmp_path: Path, watching: Watching, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="sidecar.membership.sources")
+    caplog.set_level(logging.ERROR, logger="prefix_sidecar.membership.sources")
     path = tmp_path / "backends.yaml"
     path.write_text("- 10.0.0.1:8000\n")
     updates = watching(FileSource(path, interval_s=POLL_S))

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import ClientSession, web
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
-from sidecar.membership.load_signals import (
+from prefix_sidecar.membership.load_signals import (
     MAX_HEADER_CHARS,
     LoadRule,
     LoadSignals,
@@ -26,9 +27,8 @@ from sidecar.membership.load_signals import (
     parse_load_header,
     parse_metrics,
 )
-from sidecar.membership.pool import BackendPool
-from sidecar.membership.sources import Member
-from sidecar.tools.emulator import EmulatorConfig, run_emulator
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.membership.sources import Member
 
 VLLM_TEXT = "TEXT named_metrics.kv_cache_usage_perc=0.42, named_metrics.num_requests_waiting=3.0"
 VLLM_JSON = 'JSON {"named_metrics": {"kv_cache_usage_perc": 0.42, "num_requests_waiting": 3.0}}'

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from sidecar.membership.pool import (
+from prefix_sidecar.membership.pool import (
     EJECTED,
     MAX_FLEET_SCALE,
     MAX_REPORTED_LOAD,
@@ -18,7 +18,7 @@ from sidecar.membership.pool import (
     BackendPool,
     RoutingTable,
 )
-from sidecar.membership.sources import Member
+from prefix_sidecar.membership.sources import Member
 
 URLS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.membership import sources
-from sidecar.membership.sources import (
+from prefix_sidecar.membership import sources
+from prefix_sidecar.membership.sources import (
     DnsSource,
     FileSource,
     MembershipError,

@@ -20,11 +20,11 @@ from typing import Any
 import grpc
 import pytest
 from aiohttp import web
+from prefix_sidecar_tools.fuzz import Fuzzer, FuzzTarget
 
-from sidecar.config import Config, build_config
-from sidecar.server.app import Sidecar
-from sidecar.tools.fuzz import Fuzzer, FuzzTarget
-from sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar.config import Config, build_config
+from prefix_sidecar.server.app import Sidecar
+from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ pytest.importorskip("hpack", reason="prefix-sidecar attack needs h2: pip install
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("attack") / "report.json"
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "attack", "--short", "--json", str(out)],
+        [sys.executable, "-m", "prefix_sidecar.cli", "attack", "--short", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=150,
@@ -68,7 +68,7 @@ def test_rapid_reset_memory_stays_within_baseline_plus_200mb_and_comes_back(
     assert row["attack"]["streams"] >= 60_000, row["attack"]
     assert row["checks"]["rss_peak_within_budget"], row["rss_mb"]
     assert row["checks"]["rss_after_within_budget"], row["rss_mb"]
-    # freed memory is trimmed back to the OS (sidecar/server/memory.py)
+    # freed memory is trimmed back to the OS (prefix_sidecar/server/common/memory.py)
     assert row["checks"]["rss_comes_back"], row["rss_mb"]
     assert row["checks"]["fds_back"], row["fds"]
 

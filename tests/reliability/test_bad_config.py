@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import cli
+from prefix_sidecar import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -163,7 +163,7 @@ def test_a_good_group_passes_validation(capsys: pytest.CaptureFixture[str]) -> N
 
 def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "serve", *args],
+        [sys.executable, "-m", "prefix_sidecar.cli", "serve", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -3,7 +3,7 @@ docs/RELIABILITY.md documents for its input class, with a message; nothing hangs
 and the sidecar still answers a good request every 250 cases and after each RPC's run.
 
 The generators, the target (an emulator pod and a sidecar, real processes) and the checks
-live in sidecar/tools/fuzz.py and are shared with `prefix-sidecar fuzz --cases N`.
+live in prefix_sidecar_tools/fuzz.py and are shared with `prefix-sidecar fuzz --cases N`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sidecar.tools.fuzz import RPCS, Fuzzer, over_max_message, split
+from prefix_sidecar_tools.fuzz import RPCS, Fuzzer, over_max_message, split
 
 CI_CASES = 10_000
 PLAN = split(CI_CASES)
@@ -87,7 +86,7 @@ def test_fuzz_never_logged_prompt_text(fuzzer: Fuzzer) -> None:
 def run_fuzz_command(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "fuzz", *args],
+        [sys.executable, "-m", "prefix_sidecar.cli", "fuzz", *args],
         capture_output=True,
         text=True,
         timeout=120,

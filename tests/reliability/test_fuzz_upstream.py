@@ -19,9 +19,9 @@ import grpc
 import pytest
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator, set_faults
 
-from sidecar.tools.emulator import EmulatorConfig, run_emulator, set_faults
-from sidecar.v1 import router_pb2
+from prefix_sidecar.v1 import router_pb2
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod

@@ -22,13 +22,13 @@ import aiohttp
 import grpc
 import pytest
 from aiohttp import web
+from prefix_sidecar_tools.bench import fastpod
+from prefix_sidecar_tools.harness import SidecarProcess
+from prefix_sidecar_tools.percentile import percentile
 
-from sidecar.membership.health import HealthMonitor, MemberStatus
-from sidecar.tools.bench import fastpod
-from sidecar.tools.harness import SidecarProcess
-from sidecar.tools.percentile import percentile
-from sidecar.upstream.client import UpstreamClient, UpstreamError
-from sidecar.v1 import router_pb2
+from prefix_sidecar.membership.health import HealthMonitor, MemberStatus
+from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError
+from prefix_sidecar.v1 import router_pb2
 from tests.reliability.helpers_b import short_tmpdir
 
 StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
@@ -135,8 +135,8 @@ async def test_a_redirecting_pod_fails_over_and_the_target_is_never_hit(
 
 
 async def test_prewarm_and_get_json_do_not_follow_redirects(fake_pod: StartPod) -> None:
-    from sidecar.prefixes import PrefixStore
-    from sidecar.prewarm import FAILED, Prewarmer
+    from prefix_sidecar.prefixes import PrefixStore
+    from prefix_sidecar.prewarm import FAILED, Prewarmer
 
     elsewhere = await fake_pod()
     pod = await fake_pod(redirect_to(elsewhere.url, 307))

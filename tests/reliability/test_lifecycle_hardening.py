@@ -30,16 +30,16 @@ from pathlib import Path
 import grpc
 import pytest
 from aiohttp import web
-
-from sidecar.tools.emulator import EmulatorFleet
-from sidecar.tools.harness import (
+from prefix_sidecar_tools.emulator import EmulatorFleet
+from prefix_sidecar_tools.harness import (
     SidecarProcess,
     child_env,
     free_port,
     python_command,
     spawn_blocking,
 )
-from sidecar.v1 import router_pb2_grpc
+
+from prefix_sidecar.v1 import router_pb2_grpc
 from tests.reliability.helpers_b import (
     FAULT_PODS,
     DnsServer,
@@ -133,8 +133,8 @@ async def test_overlapping_restart_keeps_the_new_sidecars_socket() -> None:
 
 def run_serve(args: list[str], umask: int | None = None) -> subprocess.Popen[str]:
     """A `serve` expected to fail or be inspected by hand: its output comes back as text."""
-    argv = python_command("-m", "sidecar.cli", "serve", *args)
-    if umask is not None:  # set by a shell, not a preexec_fn (see sidecar/tools/harness.py)
+    argv = python_command("-m", "prefix_sidecar.cli", "serve", *args)
+    if umask is not None:  # set by a shell, not a preexec_fn (see prefix_sidecar_tools/harness.py)
         argv = ["/bin/sh", "-c", f'umask {umask:03o} && exec "$@"', "sh", *argv]
     return spawn_blocking(
         argv, env=child_env(clean=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -412,7 +412,7 @@ def test_shutdown_deadline_ends_a_stuck_process() -> None:
     code = (
         "import logging, time\n"
         "logging.basicConfig()\n"
-        "from sidecar.server.app import _exit_deadline\n"
+        "from prefix_sidecar.server.app import _exit_deadline\n"
         "_exit_deadline(0.5)\n"
         "time.sleep(30)\n"
     )

@@ -9,8 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-
-from sidecar.tools.harness import free_port
+from prefix_sidecar_tools.harness import free_port
 
 StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]

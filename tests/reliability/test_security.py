@@ -22,10 +22,10 @@ from typing import Any
 import grpc
 import pytest
 from aiohttp import web
+from prefix_sidecar_tools.harness import free_port
 
-from sidecar.config import ConfigError, build_config
-from sidecar.tools.harness import free_port
-from sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar.config import ConfigError, build_config
+from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
@@ -70,7 +70,7 @@ def test_unknown_socket_group_is_a_clear_start_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'socket_group' names no group on this host"):
         build_config({"listen": f"unix://{tmp_path}/s.sock", "socket_group": "no-such-grp-42"})
     result = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "serve", "--listen", f"unix://{tmp_path}/s.sock",
+        [sys.executable, "-m", "prefix_sidecar.cli", "serve", "--listen", f"unix://{tmp_path}/s.sock",
          "--backend", "http://127.0.0.1:1", "--set", "socket_group=no-such-grp-42"],
         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
@@ -104,7 +104,7 @@ async def test_tcp_listener_is_off_by_default(fake_pod: StartPod, tmp_path: Path
     pod = await fake_pod()
     sock = tmp_path / "s.sock"
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.cli", "serve", "--listen", f"unix://{sock}",
+        sys.executable, "-m", "prefix_sidecar.cli", "serve", "--listen", f"unix://{sock}",
         "--backend", pod.url, env={**os.environ, "PYTHONPATH": str(REPO)},
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -242,7 +242,7 @@ async def test_api_key_not_in_serve_stderr_or_printed_config(
     pod = await fake_pod()
     sock = tmp_path / "s.sock"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFIX_SIDECAR_API_KEY": SECRET}
-    argv = [sys.executable, "-m", "sidecar.cli", "serve", "--listen", f"unix://{sock}",
+    argv = [sys.executable, "-m", "prefix_sidecar.cli", "serve", "--listen", f"unix://{sock}",
             "--backend", pod.url, "--set", "log_level=debug"]  # fmt: skip
     printed = subprocess.run([*argv, "--print-config"], capture_output=True, text=True, env=env,
                              timeout=60)  # fmt: skip

@@ -43,7 +43,7 @@ REPORT_KEYS = {
 def _soak(*args: str, timeout: float = 90) -> tuple[int, dict[str, Any], str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "bench", "soak", *args, "--json"],
+        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "soak", *args, "--json"],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -95,7 +95,17 @@ def test_soak_with_registered_prefixes() -> None:
 def test_soak_refuses_bad_arguments() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "bench", "soak", "--seconds", "5", "--warmup", "9"],
+        [
+            sys.executable,
+            "-m",
+            "prefix_sidecar.cli",
+            "bench",
+            "soak",
+            "--seconds",
+            "5",
+            "--warmup",
+            "9",
+        ],
         capture_output=True,
         text=True,
         timeout=30,

@@ -21,10 +21,10 @@ import aiohttp
 import grpc
 import pytest
 from aiohttp import web
+from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.tools.emulator import EmulatorConfig, EmulatorFleet
-from sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from tests.server.conftest import cli_sidecar, free_port, running_sidecar, sidecar_config
 
 StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod

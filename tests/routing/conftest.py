@@ -10,11 +10,11 @@ from types import ModuleType
 
 import pytest
 
-from sidecar.config import build_config
-from sidecar.membership.pool import BackendPool
-from sidecar.membership.sources import Member
-from sidecar.prefixes import PrefixStore
-from sidecar.routing.router import Router
+from prefix_sidecar.config import build_config
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.membership.sources import Member
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.routing.router import Router
 
 NO_EXTENSIONS = bool(os.environ.get("SIDECAR_NO_EXTENSIONS"))
 
@@ -26,8 +26,8 @@ def core(request: pytest.FixtureRequest) -> ModuleType:
     if request.param == "c":
         if NO_EXTENSIONS:
             pytest.skip("SIDECAR_NO_EXTENSIONS is set: the extension is not under test")
-        return importlib.import_module("sidecar._core_c")
-    return importlib.import_module("sidecar._core_py")
+        return importlib.import_module("prefix_sidecar._core_c")
+    return importlib.import_module("prefix_sidecar._core_py")
 
 
 def pods(count: int) -> list[str]:

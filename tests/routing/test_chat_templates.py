@@ -9,16 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
+from prefix_sidecar_tools.emulator.protocol import render_chat
 
-from sidecar.routing.chat_templates import (
+from prefix_sidecar.routing.chat_templates import (
     NOT_FOLLOWED,
     TAIL,
     TEMPLATES,
     turn_marks,
     turn_marks_escaped,
 )
-from sidecar.routing.session_follow import NO_MARK
-from sidecar.tools.emulator.protocol import render_chat
+from prefix_sidecar.routing.session_follow import NO_MARK
 
 GOLDEN = Path(__file__).resolve().parents[1] / "core" / "golden.json"
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import _core
-from sidecar.membership.pool import BackendPool
-from sidecar.prefixes import PrefixStore
-from sidecar.routing import organic
-from sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, MIN_FANOUT, AnchorTable
-from sidecar.routing.router import Router
+from prefix_sidecar import _core
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.routing import organic
+from prefix_sidecar.routing.anchors import BLOCK_BYTES, LEARN_BLOCKS, MIN_FANOUT, AnchorTable
+from prefix_sidecar.routing.router import Router
 
 from .conftest import MakeRouter, pods, serving_pool
 
@@ -272,7 +272,7 @@ def test_the_contracts_vectors_for_the_routing_side() -> None:
 
 
 def test_no_ring_is_no_backend(make_router: MakeRouter) -> None:
-    from sidecar.routing.router import NoBackendError
+    from prefix_sidecar.routing.router import NoBackendError
 
     router = make_router(BackendPool(), PrefixStore())
     with pytest.raises(NoBackendError):

@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 
-from sidecar import _core
-from sidecar.prefixes import PrefixStore
-from sidecar.routing import organic
-from sidecar.routing.anchors import BLOCK_BYTES, AnchorTable
-from sidecar.routing.start_balance import DECAY, StartBalancer
+from prefix_sidecar import _core
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.routing import organic
+from prefix_sidecar.routing.anchors import BLOCK_BYTES, AnchorTable
+from prefix_sidecar.routing.start_balance import DECAY, StartBalancer
 
 from .conftest import MakeRouter, pods, serving_pool
 from .test_organic import Traffic, prose, render, route

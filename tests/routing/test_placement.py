@@ -3,7 +3,7 @@ its independence of registration order, and that it only departs from the ring w
 ring would overfill a pod. The exact results are pinned by the golden vectors (tests/core).
 
 Then the sidecar's HomePlacer: built when the pool swaps its ring or a prefix is registered
-or unregistered, never by a request (a running sidecar: tests/server/test_placement.py).
+or unregistered, never by a request (a running sidecar: tests/server/grpc/test_placement.py).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar import _core
-from sidecar.membership.pool import BackendPool
-from sidecar.membership.sources import Member
-from sidecar.prefixes import PrefixStore
-from sidecar.routing.placement import HomePlacer, Placed, place
+from prefix_sidecar import _core
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.membership.sources import Member
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.routing.placement import HomePlacer, Placed, place
 
 from .conftest import MakeRouter, pods, serving_pool
 

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.config import ConfigError, build_config
-from sidecar.membership.pool import RoutingTable
-from sidecar.routing.consistent_hash import ConsistentHash
-from sidecar.routing.least_loaded import LeastLoaded
-from sidecar.routing.pick import Branch, Pick
-from sidecar.routing.policy import POLICIES, make_policy
-from sidecar.routing.prefix_affinity import PrefixAffinity
-from sidecar.routing.random_pick import RandomPick
-from sidecar.routing.round_robin import RoundRobin
+from prefix_sidecar.config import ConfigError, build_config
+from prefix_sidecar.routing.consistent_hash import ConsistentHash
+from prefix_sidecar.routing.least_loaded import LeastLoaded
+from prefix_sidecar.routing.pick import Branch, Pick
+from prefix_sidecar.routing.policy import POLICIES, make_policy
+from prefix_sidecar.routing.prefix_affinity import PrefixAffinity
+from prefix_sidecar.routing.random_pick import RandomPick
+from prefix_sidecar.routing.round_robin import RoundRobin
+from prefix_sidecar.routing.table import RoutingTable
 
 from .conftest import pods
 

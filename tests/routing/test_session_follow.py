@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar import _core
-from sidecar.prefixes import PrefixStore
-from sidecar.routing import organic
-from sidecar.routing.anchors import AnchorTable
-from sidecar.routing.router import Router
-from sidecar.routing.session_follow import NO_MARK, SessionFollow
+from prefix_sidecar import _core
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.routing import organic
+from prefix_sidecar.routing.anchors import AnchorTable
+from prefix_sidecar.routing.router import Router
+from prefix_sidecar.routing.session_follow import NO_MARK, SessionFollow
 
 from .conftest import MakeRouter, pods, serving_pool
 from .test_organic import Traffic, render

@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
+from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
 
-from sidecar import _core
-from sidecar.config import Config, build_config
-from sidecar.server.app import Sidecar
-from sidecar.tools.emulator import EmulatorConfig, get_stats, run_emulator
-from sidecar.tools.harness import SidecarProcess, child_env, free_port
-from sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar import _core
+from prefix_sidecar.config import Config, build_config
+from prefix_sidecar.server.app import Sidecar
+from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
 # Functional tests: 1000x faster than real time, every stage still modelled.
 FAST = EmulatorConfig(time_scale=1000.0)
@@ -137,7 +137,7 @@ def cli_env(**extra: str) -> dict[str, str]:
     return child_env(clean=True, **extra)
 
 
-CLI = [sys.executable, "-m", "sidecar.cli"]
+CLI = [sys.executable, "-m", "prefix_sidecar.cli"]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.server.app import Sidecar
+from prefix_sidecar.server.app import Sidecar
 
 from .conftest import free_port, running_sidecar, sidecar_config
 

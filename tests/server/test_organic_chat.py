@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prefix_sidecar_tools.emulator import run_emulator
+from prefix_sidecar_tools.emulator.protocol import render_chat
 
-from sidecar.server.openai_relay import BACKEND_HEADER
-from sidecar.tools.emulator import run_emulator
-from sidecar.tools.emulator.protocol import render_chat
-from sidecar.v1 import router_pb2
+from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
+from prefix_sidecar.v1 import router_pb2
 
 from .conftest import FAST, collect, free_port, requests_per_pod, running_sidecar, sidecar_config
 

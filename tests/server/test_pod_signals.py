@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
+from prefix_sidecar_tools.emulator.tokenizer import count_tokens
 
-from sidecar.server.app import Sidecar
-from sidecar.tools.emulator import EmulatorConfig, run_emulator
-from sidecar.tools.emulator.tokenizer import count_tokens
+from prefix_sidecar.server.app import Sidecar
 
 from .conftest import sidecar_config, wait_for
 
@@ -99,7 +99,7 @@ def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -
     and v - 1 would not (unless the floor decides): the others' caps grow least."""
     import random
 
-    from sidecar.membership.sources import Member
+    from prefix_sidecar.membership.sources import Member
 
     pods = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]
     sidecar = Sidecar(sidecar_config(tmp_path, pods, load_cap_floor=8))

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sidecar.tools.cost import CostParams, daily_cost
+from prefix_sidecar_tools.cost import CostParams, daily_cost
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +56,7 @@ def test_negative_param_rejected() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "cost", *args],
+        [sys.executable, "-m", "prefix_sidecar.cli", "cost", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_quick_report_is_well_formed(tmp_path: Path) -> None:
     report_path = tmp_path / "demo.json"
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "demo", "--quick", "--json", str(report_path)],
+        [sys.executable, "-m", "prefix_sidecar.cli", "demo", "--quick", "--json", str(report_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -47,7 +47,7 @@ def test_demo_quick_report_is_well_formed(tmp_path: Path) -> None:
 
 def test_demo_rejects_bad_flags() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "demo", "--kv-tokens", "1000"],
+        [sys.executable, "-m", "prefix_sidecar.cli", "demo", "--kv-tokens", "1000"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""The one harness that starts and stops child processes (sidecar/tools/harness.py): the
+"""The one harness that starts and stops child processes (prefix_sidecar_tools/harness.py): the
 orphan guard, SIGTERM-then-SIGKILL, the environment, and a sidecar's start and stop."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from sidecar.tools.harness import (
+from prefix_sidecar_tools.harness import (
     SidecarProcess,
     child_env,
     guarded,
@@ -56,7 +55,7 @@ def test_a_child_dies_with_the_harness() -> None:
     """A harness killed with SIGKILL cannot clean up: the kernel SIGTERMs its children."""
     harness = (
         "import sys\n"
-        "from sidecar.tools.harness import python_command, spawn_blocking\n"
+        "from prefix_sidecar_tools.harness import python_command, spawn_blocking\n"
         "child = spawn_blocking(python_command('-c', 'import time; time.sleep(60)'))\n"
         "print(child.pid, flush=True)\n"
         "sys.stdin.read()\n"

@@ -6,8 +6,7 @@ import math
 import random
 
 import pytest
-
-from sidecar.tools.percentile import percentile
+from prefix_sidecar_tools.percentile import percentile
 
 
 def test_nearest_rank_on_the_0_100_scale() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.upstream.body import SplicedBody, chat_body, completion_body, escape
+from prefix_sidecar.upstream.body import SplicedBody, chat_body, completion_body, escape
 
 # Every code point, lone surrogates aside (a request's text is valid UTF-8).
 TEXT = st.text(st.characters(exclude_categories=["Cs"]))

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from sidecar.upstream import client as client_module
-from sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream import client as client_module
+from prefix_sidecar.upstream.client import UpstreamClient
 
 EVENT = b"data: " + json.dumps({"choices": [{"text": "hi", "finish_reason": "stop"}]}).encode()
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from sidecar.upstream.lean_http import MAX_HEAD, LeanAnswer, LeanHTTP, PodHTTPError
+from prefix_sidecar.upstream.lean_http import MAX_HEAD, LeanAnswer, LeanHTTP, PodHTTPError
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 from aiohttp import web
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
-from sidecar.membership.load_signals import LoadSignals, PodReport
-from sidecar.tools.emulator import EmulatorConfig, run_emulator
-from sidecar.upstream.client import UpstreamClient
-from sidecar.upstream.lean_http import LeanAnswer, PodHTTPError
+from prefix_sidecar.membership.load_signals import LoadSignals, PodReport
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.lean_http import LeanAnswer, PodHTTPError
 
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2, "stream": True}).encode()
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from sidecar.upstream import sse
-from sidecar.upstream.sse import SSEDecoder, SSEProtocolError, usage_counts
+from prefix_sidecar.upstream import sse
+from prefix_sidecar.upstream.sse import SSEDecoder, SSEProtocolError, usage_counts
 
 
 def event(text: str = "", finish: str | None = None, usage: dict | None = None) -> bytes:

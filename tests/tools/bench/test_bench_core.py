@@ -30,7 +30,7 @@ SCALE = "10,100,400"  # the scaling part, kept small here: the default goes to 5
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "bench", "core", "--quick", *args],
+        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "core", "--quick", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sidecar.tools.bench.fleet import (
+from prefix_sidecar_tools.bench.fleet import (
     BASELINES,
     SIDECAR,
     evaluate_targets,
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _bench(*args: str, timeout: float = 80) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "bench", "fleet", *args],
+        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "fleet", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sidecar.tools.bench.hop import MODES, PATHS
+from prefix_sidecar_tools.bench.hop import MODES, PATHS
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -25,7 +24,7 @@ def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "sidecar.cli",
+            "prefix_sidecar.cli",
             "bench",
             "hop",
             "--quick",
@@ -70,7 +69,7 @@ def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
 )
 def test_bad_options_are_refused(option: str, value: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "bench", "hop", option, value],
+        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "hop", option, value],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -13,10 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-
-from sidecar import _core
-from sidecar.tools.bench.organic import policy_names, previous_turns, ttft_floor_ms
-from sidecar.tools.bench.organic_driver import (
+from prefix_sidecar_tools.bench.organic import policy_names, previous_turns, ttft_floor_ms
+from prefix_sidecar_tools.bench.organic_driver import (
     PATHS,
     TIMEOUT,
     Result,
@@ -24,22 +22,24 @@ from sidecar.tools.bench.organic_driver import (
     metric_samples,
     post_streamed,
 )
-from sidecar.tools.bench.organic_oracle import Ceiling, hit_rate, oracle
-from sidecar.tools.bench.organic_radix import (
+from prefix_sidecar_tools.bench.organic_oracle import Ceiling, hit_rate, oracle
+from prefix_sidecar_tools.bench.organic_radix import (
     ApproximateRadixTree,
     CacheAwareRouter,
     shared_length,
 )
-from sidecar.tools.bench.organic_replay import POLICIES, against_report, replay
-from sidecar.tools.bench.organic_replay import ring_of as replay_ring
-from sidecar.tools.bench.organic_report import (
+from prefix_sidecar_tools.bench.organic_replay import POLICIES, against_report, replay
+from prefix_sidecar_tools.bench.organic_replay import ring_of as replay_ring
+from prefix_sidecar_tools.bench.organic_report import (
     _organic_decision_lines,
     evaluate_targets,
     summarize,
 )
-from sidecar.tools.bench.organic_trace import CLASSES, TraceParams, build_trace, router_of
-from sidecar.tools.emulator import EmulatorConfig
-from sidecar.tools.emulator.app import run_emulator
+from prefix_sidecar_tools.bench.organic_trace import CLASSES, TraceParams, build_trace, router_of
+from prefix_sidecar_tools.emulator import EmulatorConfig
+from prefix_sidecar_tools.emulator.app import run_emulator
+
+from prefix_sidecar import _core
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 64  # bytes of one 16-token block at 4 bytes per token
@@ -406,7 +406,7 @@ def test_decision_histogram_percentiles_are_bucket_bounds() -> None:
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", "bench", "organic", *args],
+        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "organic", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -601,7 +601,13 @@ def test_replay_measures_after_a_warm_up() -> None:
     assert late != whole and late.max_over_mean >= 1.0
     assert 0.5 < late.fraction <= 1.0 + 1e-9
     done = subprocess.run(
-        [sys.executable, "-m", "sidecar.tools.bench.organic_replay", "--measure-after", "50"],
+        [
+            sys.executable,
+            "-m",
+            "prefix_sidecar_tools.bench.organic_replay",
+            "--measure-after",
+            "50",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

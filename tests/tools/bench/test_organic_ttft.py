@@ -1,4 +1,4 @@
-"""The TTFT queue model of bench organic's pods (sidecar/tools/bench/organic_ttft.py)."""
+"""The TTFT queue model of bench organic's pods (prefix_sidecar_tools/bench/organic_ttft.py)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from sidecar import _core
-from sidecar.tools.bench import organic_ttft as model
-from sidecar.tools.bench.organic_oracle import oracle
-from sidecar.tools.bench.organic_replay import ring_of
-from sidecar.tools.bench.organic_trace import (
+from prefix_sidecar_tools.bench import organic_ttft as model
+from prefix_sidecar_tools.bench.organic_oracle import oracle
+from prefix_sidecar_tools.bench.organic_replay import ring_of
+from prefix_sidecar_tools.bench.organic_trace import (
     Flow,
     OrganicRequest,
     OrganicTrace,
     TraceParams,
     build_trace,
 )
-from sidecar.tools.emulator.tokenizer import block_hashes, count_tokens
+from prefix_sidecar_tools.emulator.tokenizer import block_hashes, count_tokens
+
+from prefix_sidecar import _core
 
 # conftest.organic_report: a run -> (the report's path, its pods)
 WriteReport = Callable[[dict[str, Any]], tuple[str, list[str]]]
@@ -142,7 +142,7 @@ def test_against_a_report_models_its_runs_on_its_pods(organic_report: WriteRepor
 
 
 def test_the_command_prints_every_router_and_refuses_a_bad_path() -> None:
-    command = [sys.executable, "-m", "sidecar.tools.bench.organic_ttft"]
+    command = [sys.executable, "-m", "prefix_sidecar_tools.bench.organic_ttft"]
     small = ["--seeds", "1", "--rings", "1", "--sidecars", "1", "--duration", "12"]
     done = subprocess.run(
         [*command, *small, "--paths", "chat"],

@@ -8,8 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-
-from sidecar.tools.emulator import EmulatorConfig
+from prefix_sidecar_tools.emulator import EmulatorConfig
 
 # Fast by default: 1000x faster than real time, still with every stage modelled.
 FAST = EmulatorConfig(time_scale=1000.0)

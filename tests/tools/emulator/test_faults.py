@@ -8,8 +8,13 @@ import time
 
 import aiohttp
 import pytest
-
-from sidecar.tools.emulator import EmulatorConfig, get_stats, reset_cache, run_emulator, set_faults
+from prefix_sidecar_tools.emulator import (
+    EmulatorConfig,
+    get_stats,
+    reset_cache,
+    run_emulator,
+    set_faults,
+)
 
 from .conftest import FAST, parse_sse, post, prompt_of_tokens
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
-from sidecar.tools.emulator import EmulatorConfig, EmulatorFleet, Faults, get_stats
+from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, Faults, get_stats
 
 from .conftest import post, prompt_of_tokens
 
@@ -72,7 +71,7 @@ async def test_emulate_command_starts_and_stops_cleanly(session: aiohttp.ClientS
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "sidecar.cli",
+        "prefix_sidecar.cli",
         "emulate",
         "--pods",
         "2",
@@ -109,7 +108,7 @@ async def test_emulate_command_rejects_bad_flags() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "sidecar.cli",
+        "prefix_sidecar.cli",
         "emulate",
         "--pods",
         "2",
@@ -129,7 +128,7 @@ async def test_pods_exit_when_their_parent_is_killed(session: aiohttp.ClientSess
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "sidecar.cli",
+        "prefix_sidecar.cli",
         "emulate",
         "--pods",
         "1",

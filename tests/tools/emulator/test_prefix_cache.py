@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from sidecar.tools.emulator.prefix_cache import PrefixCache
-from sidecar.tools.emulator.tokenizer import block_hashes, count_tokens, token_ids
+from prefix_sidecar_tools.emulator.prefix_cache import PrefixCache
+from prefix_sidecar_tools.emulator.tokenizer import block_hashes, count_tokens, token_ids
 
 
 def test_count_is_one_token_per_started_4_bytes() -> None:

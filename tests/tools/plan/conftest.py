@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sidecar.cli", *args],
+        [sys.executable, "-m", "prefix_sidecar.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

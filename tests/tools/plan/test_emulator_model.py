@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from prefix_sidecar_tools.emulator import EmulatorConfig
+from prefix_sidecar_tools.plan.emulator_model import pod_from_emulator, pod_from_emulator_flags
+from prefix_sidecar_tools.plan.scenario import ScenarioError
 
-from sidecar.tools.emulator import EmulatorConfig
-from sidecar.tools.plan.emulator_model import pod_from_emulator, pod_from_emulator_flags
-from sidecar.tools.plan.scenario import ScenarioError
 from tests.tools.plan.conftest import run_cli
 
 

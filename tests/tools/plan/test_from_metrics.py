@@ -1,5 +1,5 @@
 """`--from-metrics URL`: a real aiohttp server on 127.0.0.1 serving the sidecar's own
-metrics text (sidecar.metrics.Metrics, fed usage as the relay feeds it)."""
+metrics text (prefix_sidecar.metrics.Metrics, fed usage as the relay feeds it)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
+from prefix_sidecar_tools.plan.from_metrics import MetricsError, fetch, hit_rates, parse
+from prefix_sidecar_tools.plan.scenario import Prefix, Scenario, Traffic
 
-from sidecar.metrics import Metrics
-from sidecar.tools.plan.from_metrics import MetricsError, fetch, hit_rates, parse
-from sidecar.tools.plan.scenario import Prefix, Scenario, Traffic
+from prefix_sidecar.metrics import Metrics
 from tests.tools.plan.conftest import run_cli
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from sidecar.tools.plan.queueing import (
+from prefix_sidecar_tools.plan.queueing import (
     PodQueue,
     ServiceMix,
     evaluate,

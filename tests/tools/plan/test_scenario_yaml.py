@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from prefix_sidecar_tools.plan.scenario import Scenario, ScenarioError, load_yaml, validate
 
-from sidecar.tools.plan.scenario import Scenario, ScenarioError, load_yaml, validate
 from tests.tools.plan.conftest import run_cli
 
 SCENARIO = """

@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from sidecar.tools.realengine.gguf_model import WORDS, ModelShape, build_vocab, main, write_model
-from sidecar.tools.realengine.pods import llama_cpp_available
+from prefix_sidecar_tools.realengine.gguf_model import (
+    WORDS,
+    ModelShape,
+    build_vocab,
+    main,
+    write_model,
+)
+from prefix_sidecar_tools.realengine.pods import llama_cpp_available
 
 gguf = pytest.importorskip("gguf", reason="the gguf package writes the model")
 

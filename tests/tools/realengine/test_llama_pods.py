@@ -11,10 +11,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
-from sidecar.tools.realengine.gguf_model import write_model
-from sidecar.tools.realengine.pods import LlamaFleet, llama_cpp_available, parse_prompt_evals
-from sidecar.tools.realengine.workload import (
+from prefix_sidecar_tools.realengine.gguf_model import write_model
+from prefix_sidecar_tools.realengine.pods import LlamaFleet, llama_cpp_available, parse_prompt_evals
+from prefix_sidecar_tools.realengine.workload import (
     affinity,
     build_requests,
     count_tokens,

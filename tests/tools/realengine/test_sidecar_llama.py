@@ -19,10 +19,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
-from sidecar.tools.realengine.gguf_model import write_model
-from sidecar.tools.realengine.pods import LlamaFleet, PromptEval, llama_cpp_available
-from sidecar.tools.realengine.workload import (
+from prefix_sidecar_tools.realengine.gguf_model import write_model
+from prefix_sidecar_tools.realengine.pods import LlamaFleet, PromptEval, llama_cpp_available
+from prefix_sidecar_tools.realengine.workload import (
     build_requests,
     evaluated_by_pod,
     round_robin,
@@ -61,7 +60,7 @@ def reuse(evals: dict[str, list[PromptEval]]) -> tuple[int, int, float]:
 @pytest.mark.timeout(90)
 @needs_llama
 async def test_sidecar_keeps_each_prefix_on_its_warm_pod(model_path: Path, tmp_path: Path) -> None:
-    from sidecar.tools.realengine.via_sidecar import (
+    from prefix_sidecar_tools.realengine.via_sidecar import (
         ViaSidecar,
         contract_homes,
         distinct_home_numbers,
@@ -147,8 +146,8 @@ async def test_sidecar_keeps_each_prefix_on_its_warm_pod(model_path: Path, tmp_p
 
 
 def test_distinct_home_numbers_follow_the_contract() -> None:
-    from sidecar.tools.realengine.via_sidecar import contract_homes, distinct_home_numbers
-    from sidecar.tools.realengine.workload import prefix_text
+    from prefix_sidecar_tools.realengine.via_sidecar import contract_homes, distinct_home_numbers
+    from prefix_sidecar_tools.realengine.workload import prefix_text
 
     urls = [f"http://127.0.0.1:{port}" for port in (40001, 40002, 40003, 40004)]
     numbers = distinct_home_numbers(urls, 4, words=50)

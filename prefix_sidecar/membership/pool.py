@@ -1,0 +1,343 @@
+"""The backend pool: membership + health + warmth -> the ring that routes requests.
+
+A pod is *serving* when it is healthy and warm; only serving pods are on the routing ring.
+Removing a pod's points from the ring sends exactly its keys to the next pod clockwise,
+which is what skipping it on the full ring would do, so every sidecar that sees the same
+pods serving still agrees (routing contract v1). A pod that joins or comes back is
+*warming* until the prefixes it is home for are prewarmed on it (warm before serve); it
+then joins the ring. When no pod is serving (a cold start), traffic goes to the pods that
+are not ejected: a cold answer beats no answer.
+
+The ring is built once per change and swapped by one reference (Envoy's pattern), so the
+request path never locks. Each pod's load is kept per pod and mirrored into the snapshot's
+`loads` array, which `Ring.pick` reads without copying, together with their running total,
+so a pick never sums the array (routing contract section 4: the total is the caller's
+invariant). A pod's load is its *effective* load, max(own in-flight, pod-reported load):
+the sidecar's own requests, or what the pod says it is running and queueing when that is
+more (other sidecars' traffic); an unknown or stale report counts as 0, i.e. own in-flight
+alone. Every change moves one entry and the total by the same delta: O(1). Whatever is
+derived from the ring (the budgeted home placement) is rebuilt by a watcher, right after
+the swap.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from prefix_sidecar import _core
+from prefix_sidecar.config import DEFAULTS
+from prefix_sidecar.membership.sources import Member
+from prefix_sidecar.routing.table import RoutingTable
+
+logger = logging.getLogger(__name__)
+
+# A pod's report is untrusted: clamp it so that no report can push the loads' total near the
+# int64 limit the core refuses (2**20 per pod x 2**24 pods at most is far below 2**63).
+MAX_REPORTED_LOAD = 1 << 20
+# The fleet view's K-estimate (how many sidecars' traffic a pod carries per request of
+# ours) is bounded, and taken only from readings that saw enough of our own requests.
+MAX_FLEET_SCALE = 4096.0
+# K = sum R / sum a from n = sum a of our requests is off by ~1/sqrt(n): 50 % at 4, 25 % at
+# 16. At 4, 8 sidecars spilled 3-6 tail prefixes to cold pods in the first seconds of a run
+# (bench fleet, 5 runs), at 16 1-2 (4 runs); until then own counts decide.
+MIN_SCALE_SAMPLE = 16  # own requests in flight on freshly read pods, summed
+SCALE_STEP = 0.1  # a new estimate within 10 % of the one in use changes nothing
+
+WARMING = "warming"
+SERVING = "serving"
+EJECTED = "ejected"
+
+
+@dataclass
+class FleetEstimate:
+    """The fleet view's K-estimate, one per pool, read by every Backend's load."""
+
+    scale: float = 1.0  # K: for a pod without a fresh reading, and our sends since one
+    # Readings are used once K is estimated: before, a read pod at everyone's count beside
+    # unread ones at ours, or readings a ramp-up has outrun, draw spills to cold pods.
+    ready: bool = True
+
+
+@dataclass
+class Backend:
+    url: str
+    weight: int = 1
+    healthy: bool | None = None  # None until the first health check decides
+    warm: bool = False
+    in_flight: int = 0  # this sidecar's own requests on the pod
+    # ... of which the pod was a choice: among two or more pods by their loads, a spill or a
+    # failover (the rest went to the only home the key has, whatever the loads said).
+    chosen: int = 0
+    reported_load: int | None = None  # the pod's own report (running + waiting); None: unknown
+    # The fleet view: own in-flight (and chosen) when the pod's reading was taken; our
+    # requests since then move the reported load (None: the report is taken as it is).
+    anchor: int | None = None
+    chosen_anchor: int = 0
+    fleet: FleetEstimate = field(default_factory=lambda: FleetEstimate())  # the pool's, shared
+    warm_prefixes: set[str] = field(default_factory=set)
+    last_error: str = ""
+
+    @property
+    def load(self) -> int:
+        """The effective load `pick` sees: max(own in-flight, reported or 0); in the fleet
+        view max(own, reported + (own - anchor) + (chosen - chosen_anchor) x (K - 1)), or
+        own x K while unread (K: the K-estimate)."""
+        reported = self.reported_load
+        own = self.in_flight
+        scale = self.fleet.scale
+        if reported is None:
+            return own if scale == 1.0 else math.ceil(own * scale)
+        if self.anchor is not None:
+            if not self.fleet.ready:
+                return own
+            # Our requests since the reading; and where the pod was a choice, as many per
+            # sidecar from the others (the K-estimate): every sidecar choosing on the same
+            # reading sees the pod it just filled as fuller. A key's only home takes the
+            # others' requests independently of ours: K-fold, ours would add their noise.
+            reported += own - self.anchor + round((self.chosen - self.chosen_anchor) * (scale - 1))
+        return own if reported < own else reported
+
+    @property
+    def state(self) -> str:
+        if self.healthy is False:
+            return EJECTED
+        if self.healthy and self.warm:
+            return SERVING
+        return WARMING
+
+
+class BackendPool:
+    """Owns every Backend and rebuilds the routing table when one changes state."""
+
+    def __init__(
+        self,
+        vnodes: int = DEFAULTS.vnodes,
+        hash_table: str = DEFAULTS.hash_table,
+        warm_before_serve: bool = DEFAULTS.warm_before_serve,
+        needs_warming: Callable[[], bool] = lambda: False,
+        on_warm_needed: Callable[[str], None] | None = None,
+        on_change: Callable[[RoutingTable], None] | None = None,
+    ) -> None:
+        """`on_change` is the first watcher (see `watch`)."""
+        self._vnodes = vnodes or _core.DEFAULT_VNODES
+        if hash_table not in _core.HASH_TABLES:
+            choices = ", ".join(_core.HASH_TABLES)
+            raise ValueError(f"unknown hash table {hash_table!r}; choose one of {choices}")
+        self._hash_table = hash_table
+        self._warm_before_serve = warm_before_serve
+        self._needs_warming = needs_warming
+        self._on_warm_needed = on_warm_needed
+        self._watchers = [on_change] if on_change is not None else []
+        self.backends: dict[str, Backend] = {}
+        self._generation = 0
+        self.table = RoutingTable(None, {}, array.array("q"), 0)
+        self._target_ring: _core.HashTable | None = None
+        self._fleet = FleetEstimate()
+        self._read_reported = 0  # the fleet view's sums over the read pods: reported loads
+        self._read_own = 0  # ... and own in-flight when they were read
+
+    def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
+        """Call `watcher` with every new routing table, right after it is swapped in (and the
+        target ring with it), in the order the watchers were added."""
+        self._watchers.append(watcher)
+
+    # --- inputs -------------------------------------------------------------------------
+
+    def set_members(self, members: Sequence[Member]) -> None:
+        """Adopt a new membership from the sources (already canonical and de-duplicated)."""
+        wanted = {m.url: m.weight for m in members}
+        for url in list(self.backends):
+            if url not in wanted:
+                logger.info("backend %s left the membership", url)
+                self._unread(self.backends.pop(url))
+        for url, weight in wanted.items():
+            backend = self.backends.get(url)
+            if backend is None:
+                logger.info("backend %s joined the membership (weight %d)", url, weight)
+                self.backends[url] = Backend(url, weight, fleet=self._fleet)
+            else:
+                backend.weight = weight
+        self._rebuild()
+        self._rescale()
+
+    def set_health(self, url: str, healthy: bool, reason: str | None = None) -> None:
+        """Health monitor callback: ejection, admission and re-admission."""
+        backend = self.backends.get(url)
+        if backend is None or backend.healthy == healthy:
+            return
+        backend.healthy = healthy
+        if not healthy:
+            backend.last_error = reason or "unhealthy"
+            backend.warm = False
+            backend.warm_prefixes.clear()
+            logger.warning("backend %s ejected: %s", url, backend.last_error)
+            self._rebuild()
+            return
+        logger.info("backend %s is healthy", url)
+        if self._warm_before_serve and self._on_warm_needed is not None and self._needs_warming():
+            backend.warm = False
+            self._rebuild()
+            self._on_warm_needed(url)
+        else:
+            backend.warm = True
+            self._rebuild()
+
+    def mark_warm(self, url: str, prefix_ids: Iterable[str] = ()) -> None:
+        """The prewarm of a warming pod finished: it joins the ring."""
+        backend = self.backends.get(url)
+        if backend is None:
+            return
+        backend.warm_prefixes.update(prefix_ids)
+        if not backend.warm and backend.healthy:
+            backend.warm = True
+            logger.info("backend %s is warm and serving", url)
+            self._rebuild()
+
+    def note_warm_prefix(self, url: str, prefix_id: str) -> None:
+        backend = self.backends.get(url)
+        if backend is not None:
+            backend.warm_prefixes.add(prefix_id)
+
+    def forget_prefix(self, prefix_id: str) -> None:
+        for backend in self.backends.values():
+            backend.warm_prefixes.discard(prefix_id)
+
+    # --- load accounting ----------------------------------------------------------------
+
+    def acquire(self, url: str, chosen: bool = True) -> None:
+        """One more of this sidecar's requests is in flight on `url`; `chosen` False when
+        `url` was the key's only home and took it under its cap (the fleet view counts the
+        other sidecars' requests for a choice, not for that)."""
+        backend = self.backends.get(url)
+        if backend is not None:
+            backend.in_flight += 1
+            backend.chosen += chosen
+            self._publish(backend)
+
+    def release(self, url: str, chosen: bool = True) -> None:
+        """One of this sidecar's requests on `url` ended (never below zero); `chosen` as
+        it was acquired."""
+        backend = self.backends.get(url)
+        if backend is not None and backend.in_flight > 0:
+            backend.in_flight -= 1
+            if chosen and backend.chosen > 0:
+                backend.chosen -= 1
+            self._publish(backend)
+
+    def report_load(self, url: str, load: int | None) -> None:
+        """What the pod reports it is running and queueing, from its response headers or its
+        /metrics; None when that is unknown or stale: its load falls back to own in-flight.
+
+        A pod that is not (or no longer) in the membership is ignored. Reports above
+        MAX_REPORTED_LOAD are clamped (untrusted input)."""
+        load = _checked_report(load)
+        backend = self.backends.get(url)
+        if backend is not None and backend.reported_load != load:
+            backend.reported_load = load
+            self._publish(backend)
+
+    def report_reading(self, url: str, load: int | None) -> None:
+        """The fleet view (docs/load-signals.md, rule 3): the pod's own running + waiting,
+        read just now, counts every sidecar's requests on it; ours since the reading move
+        it by as many. None: the reading is unknown or stale, and the pod counts as own
+        in-flight x the K-estimate, the ratio of the pods' reported loads to our own
+        requests on them, over the pods read, so that every pod's load is in the same
+        (fleet-wide) units. Bounded like report_load."""
+        backend = self.backends.get(url)
+        if backend is None:
+            return
+        self._unread(backend)
+        backend.reported_load = _checked_report(load)
+        if backend.reported_load is not None:
+            backend.anchor = backend.in_flight
+            backend.chosen_anchor = backend.chosen
+            self._read_reported += backend.reported_load
+            self._read_own += backend.anchor
+        self._publish(backend)
+        self._rescale()
+
+    def _unread(self, backend: Backend) -> None:
+        """Take a pod's reading out of the K-estimate's sums."""
+        if backend.anchor is not None and backend.reported_load is not None:
+            self._read_reported -= backend.reported_load
+            self._read_own -= backend.anchor
+        backend.anchor = None
+
+    def _rescale(self) -> None:
+        """Re-estimate K from the read pods' sums (O(1)); the unread pods follow when it
+        moved by more than SCALE_STEP (O(pods) then, not on a request's path)."""
+        scale = 1.0
+        estimated = self._read_own >= MIN_SCALE_SAMPLE
+        if estimated:
+            scale = min(max(self._read_reported / self._read_own, 1.0), MAX_FLEET_SCALE)
+        fleet = self._fleet
+        if estimated == fleet.ready and abs(scale - fleet.scale) <= SCALE_STEP * fleet.scale:
+            return
+        fleet.scale, fleet.ready = scale, estimated
+        for backend in self.backends.values():
+            self._publish(backend)
+
+    @property
+    def fleet_scale(self) -> float:
+        """The fleet view's K-estimate in use (1.0 without the fleet view)."""
+        return self._fleet.scale
+
+    def _publish(self, backend: Backend) -> None:
+        """Mirror the pod's effective load into the table, moving the total by the same
+        delta: O(1), and sum(loads) == total holds after every call."""
+        table = self.table
+        index = table.index.get(backend.url)
+        if index is not None:
+            load = backend.load
+            table.total += load - table.loads[index]
+            table.loads[index] = load
+
+    # --- outputs ------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def target_ring(self) -> _core.HashTable | None:
+        """The ring over every pod that is not ejected: where prefixes *will* live once
+        warming pods are warm. Prewarm targets come from here."""
+        return self._target_ring
+
+    def _rebuild(self) -> None:
+        serving = [b for b in self.backends.values() if b.state == SERVING]
+        alive = [b for b in self.backends.values() if b.state != EJECTED]
+        ring = self._ring(serving or alive)  # no pod serving (a cold start): the warming ones
+        # Serving pods are a subset of the alive ones: the same count is the same ring.
+        same = not serving or len(serving) == len(alive)
+        self._target_ring = ring if same else self._ring(alive)
+        index = {url: i for i, url in enumerate(ring.members)} if ring is not None else {}
+        loads = array.array("q", (self.backends[url].load for url in index))
+        self._generation += 1
+        self.table = RoutingTable(ring, index, loads, self._generation, sum(loads))
+        for watcher in self._watchers:
+            watcher(self.table)
+
+    def _ring(self, backends: Sequence[Backend]) -> _core.HashTable | None:
+        """The routing table over these pods: the ring, or the Maglev table (hash_table)."""
+        if not backends:
+            return None
+        ordered = sorted(backends, key=lambda b: b.url)
+        return _core.make_table(
+            self._hash_table, [b.url for b in ordered], [b.weight for b in ordered], self._vnodes
+        )
+
+
+def _checked_report(load: int | None) -> int | None:
+    """A pod's report, untrusted: an int >= 0 (TypeError, ValueError), clamped to
+    MAX_REPORTED_LOAD; None stays None (unknown)."""
+    if load is None:
+        return None
+    if isinstance(load, bool) or not isinstance(load, int):
+        raise TypeError(f"a reported load must be an int or None, got {type(load).__name__}")
+    if load < 0:
+        raise ValueError(f"a reported load must be >= 0, got {load}")
+    return min(load, MAX_REPORTED_LOAD)

@@ -1,0 +1,186 @@
+"""Prewarm: put a prefix's KV cache on its pods before traffic needs it.
+
+docs/mission.md pre-warms with fire-and-forget POSTs; here each (prefix, pod) pair is a
+`max_tokens=1` completion whose result is reported (one event per state change), retried
+with jittered exponential backoff, and bounded in concurrency so a warm-up of many prefixes
+does not itself become the peak that saturates the fleet.
+
+The bound is per pod (`concurrency` requests at once on each pod), and a slot is held only
+for one attempt, never through a backoff: a wedged pod (health OK, completions hang) then
+ties up only its own slots, and a healthy pod joining next to it warms in its own time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from prefix_sidecar.config import DEFAULTS
+from prefix_sidecar.prefixes import PrefixEntry
+from prefix_sidecar.upstream.body import completion_body
+from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError
+from prefix_sidecar.upstream.sse import usage_counts
+
+logger = logging.getLogger(__name__)
+
+STARTED = "STARTED"
+WARMED = "WARMED"
+FAILED = "FAILED"
+RETRYING = "RETRYING"
+
+
+@dataclass(frozen=True)
+class WarmEvent:
+    backend: str
+    prefix_id: str
+    state: str
+    attempt: int
+    elapsed_ms: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str = ""
+
+
+@dataclass
+class _PodSlots:
+    semaphore: asyncio.Semaphore
+    users: int = 0  # pairs holding or waiting for a slot; at 0 the entry is dropped
+
+
+class Prewarmer:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        *,
+        concurrency: int = DEFAULTS.prewarm_concurrency,
+        attempts: int = DEFAULTS.prewarm_attempts,
+        backoff_s: float = DEFAULTS.prewarm_backoff_s,
+        timeout_s: float = DEFAULTS.prewarm_timeout_s,
+        model: str = DEFAULTS.model,
+    ) -> None:
+        self._client = client
+        self._concurrency = concurrency
+        self._slots: dict[str, _PodSlots] = {}  # per pod; only pods with pairs in progress
+        self._attempts = attempts
+        self._backoff_s = backoff_s
+        self._timeout_s = timeout_s
+        self._model = model
+
+    async def run(self, pairs: Sequence[tuple[PrefixEntry, str]]) -> AsyncIterator[WarmEvent]:
+        """Warm every (prefix, pod) pair; yield events as they happen."""
+        queue: asyncio.Queue[WarmEvent | None] = asyncio.Queue()
+        tasks = [
+            asyncio.create_task(self._warm(entry, url, queue.put_nowait)) for entry, url in pairs
+        ]
+
+        async def finish() -> None:
+            await asyncio.gather(*tasks, return_exceptions=True)
+            queue.put_nowait(None)
+
+        closer = asyncio.create_task(finish())
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+        finally:
+            for task in tasks:
+                task.cancel()
+            closer.cancel()
+
+    async def warm_all(self, pairs: Sequence[tuple[PrefixEntry, str]]) -> list[WarmEvent]:
+        """Warm and return only the final event of each pair."""
+        final = []
+        async for event in self.run(pairs):
+            if event.state in (WARMED, FAILED):
+                final.append(event)
+        return final
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, url: str) -> AsyncIterator[None]:
+        """One of the pod's `concurrency` slots, for one attempt."""
+        slots = self._slots.get(url)
+        if slots is None:
+            slots = self._slots[url] = _PodSlots(asyncio.Semaphore(self._concurrency))
+        slots.users += 1
+        try:
+            async with slots.semaphore:
+                yield
+        finally:
+            slots.users -= 1
+            if slots.users == 0:
+                del self._slots[url]  # pod IPs churn: keep no state for idle pods
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential, with jitter so that many pairs failing together do not retry in step."""
+        return float(self._backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+
+    async def _warm(self, entry: PrefixEntry, url: str, emit: Callable[[WarmEvent], None]) -> bool:
+        for attempt in range(1, self._attempts + 1):
+            async with self._slot(url):
+                started = time.perf_counter()
+                emit(WarmEvent(url, entry.id, STARTED, attempt))
+                try:
+                    prompt, cached = await asyncio.wait_for(
+                        self._complete(entry, url), timeout=self._timeout_s
+                    )
+                except (TimeoutError, UpstreamError) as exc:
+                    error = str(exc) or f"timed out after {self._timeout_s} s"
+                    last = attempt == self._attempts or (
+                        isinstance(exc, UpstreamError) and not exc.retryable
+                    )
+                    event = WarmEvent(
+                        url,
+                        entry.id,
+                        FAILED if last else RETRYING,
+                        attempt,
+                        elapsed_ms=(time.perf_counter() - started) * 1e3,
+                        error=error,
+                    )
+                    emit(event)
+                    if last:
+                        # The pod's own words may echo the prefix: full text only at DEBUG.
+                        logger.warning(
+                            "prewarm of %s on %s failed: %s", entry.name, url, failure_class(exc)
+                        )
+                        logger.debug("prewarm of %s on %s failed: %s", entry.name, url, error)
+                        return False
+                else:
+                    event = WarmEvent(
+                        url,
+                        entry.id,
+                        WARMED,
+                        attempt,
+                        elapsed_ms=(time.perf_counter() - started) * 1e3,
+                        prompt_tokens=prompt,
+                        cached_tokens=cached,
+                    )
+                    emit(event)
+                    return True
+            # The slot is free during the backoff: the pod's other pairs go on meanwhile.
+            await asyncio.sleep(self._backoff(attempt))
+        return False  # pragma: no cover - attempts >= 1
+
+    async def _complete(self, entry: PrefixEntry, url: str) -> tuple[int, int]:
+        body = completion_body(entry.json_bytes, "", {"max_tokens": 1}, self._model)
+        stream = await self._client.open(
+            url, "/v1/completions", body, timeout_s=self._timeout_s, chat=False
+        )
+        try:
+            usage = None
+            async for delta in stream:
+                usage = delta.usage or usage
+        finally:
+            stream.close()
+        prompt, _, cached = usage_counts(usage)
+        return prompt, cached
+
+
+def failure_class(exc: BaseException) -> str:
+    """A log-safe name for a failure: no text the pod sent back."""
+    if isinstance(exc, UpstreamError):
+        return f"http_{exc.status}" if exc.status else "connection or stream error"
+    return "timed out" if isinstance(exc, asyncio.TimeoutError) else exc.__class__.__name__

@@ -1,0 +1,185 @@
+"""Budgeted home placement: the pods each registered prefix calls home.
+
+The ring alone makes a prefix's home the first R distinct owners of its route key. With the
+bounded-load pick that bounds in-flight requests, but not KV bytes: in `bench fleet` it
+made one pod home to 144k prefix tokens on a 150k-token KV cache, so requests there waited
+for KV (TTFT p99 10-17 s) while every one of them still hit the cache.
+
+With a budget B (prefix KV tokens per unit of pod weight), prefixes are placed largest
+first (first-fit decreasing; ties by route key, then id). Each takes the first R pods of its
+preference order that still have room; only when fewer than R have room does it take the
+least-filled of the others (earlier in preference order on ties), over budget, because a
+prefix must live somewhere. "Room" is also bounded by a balance factor f over the fair share
+of all homed tokens when asked (bounded loads, applied to placement): in `bench fleet` the
+budget alone still let the ring leave one pod home to 12k tokens and ~4 % of the traffic
+while three others ran at their bounded-load cap and spilled, cold, onto it. The result
+depends only on the ring and the registered set, so sidecars with the same prefixes and pods
+agree without talking. Routing contract section 6.
+
+Complexity: O(P log P + P x N) per placement, run once per membership or registration
+change, off the request path (10,000 prefixes on 100 pods: well under a second), then one
+dict lookup per request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+
+from prefix_sidecar import _core
+from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
+
+
+@dataclass(frozen=True)
+class Homes:
+    """One prefix's placement on one ring, ready for the request path."""
+
+    indexes: tuple[int, ...]  # the home set, member indexes in preference order
+    order: tuple[str, ...]  # the home set's members, then every other in the key's order
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One prefix to place: its route key, KV size in tokens, replica count and id."""
+
+    key: int
+    tokens: int
+    replicas: int
+    id: str  # the prefix id: a total order even if two route keys collide
+
+
+def place(
+    ring: _core.HashTable, prefixes: Iterable[Placed], budget: int, balance: float = 0.0
+) -> dict[str, list[int]]:
+    """Home sets by prefix id, as member indexes in the prefix's preference order.
+
+    Member m may be home to `budget x w_m` prefix tokens and, with `balance` > 0, to no more
+    than ceil(balance x T x w_m / W), T being the tokens of every replica of every prefix:
+    the ring alone can leave a pod home to nothing while the others carry all the traffic.
+    """
+    placed = _place(ring, prefixes, budget, balance)
+    return {prefix_id: homes for prefix_id, (homes, _) in placed.items()}
+
+
+def _place(
+    ring: _core.HashTable, prefixes: Iterable[Placed], budget: int, balance: float = 0.0
+) -> dict[str, tuple[list[int], list[int]]]:
+    """(home set, whole preference order) by prefix id, both as member indexes."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget is {budget!r}; give the prefix KV tokens per pod, >= 1")
+    if not (balance == 0.0 or 1.0 <= balance < math.inf):
+        raise ValueError(f"balance is {balance!r}; give 0 (off) or a finite factor >= 1.0")
+    members = ring.members
+    count = len(members)
+    index = {member: i for i, member in enumerate(members)}
+    items = list(prefixes)
+    limit = [budget * weight for weight in ring.weights]
+    if balance:
+        # The contract's order of double operations, as in pick's cap: ceil(f * T * w / W).
+        total = float(sum(p.tokens * min(p.replicas, count) for p in items))
+        for m, weight in enumerate(ring.weights):
+            fair = math.ceil(balance * total * float(weight) / float(ring.total_weight))
+            limit[m] = min(limit[m], fair)
+    used = [0] * count
+    homes: dict[str, tuple[list[int], list[int]]] = {}
+    for prefix in sorted(items, key=lambda p: (-p.tokens, p.key, p.id)):
+        want = min(prefix.replicas, count)
+        order = [index[m] for m in ring.preference(prefix.key, count)]
+        chosen = [m for m in order if used[m] + prefix.tokens <= limit[m]][:want]
+        if len(chosen) < want:
+            # No room left for all R: the least-filled others (exact ratios, no float ties).
+            rest = [m for m in order if m not in chosen]
+            rest.sort(key=lambda m: Fraction(used[m], ring.weights[m]))
+            taken = set(chosen) | set(rest[: want - len(chosen)])
+            chosen = [m for m in order if m in taken]
+        for m in chosen:
+            used[m] += prefix.tokens
+        homes[prefix.id] = (chosen, order)
+    return homes
+
+
+class HomePlacer:
+    """The sidecar's placement, built when the ring or the registered set changes.
+
+    `rebuild` places the registered set on the rings it is given; the router calls it from
+    the pool's and the store's watchers, so a request only looks its prefix up. A ring or a
+    registered set it was not told of is placed on first use, as a safety net.
+    `budget_tokens` 0 turns it off (homes are the ring's first R owners, contract v1).
+    `replicas_of` is the router's: the replica count a registered prefix asks for.
+    """
+
+    def __init__(
+        self,
+        store: PrefixStore,
+        replicas_of: Callable[[PrefixEntry], int],
+        *,
+        budget_tokens: int,
+        bytes_per_token: float,
+        balance: float,
+    ) -> None:
+        self.store = store
+        self.replicas_of = replicas_of
+        self.budget_tokens = budget_tokens
+        self.bytes_per_token = bytes_per_token
+        self.balance = balance
+        # id(ring) -> (ring, store generation, homes): the routing and the target ring (one
+        # when every pod serves). Replaced whole, so a reader sees one consistent map.
+        self._placements: dict[int, tuple[_core.HashTable, int, dict[str, Homes]]] = {}
+        self.builds = 0  # placements computed: tests check the request path computes none
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_tokens > 0
+
+    def tokens_of(self, entry: PrefixEntry) -> int:
+        """The prefix's KV size: as a pod's tokenizer counted it, else from its UTF-8 bytes."""
+        return entry.tokens or max(1, math.ceil(entry.size / self.bytes_per_token))
+
+    def rebuild(self, *rings: _core.HashTable | None) -> None:
+        """Place the registered set on each ring now, replacing every earlier placement."""
+        if not self.enabled:
+            return
+        generation = self.store.generation
+        placements: dict[int, tuple[_core.HashTable, int, dict[str, Homes]]] = {}
+        for ring in rings:
+            if ring is not None and id(ring) not in placements:
+                placements[id(ring)] = (ring, generation, self._build(ring))
+        self._placements = placements
+
+    def homes(self, ring: _core.HashTable, entry: PrefixEntry) -> Homes | None:
+        """The entry's home set on `ring` (member indexes), or None when placement is off or
+        the entry is not registered (an inline prefix routes on the plain ring)."""
+        if not self.enabled:
+            return None
+        return self._placement(ring).get(entry.id)
+
+    def _placement(self, ring: _core.HashTable) -> dict[str, Homes]:
+        generation = self.store.generation
+        placed = self._placements.get(id(ring))
+        if placed is not None and placed[0] is ring and placed[1] == generation:
+            return placed[2]
+        homes = self._build(ring)
+        placements = dict(self._placements)
+        if len(placements) >= 4:  # a few rings live at once (routing, target)
+            placements.pop(next(iter(placements)))
+        placements[id(ring)] = (ring, generation, homes)
+        self._placements = placements
+        return homes
+
+    def _build(self, ring: _core.HashTable) -> dict[str, Homes]:
+        self.builds += 1
+        placed = _place(
+            ring,
+            (Placed(e.route_key, self.tokens_of(e), self.replicas_of(e), e.id) for e in self.store),
+            self.budget_tokens,
+            self.balance,
+        )
+        members = ring.members
+        homes = {}
+        for prefix_id, (chosen, order) in placed.items():
+            rest = [m for m in order if m not in chosen]
+            names = tuple(members[m] for m in (*chosen, *rest))
+            homes[prefix_id] = Homes(tuple(chosen), names)
+        return homes

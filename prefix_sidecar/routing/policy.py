@@ -1,0 +1,64 @@
+"""The policy interface and its one registry, SGLang-router style: one policy per module, one
+shape, one factory.
+
+A policy picks a pod from the current routing table for a `Pick` and says which `Branch`
+decided, so tests can assert the branch and metrics can label by it. Policies other than
+`prefix_affinity` exist as baselines for the benchmarks (same sidecar, same trace, only the
+pick differs), not as recommendations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from prefix_sidecar.routing.consistent_hash import ConsistentHash
+from prefix_sidecar.routing.least_loaded import LeastLoaded
+from prefix_sidecar.routing.pick import Branch, Pick
+from prefix_sidecar.routing.policy_names import POLICIES
+from prefix_sidecar.routing.prefix_affinity import PrefixAffinity
+from prefix_sidecar.routing.random_pick import RandomPick
+from prefix_sidecar.routing.round_robin import RoundRobin
+from prefix_sidecar.routing.table import RoutingTable
+
+
+class Policy(Protocol):
+    def select(self, table: RoutingTable, pick: Pick) -> tuple[str, Branch]:
+        """Return (pod url, branch). The table has at least one member."""
+        ...
+
+
+def ignores_key(policy: Policy) -> bool:
+    """Whether the policy picks without looking at the Pick's key (a baseline such as
+    round_robin): such a policy needs no organic keys, and counting organic "decisions"
+    it never made would mislead the metrics."""
+    return bool(getattr(policy, "ignores_key", False))
+
+
+class PolicySettings(Protocol):
+    """What a policy may be built from: prefix_sidecar.config.Config's fields of these names."""
+
+    @property
+    def load_factor(self) -> float: ...
+
+    @property
+    def load_cap_floor(self) -> int: ...
+
+
+# Each name of policy_names.POLICIES with its factory (config validation reads the names).
+_REGISTRY: dict[str, Callable[[PolicySettings, int], Policy]] = {
+    "prefix_affinity": lambda s, _seed: PrefixAffinity(s.load_factor, s.load_cap_floor),
+    "consistent_hash": lambda _s, _seed: ConsistentHash(),
+    "round_robin": lambda _s, _seed: RoundRobin(),
+    "random": lambda _s, seed: RandomPick(seed),
+    "least_loaded": lambda _s, _seed: LeastLoaded(),
+}
+assert tuple(_REGISTRY) == POLICIES, "policy_names.POLICIES lists every policy, in order"
+
+
+def make_policy(name: str, settings: PolicySettings, seed: int = 0) -> Policy:
+    """The named policy, given only the settings it uses (`seed`: the random baseline's)."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return factory(settings, seed)

@@ -1,0 +1,341 @@
+"""The router: a prefix, an inline prefix text or a raw prompt -> route key -> pod.
+
+Route keys follow routing contract v1: a prefix routes on key(its UTF-8 bytes); a raw
+prompt that starts with a registered prefix routes as that prefix. An unregistered prompt
+or chat routes by organic keys (contract section 9, `OrganicRouter`: a family's home set
+sized by its share, a session's pod inside it), or with `unregistered_routing: window` on
+key(first `route_window_bytes` bytes) - a chat on its first message.
+The failover order is the chosen pod, then the rest of its home set, then the rest of the
+key's preference order. A registered prefix's home set is the ring's first R owners, or,
+with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6), which
+is rebuilt when the pool swaps its ring or the store's registered set changes.
+
+An unregistered prompt's window is hashed and picked in one core call (`pick_bytes`) when the
+policy has that path (prefix_affinity); the table may be the ring or the Maglev table (config
+`hash_table`, contract section 8), and the pick reads the pool's running loads total.
+
+Every setting is required (`Router.from_config` passes the config's), so each has one
+default: the config's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from prefix_sidecar import _core
+from prefix_sidecar.config import Config
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
+from prefix_sidecar.routing.anchors import AnchorTable
+from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks
+from prefix_sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
+from prefix_sidecar.routing.pick import Branch, Pick
+from prefix_sidecar.routing.placement import HomePlacer
+from prefix_sidecar.routing.policy import Policy, ignores_key, make_policy
+from prefix_sidecar.routing.table import RoutingTable
+
+# The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
+ORGANIC_HEAD_BYTES = HEAD_BYTES
+
+
+class NoBackendError(Exception):
+    """No pod can take the request (none known, or all ejected)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    backend: str
+    preference: list[str]
+    prefix: PrefixEntry | None
+    route_key: int
+    branch: Branch
+    decision_ns: int
+    generation: int
+    # The pod was the key's only home and took the request under its cap: no choice among
+    # pods was made (the fleet view counts the other sidecars' requests for choices only).
+    forced: bool = False
+
+
+class Router:
+    def __init__(
+        self,
+        pool: BackendPool,
+        store: PrefixStore,
+        policy: Policy,
+        *,
+        route_window_bytes: int,
+        default_replicas: int,
+        max_attempts: int,
+        home_kv_budget_tokens: int,  # routing contract section 6; 0 = the ring's homes
+        home_balance_factor: float,
+        bytes_per_token: float,
+        unregistered_routing: str,  # "organic" (routing contract 9) or "window"
+        organic_home_spread: float,
+        organic_session_spread: float,
+        organic_table_blocks: int,
+        organic_load_cap_floor: int,
+        organic_balance_starts: bool,
+        organic_follow_sessions: bool = True,
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.policy = policy
+        self.route_window_bytes = route_window_bytes
+        if unregistered_routing not in ("organic", "window"):
+            raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
+        # A policy that ignores the key (a baseline) gets no organic keys: they would cost
+        # time and count decisions it never made.
+        organic_on = unregistered_routing == "organic" and not ignores_key(policy)
+        # How much of an unregistered prompt's head routing reads: a caller may pass just
+        # that much (the HTTP front decodes no more of a long prompt).
+        self.head_bytes = max(route_window_bytes, ORGANIC_HEAD_BYTES if organic_on else 0)
+        self.default_replicas = default_replicas
+        self.max_attempts = max_attempts
+        self.placer = HomePlacer(
+            store,
+            self.replicas_of,
+            budget_tokens=home_kv_budget_tokens,
+            bytes_per_token=bytes_per_token,
+            balance=home_balance_factor,
+        )
+        self._placing = self.placer.enabled
+        # The one-call path from a prompt's bytes to a pod, when the policy has one.
+        self._select_bytes = getattr(policy, "select_bytes", None)
+        self._watching = False
+        self.organic = (
+            OrganicRouter(
+                AnchorTable(max_blocks=organic_table_blocks),
+                organic_home_spread,
+                session_spread=organic_session_spread,
+                balance_starts=organic_balance_starts,
+                follow_sessions=organic_follow_sessions,
+            )
+            if organic_on
+            else None
+        )
+        self.organic_load_cap_floor = organic_load_cap_floor
+        if self._placing:
+            self._watch_and_place()
+
+    @property
+    def follows_conversations(self) -> bool:
+        """Whether organic routing follows conversations (9h): a prompt's chat-template
+        headers are worth reading."""
+        return self.organic is not None and self.organic.follow is not None
+
+    def _watch_and_place(self) -> None:
+        if not self._watching:
+            self._watching = True
+            self.pool.watch(lambda _table: self._place_homes())
+            self.store.watch(self._place_homes)
+        self._place_homes()
+
+    def set_kv_budget(self, tokens: int) -> None:
+        """A new KV budget (from the pods' reported KV, docs/load-signals.md); 0 = the
+        ring's homes. Placement changes only here and on membership or registry changes."""
+        if tokens == self.placer.budget_tokens:
+            return
+        self.placer.budget_tokens = tokens
+        self._placing = self.placer.enabled
+        if self._placing:
+            self._watch_and_place()
+
+    @classmethod
+    def from_config(
+        cls, pool: BackendPool, store: PrefixStore, config: Config, policy: str | None = None
+    ) -> Router:
+        """The sidecar's router: its policy (`policy`, else the config's) and every setting
+        from the config."""
+        return cls(
+            pool,
+            store,
+            make_policy(policy or config.policy, config),
+            route_window_bytes=config.route_window_bytes,
+            default_replicas=config.replicas,
+            max_attempts=config.max_attempts,
+            home_kv_budget_tokens=config.home_kv_budget_tokens,
+            home_balance_factor=config.home_balance_factor,
+            bytes_per_token=config.bytes_per_token,
+            unregistered_routing=config.unregistered_routing,
+            organic_home_spread=config.organic_home_spread,
+            organic_session_spread=config.organic_session_spread,
+            organic_table_blocks=config.organic_table_blocks,
+            organic_load_cap_floor=config.organic_load_cap_floor,
+            organic_balance_starts=config.organic_balance_starts,
+            organic_follow_sessions=config.organic_follow_sessions,
+        )
+
+    def _place_homes(self) -> None:
+        """Both rings' placements, built when they change: a request only looks them up."""
+        self.placer.rebuild(self.pool.table.ring, self.pool.target_ring())
+
+    def replicas_of(self, entry: PrefixEntry | None) -> int:
+        """The replica count the prefix asked for, else the configured default."""
+        return entry.replicas if entry is not None and entry.replicas else self.default_replicas
+
+    def for_prefix(self, entry: PrefixEntry) -> Decision:
+        return self._decide(time.perf_counter_ns(), entry.route_key, entry)
+
+    def for_prefix_text(self, text: str) -> Decision:
+        """An unregistered prefix sent inline: same key as if it were registered."""
+        started = time.perf_counter_ns()
+        entry = self.store.match(text)
+        if entry is not None and entry.size == len(text.encode("utf-8")):
+            return self._decide(started, entry.route_key, entry)
+        return self._decide_bytes(started, text.encode("utf-8"))
+
+    def for_prompt(self, prompt: str, marks: tuple[int, int] | None = None) -> Decision:
+        """`marks`: the prompt's (mark, after) by its chat template, when `prompt` is only its
+        head (default: read from `prompt`; organic routing's 9h)."""
+        started = time.perf_counter_ns()
+        entry = self.store.match(prompt)
+        if entry is not None:
+            return self._decide(started, entry.route_key, entry)
+        organic = self.organic
+        if organic is not None:
+            head = prompt[:ORGANIC_HEAD_BYTES].encode("utf-8")[:ORGANIC_HEAD_BYTES]
+            if organic.follow is None:
+                marks = NOT_FOLLOWED  # nothing is followed: nothing to read
+            elif marks is None:
+                marks = turn_marks(prompt)
+            keys = organic.for_prompt(head, marks)
+            if keys is not None:
+                return self._decide_organic(started, keys)
+        window = prompt.encode("utf-8")[: self.route_window_bytes]
+        return self._decide_bytes(started, window)
+
+    def _decide_bytes(self, started: int, data: bytes) -> Decision:
+        """An unregistered key: hashed and picked in one core call when the policy can."""
+        select_bytes = self._select_bytes
+        if select_bytes is None:
+            return self._decide(started, _core.route_key(data), None)
+        table = self.pool.table
+        ring = _serving(table)
+        replicas = self.default_replicas
+        backend, branch, key = select_bytes(table, data, replicas)
+        attempts = self.max_attempts
+        preference = ring.preference(key, replicas if replicas > attempts else attempts)
+        forced = replicas == 1 and branch is Branch.HOME
+        return self._decision(started, table, key, None, backend, branch, preference, forced)
+
+    def for_chat(self, messages: list[tuple[str, str]], answers: int | None = None) -> Decision:
+        """An unregistered chat, messages as (role, text): its first message routes as a
+        registered prefix when it starts with one; otherwise by its structure (organic), or
+        as a prompt of its first message's text (window). `answers`: the whole chat's
+        assistant messages when `messages` holds only its first ones."""
+        first = messages[0][1] if messages else ""
+        if self.organic is None or self.store.match(first) is not None:
+            return self.for_prompt(first)
+        started = time.perf_counter_ns()
+        return self._decide_organic(started, self.organic.for_chat(messages, answers))
+
+    def _decide_organic(self, started: int, keys: OrganicKeys) -> Decision:
+        """The session's pod in its family's home set, under bounded load (contract 9)."""
+        table = self.pool.table
+        ring = _serving(table)
+        assert self.organic is not None
+        home = self.organic.homes(ring, keys)
+        # The spill walks the family's preference order: its home set first, where the
+        # family's shared head is warm; a spilled session keeps spilling to one pod.
+        pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor)
+        backend, branch = self.policy.select(table, pick)
+        self.organic.sent(ring, backend, keys)
+        # Failover: the chosen pod, the session's home pod, then the family's order.
+        preference = [backend]
+        for member in (ring.members[home], *ring.preference(keys.family, self.max_attempts)):
+            if member not in preference and len(preference) < self.max_attempts:
+                preference.append(member)
+        return Decision(
+            backend=backend,
+            preference=preference,
+            prefix=None,
+            route_key=keys.session,
+            branch=branch,
+            decision_ns=time.perf_counter_ns() - started,
+            generation=table.generation,
+            # a later turn on its session's pod; a start's pod is a choice (9f)
+            forced=branch is Branch.HOME and not keys.start,
+        )
+
+    def _decide(self, started: int, key: int, entry: PrefixEntry | None) -> Decision:
+        table = self.pool.table
+        ring = _serving(table)
+        homes = None
+        if entry is None:
+            replicas = self.default_replicas
+        else:
+            replicas = entry.replicas or self.default_replicas  # replicas_of, inlined
+            if self._placing:
+                homes = self.placer.homes(ring, entry)
+        backend, branch = self.policy.select(
+            table, Pick(key, replicas, homes.indexes if homes is not None else None)
+        )
+        attempts = self.max_attempts
+        if homes is not None:
+            home_count = len(homes.indexes)
+            preference = list(homes.order[: home_count if home_count > attempts else attempts])
+        else:
+            home_count = replicas
+            preference = ring.preference(key, replicas if replicas > attempts else attempts)
+        forced = home_count == 1 and branch is Branch.HOME
+        return self._decision(started, table, key, entry, backend, branch, preference, forced)
+
+    @staticmethod
+    def _decision(
+        started: int,
+        table: RoutingTable,
+        key: int,
+        entry: PrefixEntry | None,
+        backend: str,
+        branch: Branch,
+        preference: list[str],
+        forced: bool,
+    ) -> Decision:
+        # The chosen pod first, then the rest in order (cheaper than rebuilding the list).
+        if preference[0] != backend:
+            if backend in preference:
+                preference.remove(backend)
+            preference.insert(0, backend)
+        elapsed = time.perf_counter_ns() - started
+        return Decision(
+            backend=backend,
+            preference=preference,
+            prefix=entry,
+            route_key=key,
+            branch=branch,
+            decision_ns=elapsed,
+            generation=table.generation,
+            forced=forced,
+        )
+
+    def home_set(self, entry: PrefixEntry) -> list[str]:
+        """The prefix's home set on the target ring (every pod not ejected), first choice
+        first: where it should be resident once warming pods serve."""
+        ring = self.pool.target_ring()
+        if ring is None:
+            return []
+        homes = self.placer.homes(ring, entry)
+        if homes is not None:
+            return list(homes.order[: len(homes.indexes)])
+        return ring.preference(entry.route_key, self.replicas_of(entry))
+
+    def homed_tokens(self) -> dict[str, int]:
+        """Estimated prefix tokens each pod is home to (target ring): what the budget bounds."""
+        ring = self.pool.target_ring()
+        totals = dict.fromkeys(ring.members if ring is not None else (), 0)
+        for entry in self.store:
+            for url in self.home_set(entry):
+                totals[url] += self.placer.tokens_of(entry)
+        return totals
+
+
+def _serving(table: RoutingTable) -> _core.HashTable:
+    """The table's ring, or the error that says why there is none."""
+    ring = table.ring
+    if ring is None:
+        raise NoBackendError(
+            "no healthy vLLM pod: every backend is ejected or none is configured "
+            "(check --backend / backends_file / backends_dns and the pods' health)"
+        )
+    return ring

@@ -1,0 +1,388 @@
+"""The OpenAI-compatible HTTP front: /v1/completions, /v1/chat/completions, /v1/models, /health.
+
+A thin adapter beside the gRPC servicer: it reads what routing needs from the caller's
+body (prefix_sidecar.server.openai.body), asks the same router, and relays the caller's own
+bytes through the same attempt loop (prefix_sidecar.upstream.relay, via
+prefix_sidecar.upstream.byte_relay);
+errors take OpenAI's body and statuses, so the openai SDK raises its usual exceptions. It
+listens on `openai_listen`: loopback HOST:PORT in plain HTTP, any other address only with
+TLS (the config refuses it without), or a unix socket.
+
+The server under it is prefix_sidecar.server.openai.http1 (asyncio.Protocol, no HTTP library): four
+fixed paths need no router, no middleware and no per-request wrapper objects, and aiohttp's
+server frame cost ~0.19 ms more per 240 KB request (docs/benchmarks.md). Pod model lists
+still come through the aiohttp session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+
+from prefix_sidecar import __version__
+from prefix_sidecar.config import Config
+from prefix_sidecar.hostport import is_loopback_host, split_host_port
+from prefix_sidecar.membership.pool import SERVING, BackendPool
+from prefix_sidecar.metrics import FRONT_HTTP, Metrics
+from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
+from prefix_sidecar.routing.router import Decision, NoBackendError, Router
+from prefix_sidecar.server.common.probes import Readiness
+from prefix_sidecar.server.common.request_log import record_outcome
+from prefix_sidecar.server.common.trace_context import (
+    REQUEST_ID,
+    TRACEPARENT,
+    TraceContext,
+    valid_request_id,
+    valid_traceparent,
+)
+from prefix_sidecar.server.common.unix_socket import (
+    SocketIdentity,
+    apply_socket_permissions,
+    prepare_socket_path,
+    remove_own_socket,
+    restrictive_umask,
+    socket_identity,
+)
+from prefix_sidecar.server.openai.body import FrontError, FrontRequest, bad_request, parse_request
+from prefix_sidecar.server.openai.http1 import HTTP1Server, Request, Response, StreamedResponse
+from prefix_sidecar.server.openai.splice import splice_prefix
+from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER, RETRY_AFTER_S, forward
+from prefix_sidecar.upstream.relay import Relay, RelayOutcome
+
+logger = logging.getLogger(__name__)
+
+MODELS_TIMEOUT_S = 5.0
+MAX_MODELS_BYTES = 256 * 1024
+# The metrics' rpc label of each door (the gRPC RPCs are "Complete", "Chat", ...).
+RPC_COMPLETIONS = "http_completions"
+RPC_CHAT = "http_chat"
+# Above this, reading the routing fields and routing are separate steps of the loop (each
+# stays well under 10 ms at the 8 MiB default limit).
+YIELD_ABOVE_BYTES = 1024 * 1024
+# Thin queries: the registered prefix to put before the caller's prompt or messages.
+PREFIX_ID_HEADER = "x-prefix-id"
+PREFIX_NAME_HEADER = "x-prefix-name"
+
+Answer = Response | StreamedResponse
+Handler = Callable[[Request], Awaitable[Answer]]
+
+
+class OpenAIFront:
+    def __init__(
+        self,
+        config: Config,
+        router: Router,
+        store: PrefixStore,
+        relay: Relay,
+        pool: BackendPool,
+        metrics: Metrics,
+        readiness: Readiness,
+        api_key: str,
+    ) -> None:
+        self.config = config
+        self.router = router
+        self.store = store
+        self.relay = relay
+        self.pool = pool
+        self.metrics = metrics
+        self.readiness = readiness
+        self._pod_headers = {
+            "Content-Type": "application/json",
+            "User-Agent": f"prefix-sidecar/{__version__}",
+        }
+        if api_key:
+            self._pod_headers["Authorization"] = f"Bearer {api_key}"
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/health"): self.health,
+        }
+        self._server: HTTP1Server | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._socket_identity: SocketIdentity | None = None
+        self._requests: set[asyncio.Task[object]] = set()
+        self._draining = False
+        self.port: int | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        listen = self.config.openai_listen
+        # A caller that leaves cancels its handler, which closes the pod's connection at
+        # once instead of at the next chunk. No access log: it would carry nothing a caller
+        # needs and cost a line per request (the request line is sidecar.requests').
+        self._server = HTTP1Server(
+            self._handle,
+            max_body_bytes=self.config.max_message_bytes,
+            error_body=_error_body,
+        )
+        loop = asyncio.get_running_loop()
+        if listen.startswith("unix://"):
+            path = listen[len("unix://") :]
+            prepare_socket_path(path)
+            with restrictive_umask(self.config.socket_mode):
+                self._listener = await loop.create_unix_server(self._server, path)
+                self._socket_identity = socket_identity(path)
+            apply_socket_permissions(path, self.config.socket_mode, self.config.socket_group)
+        else:
+            host, port = split_host_port(listen)
+            self._listener = await loop.create_server(
+                self._server, host, port, ssl=self._tls(host), reuse_address=True
+            )
+            self.port = port
+        logger.info("OpenAI HTTP front listening on %s", listen)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop listening, refuse new requests on open connections, give the running ones
+        `grace_s` (default: the config's grace_s) to finish, then cancel what is left."""
+        grace = self.config.grace_s if grace_s is None else grace_s
+        self._draining = True
+        if self._server is not None:
+            self._server.draining = True  # each answer from now on closes its connection
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.close()
+            running = [task for task in self._requests if not task.done()]
+            if running:
+                _, late = await asyncio.wait(running, timeout=max(grace, 0.0))
+                for task in late:
+                    task.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=1.0)
+            if self._server is not None:
+                self._server.close_all()  # idle keep-alive connections, and any left
+        listen = self.config.openai_listen
+        if listen.startswith("unix://"):
+            remove_own_socket(listen[len("unix://") :], self._socket_identity)
+            self._socket_identity = None
+
+    def _tls(self, host: str) -> ssl.SSLContext | None:
+        """Loopback serves plain HTTP; anything else TLS (the config demands the files)."""
+        if is_loopback_host(host):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_file)
+        if self.config.tls_client_ca_file:
+            context.load_verify_locations(self.config.tls_client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    async def _handle(self, request: Request) -> Answer:
+        """Every answer, errors included, in OpenAI's shape."""
+        handler = self._routes.get((request.method, request.path))
+        try:
+            if handler is None:
+                if any(path == request.path for _, path in self._routes):
+                    raise FrontError(405, f"{request.method} is not allowed on {request.path}")
+                raise FrontError(404, f"no such endpoint: {request.path[:100]}", code="404")
+            if self._draining:
+                raise FrontError(
+                    503,
+                    "the sidecar is shutting down",
+                    type="service_unavailable",
+                    code="shutting_down",
+                    retry_after_s=RETRY_AFTER_S,
+                )
+            return await handler(request)
+        except FrontError as exc:
+            return _error_response(exc)
+
+    # --- handlers -----------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Answer:
+        return await self._infer(request, "/v1/completions", RPC_COMPLETIONS, chat=False)
+
+    async def chat(self, request: Request) -> Answer:
+        return await self._infer(request, "/v1/chat/completions", RPC_CHAT, chat=True)
+
+    async def _infer(self, request: Request, path: str, rpc: str, *, chat: bool) -> Answer:
+        started = time.perf_counter()
+        task = asyncio.current_task()
+        assert task is not None
+        self._requests.add(task)
+        try:
+            return await self._infer_counted(request, path, rpc, chat=chat, started=started)
+        finally:
+            self._requests.discard(task)
+
+    async def _infer_counted(
+        self, request: Request, path: str, rpc: str, *, chat: bool, started: float
+    ) -> Answer:
+        entry = self._prefix_of(request)
+        # At most max_message_bytes (the server answers 413 above it, before reading the
+        # body when its Content-Length says so).
+        raw = request.body
+        parsed = parse_request(
+            raw,
+            chat=chat,
+            store=self.store if entry is None else None,
+            window=self.router.head_bytes,
+            turns=self.router.follows_conversations,
+        )
+        if len(raw) > YIELD_ABOVE_BYTES:
+            await asyncio.sleep(0)
+        try:
+            if entry is None:
+                decision, decision_ns = self._route(parsed, chat)
+            else:
+                decision = self.router.for_prefix(entry)
+                decision_ns = decision.decision_ns
+                raw = splice_prefix(raw, entry.json_bytes, chat=chat)
+        except NoBackendError as exc:
+            raise FrontError(
+                503,
+                str(exc),
+                type="service_unavailable",
+                code="no_backend",
+                retry_after_s=RETRY_AFTER_S,
+            ) from None
+        trace = _trace_context(request)
+        outcome = RelayOutcome()
+        try:
+            return await forward(
+                self.relay,
+                request,
+                decision,
+                path,
+                raw,
+                self._headers_for_pod(request, trace),
+                stream=parsed.stream,
+                outcome=outcome,
+            )
+        except BaseException:
+            if outcome.status == "OK":
+                outcome.status = "CANCELLED"  # the caller left, or the handler failed
+            raise
+        finally:
+            # The same request line, counters and cost as a gRPC call: front=http, rpc=http_*
+            # (counted once the answer is out: nothing the pod's request waits for).
+            self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(decision_ns / 1e9)
+            prefix = decision.prefix.name if decision.prefix is not None else ""
+            record_outcome(
+                self.metrics,
+                rpc,
+                prefix,
+                decision.branch,
+                outcome,
+                started,
+                trace,
+                front=FRONT_HTTP,
+            )
+
+    def _route(self, parsed: FrontRequest, chat: bool) -> tuple[Decision, int]:
+        """The router's decision for the prompt, and its time in ns. A prompt matched where
+        it lies in the body routes as its prefix; without one, its head routes as the whole
+        prompt would (the route key reads only the route window, and no prefix matches a
+        head of a prompt that none matches)."""
+        if parsed.matched and parsed.prefix is not None:
+            decision = self.router.for_prefix(parsed.prefix)
+        elif chat:
+            decision = self.router.for_chat(list(parsed.messages), parsed.answers)
+        else:
+            decision = self.router.for_prompt(parsed.route_text, parsed.marks)
+        return decision, decision.decision_ns
+
+    def _prefix_of(self, request: Request) -> PrefixEntry | None:
+        """The prefix a thin query names in its headers; 404 when it is not registered."""
+        prefix_id = request.headers.get(PREFIX_ID_HEADER)
+        name = request.headers.get(PREFIX_NAME_HEADER)
+        if prefix_id is None and name is None:
+            return None
+        if prefix_id is not None and name is not None:
+            raise bad_request(f"send {PREFIX_ID_HEADER} or {PREFIX_NAME_HEADER}, not both")
+        try:
+            if prefix_id is not None:
+                return self.store.get(prefix_id)
+            assert name is not None
+            return self.store.by_name(name)
+        except PrefixNotFound as exc:
+            raise FrontError(
+                404,
+                str(exc)[:300],
+                param=PREFIX_ID_HEADER if prefix_id is not None else PREFIX_NAME_HEADER,
+                code="prefix_not_found",
+            ) from None
+
+    def _headers_for_pod(self, request: Request, trace: TraceContext) -> dict[str, str]:
+        """Ours, the caller's key (which wins over the configured one) and its well-formed
+        trace headers. Neither key is ever logged or echoed."""
+        headers = dict(self._pod_headers)
+        key = request.headers.get("authorization")
+        if key:
+            headers["Authorization"] = key
+        if trace.traceparent or trace.request_id:
+            headers.update(trace.http_headers())
+        return headers
+
+    async def models(self, request: Request) -> Answer:
+        """The model list of a serving pod, as it wrote it."""
+        serving = [b.url for b in self.pool.backends.values() if b.state == SERVING]
+        headers = self._headers_for_pod(request, _trace_context(request))
+        headers.pop("Content-Type")
+        for backend in serving[: self.config.max_attempts]:
+            try:
+                async with self.relay.client.session.get(
+                    backend + "/v1/models",
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S),
+                    allow_redirects=False,
+                ) as response:
+                    if response.status >= 300 and response.status != 401:
+                        continue
+                    body = await response.content.read(MAX_MODELS_BYTES)
+                    if not response.content.is_eof():
+                        continue  # longer than any model list: not a model list
+                    labels = [(BACKEND_HEADER, backend)]
+                    if "Content-Type" in response.headers:
+                        labels.append(("Content-Type", response.headers["Content-Type"]))
+                    return Response(response.status, body, labels)
+            except (TimeoutError, aiohttp.ClientError):
+                continue
+        raise FrontError(
+            503,
+            "no serving pod answered /v1/models",
+            type="service_unavailable",
+            code="no_backend",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    async def health(self, _: Request) -> Answer:
+        why = self.readiness.reason()
+        if why is None:
+            return Response(200, b'{"status": "ok"}', content_type="application/json")
+        body = json.dumps({"status": "unavailable", "reason": why}).encode()
+        return Response(503, body, content_type="application/json")
+
+
+# The `code` of the errors the HTTP server answers itself (the others: None).
+_SERVER_ERROR_CODES = {413: "request_too_large", 408: "request_timeout"}
+
+
+def _error_body(status: int, message: str) -> bytes:
+    """OpenAI's error body for an error the HTTP server answers itself (malformed framing,
+    413 over max_message_bytes, a slow caller's 408)."""
+    return FrontError(status, message, code=_SERVER_ERROR_CODES.get(status)).body()
+
+
+def _trace_context(request: Request) -> TraceContext:
+    """The caller's traceparent and x-request-id, dropped when malformed (as on gRPC)."""
+    headers = request.headers
+    return TraceContext(
+        valid_traceparent(headers.get(TRACEPARENT)), valid_request_id(headers.get(REQUEST_ID))
+    )
+
+
+def _error_response(exc: FrontError) -> Response:
+    headers = [("Content-Type", "application/json")]
+    if exc.retry_after_s is not None:
+        headers.append(("Retry-After", str(exc.retry_after_s)))
+    return Response(exc.status, exc.body(), headers)

@@ -1,0 +1,314 @@
+"""The HTTP front's side of the relay: the caller's body to a pod, the pod's bytes back.
+
+The attempt loop is the gRPC path's (prefix_sidecar.upstream.relay.Relay.attempts: the same
+failover rule, deadline, load counts and metrics, with front="http"); this module is what
+differs. The body goes as the caller wrote it; a 200 answer comes back byte for byte, read
+in the pieces the pod's socket gives, through the lean HTTP/1.1 client for `http://` pods
+(prefix_sidecar.upstream.lean_http: aiohttp's client cost up to a millisecond more to the first
+byte) and the aiohttp session for `https://` ones. A 4xx other than 429 is the caller's
+request: it goes back as the pod wrote it, without failover. After the first byte, a broken
+pod stream ends with an SSE error event (vLLM's shape) and no [DONE], so no client takes a
+cut answer for a whole one; a whole JSON answer cannot carry an error, so its connection is
+closed before the body's end. A caller that leaves cancels the handler, which closes the
+pod's connection (vLLM aborts the request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Mapping
+
+import aiohttp
+
+from prefix_sidecar.metrics import FRONT_HTTP
+from prefix_sidecar.routing.router import Decision
+from prefix_sidecar.server.openai.body import FrontError
+from prefix_sidecar.server.openai.http1 import Request, Response, StreamedResponse
+from prefix_sidecar.upstream.byte_usage import UsageTail
+from prefix_sidecar.upstream.client import (
+    UpstreamClient,
+    UpstreamError,
+    error_words,
+    retryable_status,
+)
+from prefix_sidecar.upstream.lean_http import LeanAnswer, PodHTTPError
+from prefix_sidecar.upstream.relay import Relay, RelayOutcome
+from prefix_sidecar.upstream.sse import clip
+
+logger = logging.getLogger("sidecar.requests")
+
+# A 4xx body the caller gets back: vLLM's errors are a few hundred bytes.
+MAX_ERROR_BODY = 64 * 1024
+ERROR_BODY_TIMEOUT_S = 2.0
+# Seconds a caller is told to wait when no pod could take its request.
+RETRY_AFTER_S = 1
+BACKEND_HEADER = "x-prefix-sidecar-backend"
+BRANCH_HEADER = "x-prefix-sidecar-branch"
+# Pod response headers that describe the body we forward (the rest is the pod's business
+# or hop-by-hop; the body is re-framed as chunked).
+PASSED_HEADERS = ("Content-Type", "Cache-Control")
+
+
+class PodRefusal(Exception):
+    """The pod refused the caller's request: its status and words go back as written."""
+
+    def __init__(
+        self, backend: str, status: int, body: bytes, headers: tuple[tuple[str, str], ...]
+    ) -> None:
+        super().__init__(f"HTTP {status}")
+        self.backend = backend
+        self.status = status
+        self.body = body
+        self.headers = headers
+
+
+class BrokenAnswer(Exception):
+    """The pod's answer broke after its first byte reached the caller."""
+
+    def __init__(self, backend: str, exc: UpstreamError) -> None:
+        super().__init__(exc.message)
+        self.backend = backend
+
+
+class _AiohttpAnswer:
+    """An aiohttp response read as LeanAnswer is: for `https://` pods."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers: Mapping[str, str] = response.headers  # case-insensitive
+        self.done = False
+
+    async def read(self) -> bytes:
+        try:
+            data = await self._response.content.readany()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise PodHTTPError(f"the answer broke: {exc.__class__.__name__}") from None
+        except TimeoutError:  # the request's total timeout
+            raise PodHTTPError("the upstream timeout expired mid-answer") from None
+        self.done = not data
+        return data
+
+    def close(self) -> None:
+        if self.done:
+            self._response.release()  # read to its end: the connection is reused
+        else:
+            self._response.close()  # the pod's request ends now
+
+
+class ByteExchange:
+    """One request's attempts (Relay.attempts' Exchange): the body as the caller wrote it,
+    the answer as the pod writes it. `http://` pods through the lean client, `https://`
+    ones through the aiohttp session."""
+
+    def __init__(
+        self, client: UpstreamClient, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> None:
+        self.client = client
+        self.path = path
+        self.body = body
+        self.headers = headers
+        self.answer: LeanAnswer | _AiohttpAnswer | None = None
+        self.usage = UsageTail()
+        self._backend = ""
+        self._refusal: PodRefusal | None = None
+
+    async def first(self, backend: str, attempt: int, timeout_s: float) -> list[bytes]:
+        self._backend = backend
+        self.answer = answer = await self._send(backend, timeout_s)
+        status = answer.status
+        if status != 200:
+            body = await self._error_body()
+            if retryable_status(status):
+                words = clip(self.client.redact(error_words(body, f"HTTP {status}")))
+                raise UpstreamError(
+                    backend, f"HTTP {status}: {words}", retryable=True, status=status
+                )
+            self._refusal = PodRefusal(backend, status, body, _passed(answer.headers))
+            raise UpstreamError(backend, f"HTTP {status}", retryable=False, status=status)
+        data = await self._read()
+        if not data:
+            raise UpstreamError(backend, "the pod answered 200 with an empty body", retryable=True)
+        return [data]
+
+    async def _send(self, backend: str, timeout_s: float) -> LeanAnswer | _AiohttpAnswer:
+        lean = self.client.lean
+        if not lean.serves(backend):
+            response = await self.client.post(
+                backend, self.path, self.body, self.headers, timeout_s=timeout_s
+            )
+            return _AiohttpAnswer(response)
+        try:
+            answer = await self.client.post_lean(
+                backend, self.path, self.body, self.headers, timeout_s=timeout_s
+            )
+        except PodHTTPError as exc:
+            raise UpstreamError(
+                backend, str(exc), retryable=True, connection_failure=exc.connection_failure
+            ) from None
+        if 300 <= answer.status < 400:
+            answer.close()
+            raise UpstreamError(
+                backend,
+                f"HTTP {answer.status}: the sidecar does not follow redirects from a pod",
+                retryable=True,
+                status=answer.status,
+            )
+        return answer
+
+    async def _error_body(self) -> bytes:
+        """At most MAX_ERROR_BODY bytes of a (short) error answer, in at most
+        ERROR_BODY_TIMEOUT_S; the rest is not read."""
+        assert self.answer is not None
+        parts: list[bytes] = []
+        size = 0
+        with contextlib.suppress(TimeoutError, PodHTTPError):
+            async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
+                while size < MAX_ERROR_BODY and (data := await self.answer.read()):
+                    parts.append(data)
+                    size += len(data)
+        return b"".join(parts)[:MAX_ERROR_BODY]
+
+    async def next(self) -> list[bytes] | None:
+        data = await self._read()
+        return [data] if data else None
+
+    async def _read(self) -> bytes:
+        assert self.answer is not None
+        try:
+            data = await self.answer.read()
+        except PodHTTPError as exc:
+            raise UpstreamError(self._backend, f"stream broke: {exc}", retryable=True) from None
+        self.usage.feed(data)
+        return data
+
+    def close(self) -> None:
+        answer, self.answer = self.answer, None
+        if answer is not None:
+            answer.close()  # an answer read whole keeps its connection; else the pod stops
+
+    def broken(self, backend: str, exc: UpstreamError, expired: bool) -> BaseException:
+        return BrokenAnswer(backend, exc)
+
+    def rejected(self, backend: str, exc: UpstreamError, outcome: RelayOutcome) -> BaseException:
+        outcome.status = f"http_{exc.status}"
+        assert self._refusal is not None
+        return self._refusal
+
+    def exhausted(self, errors: list[str], expired: bool) -> BaseException:
+        return FrontError(
+            503,
+            f"no pod could serve the request after {len(errors)} attempt(s): "
+            + "; ".join(errors)[:1500],
+            type="service_unavailable",
+            code="no_backend",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    def finished(self) -> bool:
+        """The pod's answer is read to its end (its Content-Length): what was read last is
+        the whole rest, and the caller can get it with the answer's end in one write (a
+        whole answer with its Content-Length when it came in one piece)."""
+        return self.answer is not None and self.answer.done
+
+    def passed_headers(self) -> tuple[tuple[str, str], ...]:
+        assert self.answer is not None
+        return _passed(self.answer.headers)
+
+
+async def forward(
+    relay: Relay,
+    request: Request,
+    decision: Decision,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    stream: bool,
+    outcome: RelayOutcome,
+) -> Response | StreamedResponse:
+    """The pod's answer, already sent to the caller; FrontError 503 when no pod takes it.
+    `outcome` gets the pod, the attempts, the status, the TTFT and the usage. A streamed
+    answer's first byte has the first-token budget; a whole answer's (headers come when it
+    is done) has the request's."""
+    try:
+        return await _send(relay, request, decision, path, body, headers, stream, outcome)
+    except ConnectionError:
+        # The caller left between the handler's cancellation and our write (its transport
+        # closing, the cancel not yet delivered): nobody to answer, and no server error.
+        outcome.status = "CANCELLED"
+        logger.info("the caller left before its answer was written")
+        return Response(499)  # the server finds the connection gone and writes nothing
+
+
+async def _send(
+    relay: Relay,
+    request: Request,
+    decision: Decision,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    stream: bool,
+    outcome: RelayOutcome,
+) -> Response | StreamedResponse:
+    exchange = ByteExchange(relay.client, path, body, headers)
+    parts = relay.attempts(
+        decision.preference,
+        exchange,
+        front=FRONT_HTTP,
+        outcome=outcome,
+        first_timeout_s=None if stream else relay.policy.upstream_timeout_s,
+        forced_first=decision.forced,
+    )
+    answer: StreamedResponse | None = None
+    last = b""  # the end of an answer read whole: sent with its end, in one write
+    try:
+        async with contextlib.aclosing(parts):
+            async for data in parts:
+                if answer is None:
+                    labels = _label(exchange.passed_headers(), outcome.backend, decision)
+                    answer = StreamedResponse(request, 200, labels)
+                if exchange.finished():
+                    last += data
+                    continue
+                await answer.write(data)  # a caller that left raises (or is cancelled) here
+    except PodRefusal as refusal:
+        labels = _label(refusal.headers, refusal.backend, decision)
+        return Response(refusal.status, refusal.body, labels)
+    except BrokenAnswer as exc:
+        assert answer is not None
+        logger.info("the answer from %s broke after its first byte (%s)", exc.backend, exc)
+        if not (answer.header("Content-Type") or "").startswith("text/event-stream"):
+            # A whole answer cannot carry an error: the caller's connection closes before
+            # the body's end, so its client sees a cut body, not a short one.
+            answer.abort()
+            return answer
+        last = _error_event(exc.backend, exc)
+    outcome.usage = exchange.usage.counts()
+    assert answer is not None
+    await answer.end(last)
+    return answer
+
+
+def _label(
+    passed: tuple[tuple[str, str], ...], backend: str, decision: Decision
+) -> list[tuple[str, str]]:
+    return [*passed, (BACKEND_HEADER, backend), (BRANCH_HEADER, str(decision.branch))]
+
+
+def _passed(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    found = ((name, headers.get(name.lower())) for name in PASSED_HEADERS)
+    return tuple((name, value) for name, value in found if value is not None)
+
+
+def _error_event(backend: str, exc: BaseException) -> bytes:
+    """vLLM's mid-stream error event; the openai SDK raises APIError on it."""
+    message = (
+        f"the stream from {backend} broke after the first byte ({exc}); "
+        "the text already sent is partial"
+    )
+    error = {"message": message, "type": "service_unavailable", "param": None, "code": 503}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"

@@ -1,0 +1,170 @@
+"""A prefix's size in tokens, counted by a pod's own tokenizer (`POST /tokenize`).
+
+The KV budget (routing contract section 6) places prefixes by their KV size; guessed from
+bytes it can be off by 2x (CJK text is ~1.5 bytes per token, English ~4). Each prefix is
+counted once, at registration, by one pod, and the count is kept on the entry
+(`PrefixEntry.tokens`); without an answer the bytes estimate stays.
+
+Two response shapes are understood:
+- vLLM: `{"prompt": ...}` (or `{"model", "prompt"}`) -> `{"count", "tokens", "max_model_len"}`;
+- llama.cpp's server: `{"content": ...}` -> `{"tokens": [...]}` (it answers a vLLM-shaped
+  request with `{"tokens": []}`, which is why an empty answer tries the second shape).
+The answer is untrusted: bounded in bytes and time, no redirect, and a count must be
+between 1 and the prefix's byte length + 64 (a token covers at least one byte, plus special
+tokens); a large body is parsed off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.upstream.capped import read_capped
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_TOKENS_SLACK = 64
+PARSE_INLINE_BYTES = 256 * 1024  # parsed inline below this (~2 ms), in a thread above
+ATTEMPTS_PER_PREFIX = 3
+
+
+class TokenizeError(Exception):
+    pass
+
+
+def _max_answer_bytes(text_bytes: int) -> int:
+    """A token id is at most 7 digits plus a comma, and a token covers at least one byte."""
+    return 8 * (text_bytes + SPECIAL_TOKENS_SLACK) + 4096
+
+
+def read_count(data: Any, text_bytes: int) -> int:
+    """The token count from either shape; TokenizeError if absent or out of range."""
+    if not isinstance(data, dict):
+        raise TokenizeError("the answer is not a JSON object")
+    count = data.get("count")
+    if count is None and isinstance(data.get("tokens"), list):
+        count = len(data["tokens"])
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TokenizeError("the answer has neither 'count' nor a 'tokens' list")
+    if not 1 <= count <= text_bytes + SPECIAL_TOKENS_SLACK:
+        raise TokenizeError(f"a count of {count} tokens for {text_bytes} bytes is not believable")
+    return count
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: dict[str, str], timeout_s: float, limit: int
+) -> Any:
+    try:
+        async with session.post(
+            url,
+            json=body,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            allow_redirects=False,
+        ) as response:
+            if response.status != 200:
+                raise TokenizeError(f"HTTP {response.status}")
+            raw = await read_capped(response, limit)
+            if raw is None:
+                raise TokenizeError(f"the answer is over {limit} bytes")
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise TokenizeError(exc.__class__.__name__) from None
+    try:
+        if len(raw) <= PARSE_INLINE_BYTES:
+            return json.loads(raw)
+        return await asyncio.to_thread(json.loads, raw)
+    except (ValueError, RecursionError):
+        raise TokenizeError("the answer is not JSON") from None
+
+
+async def count_tokens(
+    session: aiohttp.ClientSession,
+    url: str,
+    text: str,
+    *,
+    model: str = "",
+    path: str = "/tokenize",
+    timeout_s: float = 10.0,
+) -> int:
+    """Ask the pod at `url` how many tokens `text` is: vLLM's shape first, then llama.cpp's."""
+    size = len(text.encode("utf-8"))
+    limit = _max_answer_bytes(size)
+    vllm: dict[str, str] = {"model": model, "prompt": text} if model else {"prompt": text}
+    errors = []
+    for body in (vllm, {"content": text}):
+        try:
+            return read_count(await _post(session, url + path, body, timeout_s, limit), size)
+        except TokenizeError as exc:
+            errors.append(str(exc))
+    raise TokenizeError(f"{url}{path}: " + "; ".join(errors))
+
+
+class PrefixSizer:
+    """Counts each registered prefix's tokens once, on one pod (the first of `pods()`, which
+    the caller orders), in one background task; `wake()` after a registration or a
+    membership change. A prefix is tried ATTEMPTS_PER_PREFIX times, then sized from bytes."""
+
+    def __init__(
+        self,
+        store: PrefixStore,
+        session: aiohttp.ClientSession,
+        pods: Callable[[], Sequence[str]],
+        *,
+        path: str = "/tokenize",
+        model: str = "",
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.store = store
+        self.session = session
+        self.pods = pods
+        self.path = path
+        self.model = model
+        self.timeout_s = timeout_s
+        self.counted: dict[str, int] = {}  # prefix id -> tokens (a re-registration reuses it)
+        self.failures: dict[str, int] = {}
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.size_all()
+
+    async def size_all(self) -> None:
+        entries = list(self.store)
+        live = {entry.id for entry in entries}
+        # Bounded by the store: what was unregistered is forgotten.
+        self.counted = {k: v for k, v in self.counted.items() if k in live}
+        self.failures = {k: v for k, v in self.failures.items() if k in live}
+        for entry in entries:
+            if entry.tokens or self.failures.get(entry.id, 0) >= ATTEMPTS_PER_PREFIX:
+                continue
+            known = self.counted.get(entry.id)
+            if known is None:
+                pods = self.pods()
+                if not pods:
+                    return  # woken again when pods are there
+                try:
+                    known = await count_tokens(
+                        self.session,
+                        pods[0],
+                        entry.text,
+                        model=self.model,
+                        path=self.path,
+                        timeout_s=self.timeout_s,
+                    )
+                except TokenizeError as exc:
+                    self.failures[entry.id] = self.failures.get(entry.id, 0) + 1
+                    logger.info("prefix %s: no token count (%s); sized from bytes", entry.name, exc)
+                    continue
+                self.counted[entry.id] = known
+            if self.store.set_tokens(entry.id, known):
+                logger.info("prefix %s is %d tokens (%d bytes)", entry.name, known, entry.size)

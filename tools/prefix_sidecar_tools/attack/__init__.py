@@ -1,0 +1,62 @@
+"""`prefix-sidecar attack`: replay issue 11's abuse against a real sidecar and judge it.
+
+Socket-level abuse from a hostile local process (random bytes, an HTTP/1.1 request, HTTP/2
+rapid reset, a CONTINUATION flood, idle connections that never send a preface) and
+misbehaving pods (a fast stream, a huge event, no newline, a redirect, a wedge). For each it
+reports the sidecar's RSS and fds and another caller's latency before, during and after, and
+exits 1 if a verdict fails. Needs `h2` (hpack, hyperframe): `pip install 'prefix-sidecar[tools]'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from prefix_sidecar_tools.report import add_json_option, run_and_report
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "attack",
+        help="replay hostile callers and misbehaving pods against a fresh sidecar",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--short", action="store_true", help="small counts, seconds (for CI)")
+    parser.add_argument("--only", action="append", metavar="SCENARIO", help="only these")
+    add_json_option(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import hpack  # noqa: F401
+        import hyperframe  # noqa: F401
+    except ModuleNotFoundError:
+        print(
+            "prefix-sidecar attack needs the h2 package (hpack, hyperframe): "
+            "pip install 'prefix-sidecar[tools]'",
+            file=sys.stderr,
+        )
+        return 2
+    from prefix_sidecar_tools.attack import runner
+
+    names = {s.name for s in runner.scenarios(args.short)}
+    unknown = sorted(set(args.only or ()) - names)
+    if unknown:
+        print(f"prefix-sidecar attack: unknown scenario(s) {unknown}; one of {sorted(names)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    report = run_and_report(
+        "prefix-sidecar attack", runner.run(args.short, args.only, progress), runner.render,
+        args.json,
+    )  # fmt: skip
+    if report is None:
+        return 130
+    return 0 if report["passed"] else 1
