@@ -14,6 +14,10 @@ Measured one request at a time, the modes interleaved (so drift hits all alike):
   costs: no parsing, no routing; prefix_sidecar_tools/bench/http_proxy.py);
 - raw: the same POST through a hand-written asyncio-streams proxy process (no aiohttp, no
   HTTP library at all: what is left is the store-and-forward of the body itself).
+With `--frame-ab`, two more modes, the A/B that chose the HTTP front's server frame
+(prefix_sidecar_tools/bench/frame_ab.py): the same POST to one trivial handler (read the
+body, answer one SSE event) behind the front's own asyncio.Protocol server (frame_http1)
+and behind aiohttp's low-level server (frame_aiohttp), each in its own process.
 The pod runs at time x1000, so its modelled prefill is microseconds and TTFT differences
 are the software path. Then a throughput phase: `--callers` concurrent callers for
 `--throughput-seconds` each send small completions (a short prompt, max_tokens 1) through the
@@ -44,6 +48,7 @@ import grpc
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.bench.fastpod import measure_stream_load, render_stream_load
+from prefix_sidecar_tools.bench.frame_ab import frame_server
 from prefix_sidecar_tools.bench.http_proxy import http_proxy
 from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
 from prefix_sidecar_tools.harness import (
@@ -65,6 +70,7 @@ from prefix_sidecar_tools.workload.texts import merchant_query, rules_text
 
 ECHO_METHOD = "/bench.hop.Echo/Echo"
 MODES = ("echo", "route", "direct", "thin", "fat", "http", "proxy", "raw")
+FRAME_MODES = ("frame_http1", "frame_aiohttp")  # --frame-ab
 PATHS = ("grpc", "http", "proxy")  # the throughput phase
 TARGET_ROUTE_OVER_ECHO = 1.10
 TARGET_OVERHEAD_MS = 1.0
@@ -328,7 +334,8 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
     rng = random.Random(args.seed)
     inputs = [merchant_query(rng) for _ in range(args.warmup + args.iterations)]
     config = EmulatorConfig(time_scale=1000.0, kv_tokens=400_000)
-    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    modes = MODES + (FRAME_MODES if args.frame_ab else ())
+    samples: dict[str, list[float]] = {mode: [] for mode in modes}
     front = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="prefix-sidecar-hop-") as workdir:
         echo_target = f"unix://{workdir}/echo.sock"
@@ -347,7 +354,13 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
             grpc.aio.insecure_channel(sidecars.targets[0], options=CHANNEL_OPTIONS) as channel,
             grpc.aio.insecure_channel(echo_target) as echo_channel,
             aiohttp.ClientSession() as session,
+            contextlib.AsyncExitStack() as frames,
         ):
+            frame_urls = {
+                mode: await frames.enter_async_context(frame_server(mode[len("frame_") :]))
+                for mode in samples
+                if mode in FRAME_MODES
+            }
             pod = fleet.urls[0]
             front_url = f"http://{front}"
             await _wait_http_ready(session, front_url, 20)
@@ -400,6 +413,9 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
             async def time_raw(i: int) -> float:
                 return await _first_event(session, raw_proxy, bodies[i])
 
+            def time_frame(mode: str) -> Callable[[int], Awaitable[float]]:
+                return lambda i: _first_event(session, frame_urls[mode], bodies[i])
+
             bodies = [_direct_body(prefix + text, config.model) for text in inputs]
             calls: dict[str, Callable[[int], Awaitable[float]]] = {
                 "echo": time_echo,
@@ -410,9 +426,10 @@ async def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> 
                 "http": time_http,
                 "proxy": time_proxy,
                 "raw": time_raw,
+                **{mode: time_frame(mode) for mode in frame_urls},
             }
             total = args.warmup + args.iterations
-            order = list(MODES)
+            order = list(samples)
             for i in range(total):
                 # A fresh random order every round, and a pause before every call: the
                 # teardown of one call (a finished stream, a 240 KB message) must not be
@@ -495,6 +512,7 @@ def _report(
     overhead_ms = (stats["thin"]["p50_us"] - stats["direct"]["p50_us"]) / 1e3
     http_ms = (stats["http"]["p50_us"] - stats["direct"]["p50_us"]) / 1e3
     saving_ms = (stats["fat"]["p50_us"] - stats["thin"]["p50_us"]) / 1e3
+    proxy_ms = (stats["proxy"]["p50_us"] - stats["direct"]["p50_us"]) / 1e3
     return {
         "params": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
         "latency": stats,
@@ -513,7 +531,8 @@ def _report(
                 "p50": (stats[mode]["p50_us"] - stats["direct"]["p50_us"]) / 1e3,
                 "p99": (stats[mode]["p99_us"] - stats["direct"]["p99_us"]) / 1e3,
             }
-            for mode in ("http", "proxy", "raw")
+            for mode in ("http", "proxy", "raw", *FRAME_MODES)
+            if mode in stats
         },
         "thin_saving": {
             "p50_ms": saving_ms,
@@ -541,6 +560,11 @@ def _report(
                 f"raw-socket proxy: "
                 f"{(stats['raw']['p50_us'] - stats['direct']['p50_us']) / 1e3:.2f} ms)",
                 "met": http_ms <= TARGET_OVERHEAD_MS,
+            },
+            {
+                "name": "HTTP front TTFT overhead below the bare aiohttp proxy's (p50, this run)",
+                "measured": f"{http_ms:.2f} ms vs {proxy_ms:.2f} ms",
+                "met": http_ms < proxy_ms,
             },
         ],
     }
@@ -599,6 +623,17 @@ def render(report: dict[str, Any]) -> str:
     ]
     for name, value in report["route_breakdown_us"].items():
         lines.append(f"  {name:<52}{value:>8.2f}")
+    if "frame_http1" in latency:
+        ab = {mode: latency[mode]["p50_us"] for mode in FRAME_MODES}
+        lines += [
+            "",
+            "server frame A/B (--frame-ab): one trivial handler, the same POST, p50 us (p99)",
+            f"  behind the front's asyncio.Protocol server (http1)  {ab['frame_http1']:>8,.0f}"
+            f" ({latency['frame_http1']['p99_us']:,.0f})",
+            f"  behind aiohttp's low-level server                   {ab['frame_aiohttp']:>8,.0f}"
+            f" ({latency['frame_aiohttp']['p99_us']:,.0f})",
+            f"  http1 - aiohttp: {ab['frame_http1'] - ab['frame_aiohttp']:+,.0f} us per request",
+        ]
     if "throughput" in report:
         rates = report["throughput"]
         first = rates[PATHS[0]]
@@ -656,6 +691,12 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=5.0,
         help="length of the throughput phase, per path (5)",
+    )
+    parser.add_argument(
+        "--frame-ab",
+        action="store_true",
+        help="also time one trivial handler behind the front's server and behind aiohttp's "
+        "(the A/B that chose the front's server frame)",
     )
     parser.add_argument("--quick", action="store_true", help="a few seconds, for tests")
     add_json_option(parser)
