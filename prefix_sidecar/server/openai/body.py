@@ -31,6 +31,9 @@ from prefix_sidecar.routing.organic import LEARN_MESSAGES
 
 # What of a caller's text may reach an error message.
 QUOTE_CHARS = 80
+# The deepest nesting read (json.loads stops at the interpreter's recursion limit, ~1,000
+# levels; prefix_sidecar.server.openai.body_steps at this). vLLM answers 400 as well.
+MAX_DEPTH = 900
 
 
 class FrontError(Exception):
@@ -113,38 +116,76 @@ def parse_request(
     its prompt or messages. With `store`, a long route text is matched against its
     prefixes where it lies in the body when it can be (FrontRequest.matched); `window` is
     the router's route_window_bytes; `turns`: read a long prompt's chat-template turns
-    (the router follows conversations, 9h)."""
+    (the router follows conversations, 9h). One step of the loop: for bodies over
+    SYNC_BYTES, prefix_sidecar.server.openai.body_steps.read_request reads them in steps."""
+    cut = route_string_cut(raw, chat, store)
+    if cut is not None:
+        try:
+            data = json.loads(cut_out(raw, cut))
+        except RecursionError:
+            raise too_deep() from None
+        except ValueError:
+            data = None  # invalid: json.loads on the whole says where
+        if data is not None:
+            found = read_cut(raw, cut, _read(data, chat), chat, window, turns)
+            if found is not None:
+                return found
+    return _read(_loads(raw), chat)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A route text found where it lies in the body: raw[start:end] is its escaped string,
+    `prefix` the longest registered prefix it starts with (None: none)."""
+
+    start: int
+    end: int
+    prefix: PrefixEntry | None
+
+
+def route_string_cut(raw: bytes, chat: bool, store: PrefixStore | None) -> Cut | None:
+    """The route string to cut out of the body before json.loads reads the rest, when the
+    registered prefixes can be matched on its bytes (bounded: at most MAX_QUOTES quotes
+    and the longest prefix are looked at)."""
     found = _route_string(raw, chat) if store is not None else None
     if found is None:
-        return _read(_loads(raw), chat)
+        return None
     assert store is not None
     start = found
     prefix = store.match_escaped(raw, start)
     proven = len(prefix.json_bytes) if prefix is not None else 0  # the same bytes as escape()
     end = _string_end(raw, start + proven)
     if end is None:
-        return _read(_loads(raw), chat)
+        return None
     # Up to where the match could look, the caller's escape must be escape()'s.
     reach = min(end, start + store.escaped_reach(raw, start))
     for escape in _NOT_CANONICAL:
         if raw.find(escape, start + proven, reach) >= 0:
-            return _read(_loads(raw), chat)
-    try:
-        data = json.loads(raw[: start - 1] + _MARK_JSON + raw[end + 1 :])
-    except ValueError:
-        return _read(_loads(raw), chat)  # invalid: json.loads on the whole says where
-    request = _read(data, chat)
+            return None
+    return Cut(start, end, prefix)
+
+
+def cut_out(raw: bytes, cut: Cut) -> bytes:
+    """The body with the route string replaced by the mark."""
+    return raw[: cut.start - 1] + _MARK_JSON + raw[cut.end + 1 :]
+
+
+def read_cut(
+    raw: bytes, cut: Cut, request: FrontRequest, chat: bool, window: int, turns: bool
+) -> FrontRequest | None:
+    """What routing reads, given `request` as read from the body with the route string cut
+    out; None when the body must be read whole after all."""
     if request.route_text != _MARK:
         if _MARK in request.route_text:  # the text was one of a message's content parts
-            return _read(_loads(raw), chat)
+            return None
         return request  # the route text is elsewhere in the body, and was read whole
-    if prefix is None and chat:
-        return _read(_loads(raw), chat)  # an unregistered chat routes on its messages
-    if prefix is not None:  # a registered prefix: no organic routing, nothing to read
-        return FrontRequest(request.model, "", request.stream, matched=True, prefix=prefix)
-    head = _decoded_head(raw, start, end, window)
+    if cut.prefix is None and chat:
+        return None  # an unregistered chat routes on its messages
+    if cut.prefix is not None:  # a registered prefix: no organic routing, nothing to read
+        return FrontRequest(request.model, "", request.stream, matched=True, prefix=cut.prefix)
+    head = _decoded_head(raw, cut.start, cut.end, window)
     # read in the body, undecoded; not at all when the router would not look
-    marks = turn_marks_escaped(raw, start, end) if turns else NOT_FOLLOWED
+    marks = turn_marks_escaped(raw, cut.start, cut.end) if turns else NOT_FOLLOWED
     return FrontRequest(request.model, head, request.stream, marks=marks, matched=True)
 
 
@@ -223,9 +264,17 @@ def _string(escaped: bytes) -> str:
     return text
 
 
+def too_deep() -> FrontError:
+    return bad_request(
+        f"the body is not valid JSON: it nests deeper than the sidecar reads ({MAX_DEPTH} levels)"
+    )
+
+
 def _loads(raw: bytes) -> Any:
     try:
         return json.loads(raw)
+    except RecursionError:  # json's reader recurses once per level: 3,000 levels are 6 KB
+        raise too_deep() from None
     except UnicodeDecodeError:
         raise bad_request("the body is not UTF-8 JSON") from None
     except ValueError as exc:

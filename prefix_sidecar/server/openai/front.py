@@ -49,7 +49,8 @@ from prefix_sidecar.server.common.unix_socket import (
     restrictive_umask,
     socket_identity,
 )
-from prefix_sidecar.server.openai.body import FrontError, FrontRequest, bad_request, parse_request
+from prefix_sidecar.server.openai.body import FrontError, FrontRequest, bad_request
+from prefix_sidecar.server.openai.body_steps import read_request
 from prefix_sidecar.server.openai.http1 import HTTP1Server, Request, Response, StreamedResponse
 from prefix_sidecar.server.openai.splice import splice_prefix
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER, RETRY_AFTER_S, forward
@@ -62,8 +63,9 @@ MAX_MODELS_BYTES = 256 * 1024
 # The metrics' rpc label of each door (the gRPC RPCs are "Complete", "Chat", ...).
 RPC_COMPLETIONS = "http_completions"
 RPC_CHAT = "http_chat"
-# Above this, reading the routing fields and routing are separate steps of the loop (each
-# stays well under 10 ms at the 8 MiB default limit).
+# Above this, reading the routing fields and routing are separate steps of the loop (the
+# reading itself is in steps of a few ms above body_steps.SYNC_BYTES, whatever the body's
+# shape: issue 27, defect 2).
 YIELD_ABOVE_BYTES = 1024 * 1024
 # Thin queries: the registered prefix to put before the caller's prompt or messages.
 PREFIX_ID_HEADER = "x-prefix-id"
@@ -217,20 +219,21 @@ class OpenAIFront:
     async def _infer_counted(
         self, request: Request, path: str, rpc: str, *, chat: bool, started: float
     ) -> Answer:
-        entry = self._prefix_of(request)
-        # At most max_message_bytes (the server answers 413 above it, before reading the
-        # body when its Content-Length says so).
-        raw = request.body
-        parsed = parse_request(
-            raw,
-            chat=chat,
-            store=self.store if entry is None else None,
-            window=self.router.head_bytes,
-            turns=self.router.follows_conversations,
-        )
-        if len(raw) > YIELD_ABOVE_BYTES:
-            await asyncio.sleep(0)
+        trace = _trace_context(request)
         try:
+            entry = self._prefix_of(request)
+            # At most max_message_bytes (the server answers 413 above it, before reading
+            # the body when its Content-Length says so); a large one is read in steps.
+            raw = request.body
+            parsed = await read_request(
+                raw,
+                chat=chat,
+                store=self.store if entry is None else None,
+                window=self.router.head_bytes,
+                turns=self.router.follows_conversations,
+            )
+            if len(raw) > YIELD_ABOVE_BYTES:
+                await asyncio.sleep(0)
             if entry is None:
                 decision, decision_ns = self._route(parsed, chat)
             else:
@@ -238,6 +241,7 @@ class OpenAIFront:
                 decision_ns = decision.decision_ns
                 raw = splice_prefix(raw, entry.json_bytes, chat=chat)
         except NoBackendError as exc:
+            self._count_refused(rpc, "UNAVAILABLE", started, trace)
             raise FrontError(
                 503,
                 str(exc),
@@ -245,7 +249,10 @@ class OpenAIFront:
                 code="no_backend",
                 retry_after_s=RETRY_AFTER_S,
             ) from None
-        trace = _trace_context(request)
+        except FrontError as exc:
+            # A request refused before routing is counted as the gRPC front counts one.
+            self._count_refused(rpc, _STATUS_NAMES.get(exc.status, "UNKNOWN"), started, trace)
+            raise
         outcome = RelayOutcome()
         try:
             return await forward(
@@ -277,6 +284,12 @@ class OpenAIFront:
                 trace,
                 front=FRONT_HTTP,
             )
+
+    def _count_refused(self, rpc: str, status: str, started: float, trace: TraceContext) -> None:
+        record_outcome(
+            self.metrics, rpc, "", "", RelayOutcome(status=status), started, trace,
+            front=FRONT_HTTP,
+        )  # fmt: skip
 
     def _route(self, parsed: FrontRequest, chat: bool) -> tuple[Decision, int]:
         """The router's decision for the prompt, and its time in ns. A prompt matched where
@@ -363,6 +376,8 @@ class OpenAIFront:
         return Response(503, body, content_type="application/json")
 
 
+# The request metrics' status of a request the front refuses before routing (gRPC's names).
+_STATUS_NAMES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "UNIMPLEMENTED"}
 # The `code` of the errors the HTTP server answers itself (the others: None).
 _SERVER_ERROR_CODES = {413: "request_too_large", 408: "request_timeout"}
 

@@ -18,7 +18,6 @@ import pytest
 
 from prefix_sidecar.server.openai import http1
 from prefix_sidecar.server.openai.http1 import HTTP1Server, Request, Response, StreamedResponse
-from prefix_sidecar.server.openai.http1_parse import HTTPError, parse_head
 
 LIMIT = 64 * 1024
 
@@ -207,19 +206,6 @@ async def test_malformed_framing_is_refused_and_closed(request_bytes: bytes, sta
     assert _statuses(out) == [status]  # and nothing after: the connection closed
     assert b"Connection: close" in out
     assert json.loads(out.partition(b"\r\n\r\n")[2])["error"]["code"] == status
-
-
-def test_header_lines_are_read_in_linear_time() -> None:
-    """A long header value ending in a control character: a regex with nested repetition
-    backtracked exponentially on it (0.8 s for 24 bytes, doubling per byte)."""
-    for value in (b"a" * 8000 + b"\x01", b"a " * 4000 + b"\x01", b"\t" * 8000 + b"\x7f"):
-        started = time.perf_counter()
-        with pytest.raises(HTTPError) as refused:
-            parse_head(b"GET / HTTP/1.1\r\nX-A: " + value)
-        assert refused.value.status == 400
-        assert time.perf_counter() - started < 0.05
-    head = parse_head(b"GET / HTTP/1.1\r\nX-A: \tb c\t \r\nX-B:\r\nX-C: \xe9t\xe9")
-    assert head.headers == {"x-a": "b c", "x-b": "", "x-c": "\xe9t\xe9"}
 
 
 async def test_slow_heads_bodies_and_idle_connections_time_out(

@@ -74,7 +74,7 @@ async def _serve_aiohttp() -> None:
         await answer.write_eof()
         return answer
 
-    server = web.Server(handle, access_log=None, client_max_size=MAX_BODY)
+    server = web.Server(handle, access_log=None)
     listener = _listener()
     served = await asyncio.get_running_loop().create_server(server, sock=listener)
     print(f"READY {listener.getsockname()[1]}", flush=True)

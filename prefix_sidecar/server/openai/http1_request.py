@@ -1,0 +1,224 @@
+"""One caller's requests as llhttp reads them (httptools.HttpRequestParser), for the OpenAI
+front's server (prefix_sidecar.server.openai.http1), with what llhttp leaves to its user.
+
+Everything here comes from a caller and is untrusted. llhttp (Node's parser, uvicorn's fast
+path) reads the framing strictly: header names are tokens right before their colon, no
+folded lines, no control character but tab in a value, one Content-Length of digits, never
+beside a Transfer-Encoding, chunk sizes of hex digits only, CRLF line ends, a chunk
+extension ended by CRLF. What it does not enforce, `RequestReader` does, as the hand-written
+parser it replaced did (tests/server/openai/test_http1.py covers each):
+- the request line: one space between its three parts, a method of at most 32 token
+  characters, a target of 1 to 8,192 visible ASCII characters, HTTP/1.1 or HTTP/1.0 only
+  (505: llhttp also takes 0.9 and 2.0), the target a path or an absolute http(s) URL;
+- at most MAX_HEADERS header lines (431), the head's size (the server's, 431), the trailers'
+  size (431);
+- Transfer-Encoding only `chunked` (501: llhttp takes `gzip, chunked`), and only on
+  HTTP/1.1; Expect only `100-continue` (417);
+- a value's trailing blanks dropped (llhttp keeps them), a repeated header's values joined.
+Sizes are counted here as the callbacks come: the body's bytes against the server's limit
+(413). Errors are HTTPError with the status to answer; their messages quote none of what
+the caller sent.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httptools
+
+MAX_HEADERS = 100
+MAX_TRAILER_BYTES = 16 * 1024
+_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}")
+_TARGET = re.compile(rb"[\x21-\x7e]{1,8192}")
+
+
+class HTTPError(Exception):
+    """A request the server answers itself with `status` (the connection then closes)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Request:
+    """One request, whole: the handler runs once its body is in (within the server's
+    max_body_bytes: the server answers 413 itself above it)."""
+
+    __slots__ = ("_connection", "body", "headers", "http11", "method", "path")
+
+    def __init__(
+        self, connection: Any, method: str, path: str, http11: bool, headers: dict[str, str]
+    ) -> None:
+        self.method = method
+        self.path = path  # without the query
+        self.http11 = http11
+        self.headers = headers  # names lowercased; a repeated header's values joined by ", "
+        self.body = b""
+        self._connection: Any = connection  # its http1._Connection, which answers it
+
+
+def check_request_line(head: bytes) -> None:
+    """The request line's rules llhttp does not enforce; `head` starts with it."""
+    end = head.find(b"\r\n")
+    parts = head[: end if end >= 0 else len(head)].split(b" ")
+    if len(parts) != 3 or not _METHOD.fullmatch(parts[0]) or not _TARGET.fullmatch(parts[1]):
+        raise HTTPError(400, "a malformed request line")
+    if parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+        raise HTTPError(505, "only HTTP/1.1 and HTTP/1.0 are served")
+    if head.count(b"\r\n") > MAX_HEADERS + 2:  # the request line's and the blank line's
+        raise HTTPError(431, f"more than {MAX_HEADERS} header lines")
+
+
+def _path(target: bytes) -> str:
+    path = target.split(b"?", 1)[0]
+    if not path.startswith(b"/"):
+        # The absolute form (a proxy's): http://host/path; anything else is no path here.
+        scheme, _, rest = path.partition(b"://")
+        if scheme.lower() not in (b"http", b"https") or not rest:
+            raise HTTPError(400, "a request target must be a path")
+        path = b"/" + rest.partition(b"/")[2]
+    return path.decode("ascii")
+
+
+class _Stop(Exception):
+    """Raised from a callback to stop llhttp where it is (the reason is in `error`)."""
+
+
+class RequestReader:
+    """The parser of one connection and the state of the message it is reading. `feed`
+    bytes: the head first (`headers_done`, `request`), then the body (`complete`). A
+    message that begins in the same feed as the one before it ended sets `overrun`."""
+
+    def __init__(self, connection: Any, max_body_bytes: int) -> None:
+        self._connection = connection
+        self._max_body = max_body_bytes
+        self._parser = httptools.HttpRequestParser(self)
+        self._feeding = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.request: Request | None = None
+        self.headers_done = False
+        self.complete = False
+        self.overrun = False
+        self.upgrade = False  # llhttp skips the body of a request asking for an Upgrade
+        self.error: HTTPError | None = None
+        self.keep_alive = True
+        self.chunked = False
+        self.length = 0  # Content-Length
+        self.expect_continue = False
+        self.body_size = 0
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._lengths = 0
+        self._trailer_bytes = 0
+        self._first: bytes | None = None  # the body's first piece: no copy when it is all
+        self._body: bytearray | None = None
+
+    def body(self) -> bytes:
+        if self._body is not None:
+            return bytes(self._body)
+        return self._first or b""
+
+    def feed(self, data: bytes | memoryview) -> None:
+        """HTTPError for what the server must refuse; httptools.HttpParserUpgrade when
+        llhttp takes the rest of the connection for another protocol."""
+        self._feeding = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self.error is not None:
+                raise self.error from None
+            raise
+        except httptools.HttpParserCallbackError:
+            if self.overrun and self.complete:
+                return  # the next message is read later, from its first byte
+            if self.error is not None:
+                raise self.error from None
+            raise HTTPError(400, "a malformed request") from None
+        except httptools.HttpParserError as exc:
+            if self.error is not None:
+                raise self.error from None
+            raise HTTPError(400, f"a malformed request: {str(exc)[:60]}") from None
+        finally:
+            self._feeding = False
+        if self.error is not None:
+            raise self.error
+
+    # --- llhttp's callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # Pipelined right behind a chunked body, in the same read: stop llhttp here, so
+            # that this message's head is read from its first byte, with the checks above.
+            self.overrun = True
+            raise _Stop
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        text = value.rstrip(b" \t").decode("latin-1")
+        if self.headers_done:  # a trailer: read and dropped
+            self._trailer_bytes += len(name) + len(value) + 4
+            if self._trailer_bytes > MAX_TRAILER_BYTES:
+                self.error = HTTPError(431, "the chunked body's trailers are too long")
+                raise _Stop
+            return
+        key = name.decode("latin-1").lower()
+        headers = self._headers
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        try:
+            self._framed()
+        except HTTPError as exc:
+            self.error = exc  # llhttp may find an error of its own next: ours is answered
+
+    def _framed(self) -> None:
+        parser = self._parser
+        headers = self._headers
+        http11 = parser.get_http_version() == "1.1"
+        encoding = headers.get("transfer-encoding")
+        if encoding is not None:
+            if encoding.lower() != "chunked" or not http11:
+                raise HTTPError(501, "only a chunked Transfer-Encoding is served")
+            self.chunked = True
+        elif "content-length" in headers:
+            self.length = int(headers["content-length"])  # llhttp: digits, one value
+            if self.length > self._max_body:
+                raise too_large(self.length, self._max_body)
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = "close" not in connection if http11 else "keep-alive" in connection
+        expect = headers.get("expect")
+        if expect is not None and expect.lower() != "100-continue":
+            raise HTTPError(417, "only Expect: 100-continue is served")
+        self.expect_continue = expect is not None and http11
+        self.upgrade = parser.should_upgrade()
+        method = parser.get_method().decode("ascii")
+        self.request = Request(self._connection, method, _path(self._url), http11, headers)
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        if self.body_size > self._max_body:
+            self.error = too_large(self.body_size, self._max_body)
+            raise _Stop
+        if self._first is None:
+            self._first = body
+        else:
+            if self._body is None:
+                self._body = bytearray(self._first)
+            self._body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+def too_large(size: int, limit: int) -> HTTPError:
+    return HTTPError(
+        413,
+        f"the body is over the size limit (config max_message_bytes): {size} > {limit} bytes",
+    )
