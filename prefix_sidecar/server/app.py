@@ -46,7 +46,7 @@ from prefix_sidecar.prefixes import PrefixError, PrefixStore
 from prefix_sidecar.prewarm import WARMED, Prewarmer
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.routing.table import RoutingTable
-from prefix_sidecar.server.common import memory
+from prefix_sidecar.server.common import connections, memory, tls
 from prefix_sidecar.server.common.probes import Readiness, probe_routes
 from prefix_sidecar.server.common.unix_socket import (
     SocketIdentity,
@@ -180,6 +180,7 @@ class Sidecar(AsyncService):
             failure_threshold=self.config.eject_after_failures,
             on_change=self.pool.set_health,
         )
+        connections.raise_fd_limit()  # before the fronts' caps are set from it
         self.server = self._grpc_server()
         self.relay = Relay(
             self.client,
@@ -341,7 +342,8 @@ class Sidecar(AsyncService):
                 # Every connection holds an fd and ~40 KB of buffers: a local process opening
                 # them by the thousand must meet a bound before the fd limit (the image's
                 # nofile is 20,000). A sidecar's callers need a handful each.
-                ("grpc.max_allowed_incoming_connections", 4096),
+                # (server.common.connections: below the fds, shared with the HTTP front.)
+                ("grpc.max_allowed_incoming_connections", connections.front_cap(fronts=2)),
                 # Connections with no call for 10 minutes are closed (clients reconnect);
                 # ping abuse keeps grpc's default of 2 strikes.
                 ("grpc.max_connection_idle_ms", 600_000),
@@ -365,10 +367,8 @@ class Sidecar(AsyncService):
         config = self.config
         if not config.tcp_listen:
             return
-        key = Path(config.tls_key_file).read_bytes()
-        cert = Path(config.tls_cert_file).read_bytes()
-        client_ca = (
-            Path(config.tls_client_ca_file).read_bytes() if config.tls_client_ca_file else None
+        key, cert, client_ca = tls.grpc_files(
+            config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
         )
         credentials = grpc.ssl_server_credentials(
             [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None

@@ -32,8 +32,10 @@ from prefix_sidecar.membership.pool import SERVING, BackendPool
 from prefix_sidecar.metrics import FRONT_HTTP, Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
 from prefix_sidecar.routing.router import Decision, NoBackendError, Router
+from prefix_sidecar.server.common.connections import front_cap, install_accept_log
 from prefix_sidecar.server.common.probes import Readiness
 from prefix_sidecar.server.common.request_log import record_outcome
+from prefix_sidecar.server.common.tls import server_context
 from prefix_sidecar.server.common.trace_context import (
     REQUEST_ID,
     TRACEPARENT,
@@ -120,12 +122,15 @@ class OpenAIFront:
         # A caller that leaves cancels its handler, which closes the pod's connection at
         # once instead of at the next chunk. No access log: it would carry nothing a caller
         # needs and cost a line per request (the request line is sidecar.requests').
+        # Both fronts share the fds (server.common.connections): each gets a cap below them.
         self._server = HTTP1Server(
             self._handle,
             max_body_bytes=self.config.max_message_bytes,
             error_body=_error_body,
+            max_connections=front_cap(fronts=2),
         )
         loop = asyncio.get_running_loop()
+        install_accept_log(loop)
         if listen.startswith("unix://"):
             path = listen[len("unix://") :]
             prepare_socket_path(path)
@@ -169,12 +174,8 @@ class OpenAIFront:
         """Loopback serves plain HTTP; anything else TLS (the config demands the files)."""
         if is_loopback_host(host):
             return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.config.tls_cert_file, self.config.tls_key_file)
-        if self.config.tls_client_ca_file:
-            context.load_verify_locations(self.config.tls_client_ca_file)
-            context.verify_mode = ssl.CERT_REQUIRED
-        return context
+        config = self.config
+        return server_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
 
     # --- dispatch -----------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ import contextlib
 import json
 import re
 import shutil
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
