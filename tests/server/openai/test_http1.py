@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 import shutil
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -197,6 +198,33 @@ async def test_oversized_heads_are_refused() -> None:
         (b"GET / HTTP/1.1\r\nExpect: 200-ok\r\n\r\n", 417),
         (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
         (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n", 400),
+        # Rules llhttp does not enforce, kept from the hand-written parser (http1_request):
+        (b"GET /  HTTP/1.1\r\n\r\n", 400),  # one space between the request line's parts
+        (b"G" * 33 + b" / HTTP/1.1\r\n\r\n", 400),  # a method of at most 32 characters
+        (b"GET /" + b"a" * 8192 + b" HTTP/1.1\r\n\r\n", 400),  # a target of at most 8,192
+        (b"GET /caf\xe9 HTTP/1.1\r\n\r\n", 400),  # visible ASCII only
+        (b"GET / HTTP/0.9\r\n\r\n", 505),  # llhttp reads 0.9 and 2.0 too
+        (b"OPTIONS * HTTP/1.1\r\n\r\n", 400),  # a path or an absolute http(s) URL
+        (b"CONNECT pod:443 HTTP/1.1\r\n\r\n", 400),
+        (b"GET ftp://h/x HTTP/1.1\r\n\r\n", 400),
+        (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 501),
+        (
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: "
+            + b"t" * 17000
+            + b"\r\n\r\n",
+            431,
+        ),  # trailers of at most 16 KiB
+        # Leniencies nginx and h11 reject (issue 27), as llhttp reads them:
+        (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc", 400),
+        ("POST / HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\nx".encode(), 400),
+        (b"POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc", 400),
+        *(
+            (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\nabc\r\n", 400)
+            for size in (b"0x3", b"+3", b"1_3", b" 3", b"3 ")
+        ),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;a=b\nc\r\nabc\r\n", 400),
+        (b"GET / HTTP/1.1\r\nX-A: b\x01c\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\nHost: x\n\n", 400),  # bare LF line ends
     ],
 )
 async def test_malformed_framing_is_refused_and_closed(request_bytes: bytes, status: int) -> None:
@@ -205,6 +233,70 @@ async def test_malformed_framing_is_refused_and_closed(request_bytes: bytes, sta
     assert _statuses(out) == [status]  # and nothing after: the connection closed
     assert b"Connection: close" in out
     assert json.loads(out.partition(b"\r\n\r\n")[2])["error"]["code"] == status
+
+
+async def test_header_lines_are_read_in_linear_time() -> None:
+    """The hand-written parser's header regex backtracked exponentially on a value ending
+    in a control character: these 24 bytes held the loop 0.8 s (doubling per byte). llhttp
+    reads a line once; each is refused at once."""
+    redos = b"X-A: " + b"a" * 16 + b"\x01\r\n"  # 24 bytes
+    assert len(redos) == 24
+    async with serving() as (url, _):
+        for value in (
+            redos,
+            b"X-A: " + b"a" * 8000 + b"\x01\r\n",
+            b"X-A: " + b"\t" * 8000 + b"\x7f\r\n",
+        ):
+            started = time.perf_counter()
+            out = await _raw(url, b"GET / HTTP/1.1\r\n" + value + b"\r\n")
+            assert _statuses(out) == [400]
+            assert time.perf_counter() - started < 0.2
+        # Values lose their blanks at both ends; a repeated header's values are joined.
+        head = b"GET / HTTP/1.1\r\nAuthorization: \tb c\t \r\nauthorization: d\r\n\r\n"
+        out = await _raw(url, head, read_s=0.5)
+    assert json.loads(out.partition(b"\r\n\r\n")[2])["auth"] == "b c, d"
+
+
+async def test_an_upgrade_is_not_taken_but_the_request_is_served() -> None:
+    """curl --http2 on plain HTTP asks for h2c with its POST: llhttp would hand the body to
+    the other protocol; the request is served as HTTP/1.1 and the connection then closes."""
+    async with serving() as (url, _):
+        request = (
+            b"POST /up HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+            b"Content-Length: 3\r\n\r\nabcGET /next HTTP/1.1\r\n\r\n"
+        )
+        out = await _raw(url, request)
+        chunked = b"POST / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n"
+        refused = await _raw(url, chunked + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert _statuses(out) == [200] and b"Connection: close" in out
+    assert json.loads(out.partition(b"\r\n\r\n")[2])["body"] == "abc"
+    assert _statuses(refused) == [400]
+
+
+async def test_a_request_pipelined_behind_a_chunked_body_in_one_read_is_read_whole() -> None:
+    """llhttp reads a chunked body only up to each CRLFCRLF, where alone it can end: the next
+    request's head is then read from its first byte, with every rule above."""
+    async with serving() as (url, _):
+        chunked = b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        body = b"4\r\n\r\n\r\n\r\n2\r\nde\r\n0\r\n\r\n"  # data holding a CRLFCRLF
+        out = await _raw(url, chunked + body + b"GET /b HTTP/1.1\r\n\r\nGET  /c HTTP/1.1\r\n\r\n")
+    assert _statuses(out) == [200, 200, 400]
+    bodies = [part.split(b"\r\n\r\n", 1)[1] for part in out.split(b"HTTP/1.1 ")[1:3]]
+    assert [json.loads(b)["body"] for b in bodies] == ["\r\n\r\nde", ""]
+
+
+async def test_connections_over_the_cap_are_answered_503_and_closed() -> None:
+    async with serving() as (url, server):
+        server.max_connections = 2
+        host, port = url[len("http://") :].split(":")
+        held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        out = await _raw(url, b"", read_s=2)
+        assert _statuses(out) == [503] and b"Retry-After: 1" in out
+        assert len(server.connections) == 2 and server.refused_connections == 1
+        for _, writer in held:
+            writer.close()
 
 
 async def test_slow_heads_bodies_and_idle_connections_time_out(
@@ -256,7 +348,12 @@ async def test_a_caller_leaving_cancels_the_handler_and_writes_wait_for_a_slow_r
 
 async def test_answers_while_draining_close_the_connection_and_unsafe_values_are_dropped() -> None:
     async def labelled(request: Request) -> Response:
-        return Response(200, b"ok", [("X-Pod", "a\r\nSet-Cookie: evil"), ("X-Fine", "yes")])
+        return Response(
+            200,
+            b"ok",
+            [("X-Pod", "a\r\nSet-Cookie: evil"), ("X-Ctl", "a\x01evil"), ("Bad Name", "evil"),
+             ("X-Fine", "yes")],
+        )  # fmt: skip
 
     async with serving(labelled) as (url, server):
         out = await _raw(url, b"GET / HTTP/1.1\r\n\r\n", read_s=0.3)
