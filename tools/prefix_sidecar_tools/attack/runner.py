@@ -24,6 +24,7 @@ from typing import Any
 from prefix_sidecar_tools.bench.soak import MB, fd_count, rss_bytes
 from prefix_sidecar_tools.harness import (
     SidecarProcess,
+    free_port,
     python_command,
     spawn,
     spawn_blocking,
@@ -46,14 +47,19 @@ RSS_BACK_WAIT_S = 13.0
 # calls during the attack shed (it was 0.5 of the answered count, i.e. a third of the calls,
 # which a busy 2-core box crossed: 5 shed of 13).
 SHED_PROBE_SHARE = 0.5
-MESSAGE_LIMIT = 1024 * 1024  # the sidecar's max_message_bytes here; the huge event is 2x
+MESSAGE_LIMIT = (
+    8 * 1024 * 1024
+)  # the sidecar's max_message_bytes (its default); the huge event is 2x
+# A body at the limit may not hold the loop (issue 27, defect 2): another caller's slowest
+# call during it, where one such body held the loop 0.84-1.0 s before.
+STALL_PROBE_MAX_MS = 250.0
 
 
 @dataclass
 class Scenario:
     name: str
-    kind: str  # "socket" or "pod"
-    attack: str  # an abuse.py attack, or "stream_callers" against a hostile pod
+    kind: str  # "socket", "pod", or "http" (the HTTP front's callers: http_callers.py)
+    attack: str  # an abuse.py or http_callers.py attack, or "stream_callers" (a hostile pod)
     options: dict[str, Any]
     pod: str = ""  # the hostile pod's mode
     expect: str = ""  # what else must hold, checked in `_extra_checks`
@@ -111,7 +117,25 @@ def scenarios(short: bool) -> list[Scenario]:
             "no_recorder_hits",
         ),
         Scenario("wedge", "pod", "stream_callers", {"count": 4, "seconds": secs}, "wedge"),
+        *http_scenarios(short),
     ]
+
+
+def http_scenarios(short: bool) -> list[Scenario]:
+    """Issue 27's caller-side defects of the HTTP front (2, 3, 4, 7)."""
+    count = 1 if short else 3
+    return [
+        Scenario("large_body_tokens", "http", "large_body", {"shape": "tokens", "count": count},
+                 expect="no_stall"),
+        Scenario("large_body_messages", "http", "large_body",
+                 {"shape": "messages", "count": count}, expect="no_stall"),
+        Scenario("tiny_chunks", "http", "tiny_chunks", {"chunk": 2}, expect="http_413"),
+        Scenario("many_connections", "http", "many_connections",
+                 {"connections": 300 if short else 5000, "hold_s": 3.0 if short else 10.0},
+                 expect="capped"),
+        Scenario("deep_json", "http", "deep_json", {"count": 6 if short else 40},
+                 expect="http_400"),
+    ]  # fmt: skip
 
 
 # --- the probe and the sampler -----------------------------------------------------------------
@@ -179,12 +203,12 @@ def _stats(latencies: list[float]) -> dict[str, float]:
 
 
 async def _run_attack(name: str, socket_path: str, options: dict[str, Any]) -> dict[str, Any]:
-    process = await spawn(
-        python_command(
-            "-m", "prefix_sidecar_tools.attack.abuse", name, socket_path, json.dumps(options)
-        ),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    """One attack in its own process; `socket_path` "" for an HTTP front's caller."""
+    if socket_path:
+        argv = ["-m", "prefix_sidecar_tools.attack.abuse", name, socket_path, json.dumps(options)]
+    else:
+        argv = ["-m", "prefix_sidecar_tools.attack.http_callers", name, json.dumps(options)]
+    process = await spawn(python_command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(process.communicate(), 300)
     except TimeoutError:
@@ -206,6 +230,7 @@ class Harness:
         self.pods: dict[str, str] = {}
         self.healthy = ""
         self.sidecar: SidecarProcess | None = None
+        self.http = ""  # the sidecar's OpenAI HTTP front, HOST:PORT
 
     def start_pods(self) -> None:
         emulator = spawn_blocking(
@@ -247,7 +272,8 @@ class Harness:
             "grace_s": 1,
             "log_level": "warning",
         }
-        args = ["--backends-file", self.backends_file]
+        self.http = f"127.0.0.1:{free_port()}"
+        args = ["--backends-file", self.backends_file, "--openai-listen", self.http]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         self.sidecar = SidecarProcess(
@@ -345,6 +371,9 @@ async def _scenario(
     members = {harness.healthy}
     attack_options = dict(scenario.options)
     target = harness.sidecar.socket_path
+    if scenario.kind == "http":
+        target = ""
+        attack_options["http"] = harness.http
     if scenario.kind == "pod":
         hostile = harness.pods[scenario.pod]
         members.add(hostile)
@@ -423,6 +452,8 @@ async def _scenario(
         checks["probe_during_max"] = during["n"] > 0 and during["max_ms"] <= PROBE_MAX_MS
         checks["probe_no_errors_during"] = not during_err
     checks.update(await _extra_checks(scenario, result, harness, hits_before))
+    if scenario.kind == "http":
+        checks.update(http_checks(scenario, result, during, pid))
     row["checks"] = checks
     row["passed"] = all(checks.values())
     return row
@@ -458,6 +489,103 @@ async def _extra_checks(
     if scenario.expect == "no_hang":
         return {"callers_ended": len(statuses) == scenario.options["count"]}
     return {}
+
+
+def http_checks(
+    scenario: Scenario, result: dict[str, Any], during: dict[str, Any], pid: int | None
+) -> dict[str, bool]:
+    """What must hold of an HTTP front's hostile caller (issue 27), beyond the probe's."""
+    statuses = result.get("statuses", {})
+    if scenario.expect == "no_stall":
+        return {
+            "answered_200": set(statuses) == {"HTTP 200"},
+            "probe_during_no_stall": during["n"] > 0 and during["max_ms"] <= STALL_PROBE_MAX_MS,
+        }
+    if scenario.expect in ("http_413", "http_400"):
+        return {f"answered_{scenario.expect[5:]}": set(statuses) == {f"HTTP {scenario.expect[5:]}"}}
+    if scenario.expect == "capped":
+        from prefix_sidecar.server.common.connections import front_cap
+
+        cap = front_cap(2, _soft_nofile(pid)) if pid is not None else result["connections"]
+        over = result["connections"] - cap
+        return {"over_cap_closed": result["closed_by_server"] >= over}
+    return {}
+
+
+def _soft_nofile(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    return 1024
+
+
+async def run_against(
+    url: str, short: bool, only: list[str] | None = None, progress: Any = print
+) -> dict[str, Any]:
+    """The HTTP front's hostile callers against a running `serve` (its --openai-listen
+    URL): another caller's GET /health on the same front is the probe, every 50 ms."""
+    import aiohttp
+
+    http = url.removeprefix("http://").rstrip("/")
+    rows: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as session:
+        latencies: list[float] = []
+        errors: list[str] = []
+
+        limit = aiohttp.ClientTimeout(total=5)
+
+        async def probe() -> None:
+            while True:
+                started = time.perf_counter()
+                try:
+                    async with session.get(f"http://{http}/health", timeout=limit) as reply:
+                        await reply.read()
+                        if reply.status >= 500 and reply.status != 503:
+                            errors.append(f"HTTP {reply.status}")
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    errors.append(type(exc).__name__)
+                latencies.append(time.perf_counter() - started)
+                await asyncio.sleep(0.05)
+
+        probing = asyncio.create_task(probe())
+        try:
+            for scenario in http_scenarios(short):
+                if only and scenario.name not in only:
+                    continue
+                progress(f"scenario {scenario.name} against {url} ...")
+                latencies.clear()
+                errors.clear()
+                result = await _run_attack(scenario.attack, "", {**scenario.options, "http": http})
+                during = _stats(latencies)
+                checks = http_checks(scenario, result, during, None)
+                checks["probe_no_errors_during"] = not errors
+                rows.append({"scenario": scenario.name, "attack": result, "checks": checks,
+                             "probe": {"during": during, "errors": sorted(set(errors))},
+                             "passed": all(checks.values())})  # fmt: skip
+                progress(_row_line(rows[-1]))
+        finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+    return {"against": url, "short": short, "scenarios": rows,
+            "passed": all(row["passed"] for row in rows)}  # fmt: skip
+
+
+def render_against(report: dict[str, Any]) -> str:
+    lines = [f"prefix-sidecar attack --against {report['against']}", "",
+             "| scenario | statuses | wire MB | seconds | /health p50 / max ms during | verdict |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in report["scenarios"]:
+        attack, during = row["attack"], row["probe"]["during"]
+        failed = [name for name, ok in row["checks"].items() if not ok]
+        lines.append(
+            f"| {row['scenario']} | {attack.get('statuses', attack.get('errors'))} | "
+            f"{attack.get('bytes_sent', 0) / MB:.1f} | {attack.get('seconds', 0):g} | "
+            f"{during['p50_ms']:g} / {during['max_ms']:g} | "
+            f"{'PASS' if row['passed'] else 'FAIL: ' + ', '.join(failed)} |"
+        )
+    lines.append("PASSED" if report["passed"] else "FAILED")
+    return "\n".join(lines)
 
 
 # --- output -----------------------------------------------------------------------------------
