@@ -28,7 +28,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [sys.executable, "-m", "prefix_sidecar.cli", "attack", "--short", "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         cwd=REPO,
     )
@@ -55,6 +55,8 @@ def test_every_scenario_ran_and_the_exit_code_follows_the_verdicts(report: dict[
     assert names == [
         "garbage", "http1", "rapid_reset", "continuation_flood", "idle_connections",
         "fast_stream", "huge_event", "no_newline", "redirect", "wedge",
+        "large_body_tokens", "large_body_messages", "tiny_chunks", "many_connections",
+        "deep_json",
     ]  # fmt: skip
     assert report["sidecar_exit_code"] == 0  # survived everything, then drained cleanly
     assert report["exit_code"] == (0 if report["passed"] else 1)
@@ -91,6 +93,16 @@ def test_socket_abuse_passes(report: dict[str, Any], name: str):
 
 @pytest.mark.parametrize("name", ["fast_stream", "huge_event", "no_newline", "redirect", "wedge"])
 def test_misbehaving_pod_passes(report: dict[str, Any], name: str):
+    row = _row(report, name)
+    assert row["passed"], _failure(row)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["large_body_tokens", "large_body_messages", "tiny_chunks", "many_connections", "deep_json"],
+)
+def test_hostile_http_callers_pass(report: dict[str, Any], name: str):
+    """Issue 27's caller-side defects, replayed by the command against its fresh sidecar."""
     row = _row(report, name)
     assert row["passed"], _failure(row)
 

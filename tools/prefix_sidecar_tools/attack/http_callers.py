@@ -40,10 +40,10 @@ def large_request(shape: str, size: int) -> tuple[str, bytes]:
     if shape == "tokens":
         count = (size - 64) // 2
         ids = b",".join(b"%d" % rng.randrange(10) for _ in range(count))
-        return "/v1/completions", b'{"model":"m","max_tokens":1,"prompt":[' + ids + b"]}"
+        return "/v1/completions", b'{"max_tokens":1,"prompt":[' + ids + b"]}"
     message = b'{"role":"user","content":"h"},'
     count = (size - 64) // len(message)
-    body = b'{"model":"m","max_tokens":1,"messages":[' + message * count
+    body = b'{"max_tokens":1,"messages":[' + message * count
     return "/v1/chat/completions", body[:-1] + b"]}"
 
 
@@ -153,7 +153,7 @@ async def many_connections(http: str, connections: int = 5000, hold_s: float = 5
 
 async def deep_json(http: str, depth: int = 3000, count: int = 20) -> AbuseResult:
     result = AbuseResult("deep_json")
-    nested = b'{"model":"m","prompt":"p","x":' + b"[" * depth + b"]" * depth + b"}"
+    nested = b'{"prompt":"p","x":' + b"[" * depth + b"]" * depth + b"}"
     started = time.monotonic()
     for i in range(count):
         path = b"/v1/completions" if i % 2 == 0 else b"/v1/chat/completions"
