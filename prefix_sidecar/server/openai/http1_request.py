@@ -56,7 +56,7 @@ class Request:
         self.http11 = http11
         self.headers = headers  # names lowercased; a repeated header's values joined by ", "
         self.body = b""
-        self._connection: Any = connection  # its http1._Connection, which answers it
+        self._connection: Any = connection  # its http1_connection.Connection, which answers it
 
 
 def check_request_line(head: bytes) -> None:
@@ -114,13 +114,16 @@ class RequestReader:
         self._headers: dict[str, str] = {}
         self._lengths = 0
         self._trailer_bytes = 0
-        self._first: bytes | None = None  # the body's first piece: no copy when it is all
-        self._body: bytearray | None = None
+        # A Content-Length body's pieces (one per read, joined once); a chunked body's
+        # bytes in one bytearray (a piece per chunk could be one per 2 bytes).
+        self._pieces: list[bytes] = []
+        self._chunks = bytearray()
 
     def body(self) -> bytes:
-        if self._body is not None:
-            return bytes(self._body)
-        return self._first or b""
+        if self.chunked:
+            return bytes(self._chunks)
+        pieces = self._pieces
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def feed(self, data: bytes | memoryview) -> None:
         """HTTPError for what the server must refuse; httptools.HttpParserUpgrade when
@@ -206,12 +209,10 @@ class RequestReader:
         if self.body_size > self._max_body:
             self.error = too_large(self.body_size, self._max_body)
             raise _Stop
-        if self._first is None:
-            self._first = body
+        if self.chunked:
+            self._chunks += body
         else:
-            if self._body is None:
-                self._body = bytearray(self._first)
-            self._body += body
+            self._pieces.append(body)
 
     def on_message_complete(self) -> None:
         self.complete = True

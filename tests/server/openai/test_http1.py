@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 
-from prefix_sidecar.server.openai import http1
+from prefix_sidecar.server.openai import http1, http1_connection, http1_reading
 from prefix_sidecar.server.openai.http1 import HTTP1Server, Request, Response, StreamedResponse
 
 LIMIT = 64 * 1024
@@ -302,9 +302,9 @@ async def test_connections_over_the_cap_are_answered_503_and_closed() -> None:
 async def test_slow_heads_bodies_and_idle_connections_time_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(http1, "HEAD_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(http1, "BODY_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(http1, "IDLE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(http1_reading, "HEAD_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(http1_reading, "BODY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(http1_connection, "IDLE_TIMEOUT_S", 0.2)
     async with serving() as (url, server):
         started = asyncio.get_running_loop().time()
         assert _statuses(await _raw(url, b"GET / HTTP/1.1\r\nX-Slow:", read_s=3)) == [408]

@@ -31,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--short", action="store_true", help="small counts, seconds (for CI)")
     parser.add_argument("--only", action="append", metavar="SCENARIO", help="only these")
     parser.add_argument(
+        "--sidecar-nofile",
+        metavar="SOFT[:HARD]",
+        help="start the fresh sidecar under this RLIMIT_NOFILE (e.g. 1024, systemd's default)",
+    )
+    parser.add_argument(
         "--against",
         metavar="URL",
         help="replay only the HTTP front's hostile callers against a running serve's "
@@ -78,8 +83,14 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
 
+    nofile = None
+    if args.sidecar_nofile:
+        soft, _, hard = args.sidecar_nofile.partition(":")
+        nofile = (int(soft), int(hard or soft))
     report = run_and_report(
-        "prefix-sidecar attack", runner.run(args.short, args.only, print_progress), runner.render,
+        "prefix-sidecar attack",
+        runner.run(args.short, args.only, print_progress, nofile),
+        runner.render,
         args.json,
     )  # fmt: skip
     if report is None:

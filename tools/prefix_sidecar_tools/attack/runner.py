@@ -23,6 +23,7 @@ from typing import Any
 
 from prefix_sidecar_tools.bench.soak import MB, fd_count, rss_bytes
 from prefix_sidecar_tools.harness import (
+    SERVE,
     SidecarProcess,
     free_port,
     python_command,
@@ -53,6 +54,16 @@ MESSAGE_LIMIT = (
 # A body at the limit may not hold the loop (issue 27, defect 2): another caller's slowest
 # call during it, where one such body held the loop 0.84-1.0 s before.
 STALL_PROBE_MAX_MS = 250.0
+# What an HTTP caller's scenario may add to the sidecar's log (asyncio wrote a traceback per
+# failed accept: 29 MB in 12 s at nofile 1,024).
+LOG_GROWTH_BYTES = 64 * 1024
+# `--sidecar-nofile`: the fresh sidecar starts under this RLIMIT_NOFILE (systemd's default
+# soft limit is 1,024), the way issue 27 found the HTTP front without a connection cap.
+NOFILE_LAUNCHER = (
+    "import os, resource, sys\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'prefix_sidecar.cli', *sys.argv[3:]])\n"
+)
 
 
 @dataclass
@@ -226,8 +237,9 @@ async def _run_attack(name: str, socket_path: str, options: dict[str, Any]) -> d
 class Harness:
     """The healthy pod, the hostile pods, the sidecar and the probe's channel."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, nofile: tuple[int, int] | None = None) -> None:
         self.workdir = workdir
+        self.nofile = nofile
         self.backends_file = os.path.join(workdir, "backends.json")
         self.processes: list[subprocess.Popen[Any]] = []
         self.pods: dict[str, str] = {}
@@ -279,10 +291,14 @@ class Harness:
         args = ["--backends-file", self.backends_file, "--openai-listen", self.http]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
+        launcher: tuple[str, ...] = SERVE
+        if self.nofile is not None:
+            launcher = ("-c", NOFILE_LAUNCHER, *map(str, self.nofile))
         self.sidecar = SidecarProcess(
             os.path.join(self.workdir, "s.sock"),
             args,
             log_path=os.path.join(self.workdir, "sidecar.log"),
+            launcher=launcher,
         )
         await self.sidecar.start()
         return self.sidecar
@@ -318,13 +334,18 @@ async def _prompt_for(stub: Any, backend: str, tag: str) -> str:
     raise RuntimeError(f"no prompt routes to {backend}")
 
 
-async def run(short: bool, only: list[str] | None = None, progress: Any = print) -> dict[str, Any]:
+async def run(
+    short: bool,
+    only: list[str] | None = None,
+    progress: Any = print,
+    nofile: tuple[int, int] | None = None,
+) -> dict[str, Any]:
     import grpc
 
     from prefix_sidecar.v1 import router_pb2_grpc
 
     workdir = tempfile.mkdtemp(prefix="psattack-")
-    harness = Harness(workdir)
+    harness = Harness(workdir, nofile)
     rows: list[dict[str, Any]] = []
     try:
         harness.start_pods()
@@ -362,6 +383,7 @@ async def run(short: bool, only: list[str] | None = None, progress: Any = print)
             "fd_slack": FD_SLACK,
         },
         "sidecar_exit_code": code,
+        "sidecar_nofile": list(nofile) if nofile else None,
         "scenarios": rows,
         "passed": passed,
     }
@@ -390,6 +412,7 @@ async def _scenario(
         probe.prompt = await _prompt_for(stub, harness.healthy, f"probe-{scenario.name}")
         probe.running.set()
     hits_before = await _recorder_hits(harness.pods["recorder"])
+    log_before = os.path.getsize(harness.sidecar.log_path)
     # before: 1 s of probing
     probe.reset()
     await asyncio.sleep(1.0)
@@ -458,6 +481,9 @@ async def _scenario(
     checks.update(await _extra_checks(scenario, result, harness, hits_before))
     if scenario.kind == "http":
         checks.update(http_checks(scenario, result, during, pid))
+        log_growth = os.path.getsize(harness.sidecar.log_path) - log_before
+        row["log_growth_bytes"] = log_growth
+        checks["log_bounded"] = log_growth <= LOG_GROWTH_BYTES
     row["checks"] = checks
     row["passed"] = all(checks.values())
     return row
