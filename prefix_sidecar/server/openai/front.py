@@ -66,8 +66,7 @@ MAX_MODELS_BYTES = 256 * 1024
 RPC_COMPLETIONS = "http_completions"
 RPC_CHAT = "http_chat"
 # Above this, reading the routing fields and routing are separate steps of the loop (the
-# reading itself is in steps of a few ms above body_steps.SYNC_BYTES, whatever the body's
-# shape: issue 27, defect 2).
+# reading is itself in steps above body_steps.SYNC_BYTES, whatever the body's shape).
 YIELD_ABOVE_BYTES = 1024 * 1024
 # Thin queries: the registered prefix to put before the caller's prompt or messages.
 PREFIX_ID_HEADER = "x-prefix-id"
@@ -121,8 +120,8 @@ class OpenAIFront:
         listen = self.config.openai_listen
         # A caller that leaves cancels its handler, which closes the pod's connection at
         # once instead of at the next chunk. No access log: it would carry nothing a caller
-        # needs and cost a line per request (the request line is sidecar.requests').
-        # Both fronts share the fds (server.common.connections): each gets a cap below them.
+        # needs and cost a line per request (the request line is sidecar.requests'). Both
+        # fronts share the fds (server.common.connections): each gets a cap below them.
         self._server = HTTP1Server(
             self._handle,
             max_body_bytes=self.config.max_message_bytes,
@@ -223,9 +222,7 @@ class OpenAIFront:
         trace = _trace_context(request)
         try:
             entry = self._prefix_of(request)
-            # At most max_message_bytes (the server answers 413 above it, before reading
-            # the body when its Content-Length says so); a large one is read in steps.
-            raw = request.body
+            raw = request.body  # at most max_message_bytes (the server answers 413 above)
             parsed = await read_request(
                 raw,
                 chat=chat,
@@ -287,10 +284,8 @@ class OpenAIFront:
             )
 
     def _count_refused(self, rpc: str, status: str, started: float, trace: TraceContext) -> None:
-        record_outcome(
-            self.metrics, rpc, "", "", RelayOutcome(status=status), started, trace,
-            front=FRONT_HTTP,
-        )  # fmt: skip
+        outcome = RelayOutcome(status=status)
+        record_outcome(self.metrics, rpc, "", "", outcome, started, trace, front=FRONT_HTTP)
 
     def _route(self, parsed: FrontRequest, chat: bool) -> tuple[Decision, int]:
         """The router's decision for the prompt, and its time in ns. A prompt matched where

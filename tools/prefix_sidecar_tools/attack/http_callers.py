@@ -27,6 +27,8 @@ from typing import Any
 from prefix_sidecar_tools.attack.abuse import AbuseResult, fd_limit_room
 
 LIMIT = 8 * 1024 * 1024  # max_message_bytes' default
+OPEN_DEADLINE_S = 30.0  # many_connections stops opening after this, or MAX_FAILURES in a row
+MAX_FAILURES = 20
 
 
 def _address(http: str) -> tuple[str, int]:
@@ -132,11 +134,17 @@ async def many_connections(http: str, connections: int = 5000, hold_s: float = 5
     started = time.monotonic()
     opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     try:
-        for _ in range(fd_limit_room(connections)):
+        failures = 0  # in a row: a server that accepts nothing fills its backlog, then
+        for _ in range(fd_limit_room(connections)):  # every connect times out
+            if failures >= MAX_FAILURES or time.monotonic() - started > OPEN_DEADLINE_S:
+                result.errors.append("gave up opening")
+                break
             try:
-                opened.append(await asyncio.wait_for(asyncio.open_connection(*_address(http)), 2))
+                opened.append(await asyncio.wait_for(asyncio.open_connection(*_address(http)), 1))
+                failures = 0
             except (OSError, TimeoutError) as exc:
                 result.errors.append(type(exc).__name__)
+                failures += 1
         result.connections = len(opened)
         await asyncio.sleep(hold_s)
         for reader, _writer in opened:
