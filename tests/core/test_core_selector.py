@@ -51,9 +51,10 @@ def _import_core(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SIDECAR_NO_EXTENSIONS"}
     env["PYTHONPATH"] = str(tmp_path)
     code = "import prefix_sidecar._core as c; print(c.IMPLEMENTATION)"
-    return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run(  # in tmp_path: `-c` puts the working directory first on the path
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+    )  # fmt: skip
 
 
 def test_a_missing_extension_falls_back_to_the_twin(tmp_path: Path) -> None:
