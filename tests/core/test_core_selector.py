@@ -50,7 +50,13 @@ def _copy_without_extension(tmp_path: Path) -> Path:
 def _import_core(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SIDECAR_NO_EXTENSIONS"}
     env["PYTHONPATH"] = str(tmp_path)
-    code = "import prefix_sidecar._core as c; print(c.IMPLEMENTATION)"
+    # An editable install's finder would find the checkout's extension for the copied package:
+    # drop it, so the copy imports as an installed package would.
+    code = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path"
+        " if not getattr(f, '__module__', '').startswith('__editable__')]; "
+        "import prefix_sidecar._core as c; print(c.IMPLEMENTATION)"
+    )
     return subprocess.run(  # in tmp_path: `-c` puts the working directory first on the path
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
         cwd=tmp_path,
