@@ -25,7 +25,7 @@ from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.cost import CostParams, daily_cost
 from prefix_sidecar_tools.emulator import EmulatorFleet
 from prefix_sidecar_tools.percentile import percentile
-from prefix_sidecar_tools.report import add_json_option, run_and_report
+from prefix_sidecar_tools.report import add_command, add_json_option, run_and_report
 from prefix_sidecar_tools.workload.scenario import PolicyRun, route_timings, run_policy
 from prefix_sidecar_tools.workload.stats import summarize
 from prefix_sidecar_tools.workload.trace import (
@@ -219,13 +219,11 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SUMMARY = "emulated fleet + sidecar: prewarm, mega-sale workload, sidecar vs round-robin"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "demo",
-        help="emulated fleet + sidecar: prewarm, mega-sale workload, sidecar vs round-robin",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(subparsers, "demo", SUMMARY, __doc__)
     parser.add_argument("--pods", type=int, default=4, help="emulated pods (4)")
     parser.add_argument("--prefixes", type=int, default=8, help="prefixes, Zipf popular (8)")
     parser.add_argument("--requests", type=int, default=360, help="merchant queries (360)")

@@ -36,6 +36,7 @@ from prefix_sidecar.membership.load_signals import MetricsError, fetch_metrics
 from prefix_sidecar_tools.bench.argtypes import positive
 from prefix_sidecar_tools.emulator import EmulatorFleet
 from prefix_sidecar_tools.report import (
+    add_command,
     add_json_option,
     progress_printer,
     run_and_report,
@@ -453,13 +454,11 @@ def _counts(text: str) -> tuple[int, ...]:
     return tuple(parse(part) for part in text.split(",") if part.strip())
 
 
+SUMMARY = "routing policies side by side on one emulated fleet: hit rate, TTFT, load, cost"
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "fleet",
-        help="routing policies side by side on one emulated fleet: hit rate, TTFT, load, cost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(bench_subparsers, "fleet", SUMMARY, __doc__)
     add = parser.add_argument
     add("--pods", type=positive(int, "--pods"), default=4, help="emulated pods (4)")
     add("--prefixes", type=positive(int, "--prefixes"), default=10, help="prefixes (10)")
