@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-KEY_SPACE = 1 << 64
+from tests.core.golden_tables import assert_golden_lookups, assert_golden_shares
 
 
 def _ring(core: ModuleType, spec: dict[str, Any]) -> Any:
@@ -62,25 +62,13 @@ def test_ring_points_and_shares(core: ModuleType, golden: dict[str, Any], which:
     assert len(points) == spec["point_count"]
     expected_points = [(int(p), m) for p, m in spec.get("points", spec.get("points_head", []))]
     assert points[: len(expected_points)] == expected_points
-    owned = {m: int(arc) for m, arc in spec["owned"].items()}
-    assert sum(owned.values()) == KEY_SPACE
-    shares = ring.shares()
-    for member in spec["members"]:
-        assert shares[member] == owned[member] / KEY_SPACE == spec["shares"][member]
+    assert_golden_shares(ring, spec)
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["weighted-vnodes4", "five-default"])
 def test_ring_lookups(core: ModuleType, golden: dict[str, Any], which: int) -> None:
     spec = golden["rings"][which]
-    ring = _ring(core, spec)
-    count = len(spec["members"])
-    for lookup in spec["lookups"]:
-        key = int(lookup["key"])
-        assert ring.owner(key) == lookup["owner"], key
-        assert ring.preference(key, 1) == [lookup["owner"]]
-        assert ring.preference(key, 2) == lookup["preference_2"]
-        assert ring.preference(key, count) == lookup["preference_all"]
-        assert ring.preference(key, count + 3) == lookup["preference_all"]
+    assert_golden_lookups(_ring(core, spec), spec)
 
 
 def test_picks(core: ModuleType, golden: dict[str, Any]) -> None:
