@@ -11,7 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, Faults, get_stats
-from prefix_sidecar_tools.harness import child_env, python_command
+
+from tests.cli import start_cli
 
 from .conftest import post, prompt_of_tokens
 
@@ -19,15 +20,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 async def emulate(*args: str) -> asyncio.subprocess.Process:
-    """`prefix-sidecar emulate ARGS` as a child process importing this checkout, its stdout
-    and stderr piped."""
-    return await asyncio.create_subprocess_exec(
-        *python_command("-m", "prefix_sidecar.cli", "emulate", *args),
-        cwd=ROOT,
-        env=child_env(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    """`prefix-sidecar emulate ARGS`, its stdout and stderr piped."""
+    pipe = asyncio.subprocess.PIPE
+    return await start_cli("emulate", *args, stdout=pipe, stderr=pipe)
 
 
 async def is_answering(session: aiohttp.ClientSession, url: str) -> bool:
