@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,10 +88,12 @@ ok_stream = answer_with("hello")
 @dataclass
 class FakePod:
     """The running pod: its URL, the handler its inference paths run (swap it to change
-    behaviour), and each request's headers (case-insensitive, as HTTP has them) and body."""
+    behaviour), and each request's arrival (time.monotonic()), headers (case-insensitive,
+    as HTTP has them) and body."""
 
     url: str
     handler: Handler = ok_stream
+    arrived: list[float] = field(default_factory=list)
     headers: list[CIMultiDict[str]] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
 
@@ -105,6 +108,7 @@ async def recording_pod(handler: Handler = ok_stream) -> AsyncIterator[FakePod]:
     pod = FakePod(url="", handler=handler)
 
     async def inference(request: web.Request) -> web.StreamResponse:
+        pod.arrived.append(time.monotonic())
         pod.headers.append(CIMultiDict(request.headers))
         pod.bodies.append(await request.read())
         return await pod.handler(request)
