@@ -47,12 +47,10 @@ from prefix_sidecar_tools.workload.scenario import run_policy
 from prefix_sidecar_tools.workload.stats import hit_rate, summarize, ttft_samples_ms
 from prefix_sidecar_tools.workload.trace import (
     INPUT_TOKENS,
-    home_kv_budget,
     mega_sale_pod,
     mega_sale_prefixes,
     poisson_trace,
-    size_replicas,
-    warm_capacity,
+    size_fleet,
 )
 
 BASELINES = ("round_robin", "random", "least_loaded", "consistent_hash")
@@ -225,13 +223,9 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         zipf=args.zipf,
         seed=args.seed,
     )
-    capacity = warm_capacity(config.prefill_tps, config.prefill_overhead_s, INPUT_TOKENS)
-    replicas = size_replicas(prefixes, args.rate, args.pods, capacity)
-    budget = (
-        home_kv_budget(config, args.rate, args.pods, args.max_tokens)
-        if args.home_budget is None
-        else args.home_budget
-    )
+    sizing = size_fleet(config, prefixes, args.rate, args.pods, args.max_tokens)
+    capacity, replicas = sizing.capacity, sizing.replicas
+    budget = sizing.budget if args.home_budget is None else args.home_budget
     requests = max(1, round(args.rate * args.duration))
     trace = poisson_trace(prefixes, requests, args.rate, input_tokens=INPUT_TOKENS, seed=args.seed)
     tokens = [p.tokens for p in prefixes]
