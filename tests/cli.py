@@ -23,7 +23,8 @@ def run_cli(
     stdin: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`prefix-sidecar ARGS`; `env` is the child's whole environment (default: ours)."""
+    """`prefix-sidecar ARGS` to the end; `env` is the child's whole environment (default:
+    ours, this checkout first on PYTHONPATH)."""
     return subprocess.run(
         python_command("-m", "prefix_sidecar.cli", *args),
         cwd=REPO,

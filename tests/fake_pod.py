@@ -1,6 +1,7 @@
 """A pod the test writes itself: an aiohttp server on 127.0.0.1 that speaks just enough of
 vLLM (`/health` answers 200; the two inference paths run a handler the test can swap) and
-records every request's headers and body, so a test can say what reached the pod.
+records when each request came, its headers and its body, so a test can say what reached
+the pod.
 
 One pod for every test that needs a pod to answer one way or to tell what it was sent; the
 handlers below are the answers they share: a good stream, parts written as given (cut,
@@ -31,6 +32,11 @@ DONE = b"data: [DONE]\n\n"
 def event(payload: Any) -> bytes:
     """One SSE event carrying `payload` as JSON."""
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def text_event(text: str, finish: str | None = None) -> bytes:
+    """A completions event of one choice: `text`, and `finish` as its finish_reason."""
+    return event({"choices": [{"index": 0, "text": text, "finish_reason": finish}]})
 
 
 def sse(*json_texts: str) -> bytes:
@@ -128,11 +134,6 @@ async def recording_pod(handler: Handler = ok_stream) -> AsyncIterator[FakePod]:
         yield pod
     finally:
         await asyncio.wait_for(runner.cleanup(), 5)
-
-
-def text_event(text: str, finish: str | None = None) -> bytes:
-    """A completions event of one choice: `text`, and `finish` as its finish_reason."""
-    return event({"choices": [{"index": 0, "text": text, "finish_reason": finish}]})
 
 
 StartPod = Callable[..., Awaitable[FakePod]]  # the reliability tests' `fake_pod` fixture
