@@ -318,6 +318,15 @@ class DnsServer:
             self._server.server.shutdown()
             self._server.server.server_close()
 
+    def sidecar_config(self, socket_dir: Path, port: int, **values: Any) -> Config:
+        """A fault config whose pods are the resolver's name at `port`, asked of this server."""
+        return fault_config(
+            socket_dir,
+            backends_dns=f"{self.resolver.name}:{port}",
+            dns_nameserver=f"127.0.0.1:{self.port}",
+            **values,
+        )
+
     async def wait_queries(self, more: int, timeout: float = 5.0) -> None:
         """Wait until the sidecar asked `more` further questions (so it saw the change)."""
         target = self.resolver.queries + more

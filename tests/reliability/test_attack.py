@@ -9,29 +9,19 @@ pending queue raised to 100,000; the short run's 60,000 reset streams reached ~6
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import run_cli
+
 pytest.importorskip("hpack", reason="prefix-sidecar attack needs h2: pip install '.[test]'")
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("attack") / "report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "attack", "--short", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        cwd=REPO,
-    )
+    done = run_cli("attack", "--short", "--json", str(out), timeout=150)
     if not out.exists():
         pytest.fail(f"attack wrote no report (exit {done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.read_text())

@@ -10,14 +10,13 @@ from __future__ import annotations
 import grp
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from prefix_sidecar_tools.harness import child_env
 
 from prefix_sidecar import cli
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import run_cli
 
 # (field, bad value as given to --set). Each must fail naming the field.
 BAD_SETTINGS = [
@@ -162,13 +161,7 @@ def test_a_good_group_passes_validation(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-    )
+    return run_cli("serve", *args, env={**child_env(), **(env or {})})
 
 
 def test_as_a_process_bad_fields_exit_2(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 from prefix_sidecar import _core
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
-
 from tests.server.conftest import (
     collect,
     owner_ring,

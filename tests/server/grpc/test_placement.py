@@ -17,7 +17,6 @@ from prefix_sidecar import _core
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.routing.placement import Placed, place
 from prefix_sidecar.v1 import router_pb2
-
 from tests.server.conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config
 
 TOKENS = 1_000  # each prefix: 4,000 bytes, 1,000 tokens at 4 bytes per token

@@ -36,6 +36,7 @@ from prefix_sidecar_tools.bench.baselines import (
 )
 from prefix_sidecar_tools.bench.core_organic import organic_decisions, render_organic
 from prefix_sidecar_tools.report import (
+    add_command,
     add_json_option,
     progress_printer,
     run_and_report,
@@ -612,13 +613,11 @@ def _pod_counts(text: str) -> list[int]:
     return counts
 
 
+SUMMARY = "routing core vs uhashring and docs/mission.md's router: ns/decision, balance, churn"
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "core",
-        help="routing core vs uhashring and docs/mission.md's router: ns/decision, balance, churn",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(bench_subparsers, "core", SUMMARY, __doc__)
     parser.add_argument("--quick", action="store_true", help="small reps, 8 and 100 pods only")
     parser.add_argument("--pods", type=_pod_counts, help="pod counts, e.g. 8,100,1000")
     parser.add_argument(
