@@ -12,15 +12,11 @@ from pathlib import Path
 
 from prefix_sidecar.config import Config
 from prefix_sidecar.hostport import split_host_port
-from prefix_sidecar.membership.sources import (
-    CombinedSource,
-    DnsSource,
-    FileSource,
-    Member,
-    MembershipSource,
-    StaticSource,
-    parse_dns_target,
-)
+from prefix_sidecar.membership.sources.base import CombinedSource, MembershipSource
+from prefix_sidecar.membership.sources.dns_source import DnsSource, parse_dns_target
+from prefix_sidecar.membership.sources.file_source import FileSource
+from prefix_sidecar.membership.sources.members import Member
+from prefix_sidecar.membership.sources.static_source import StaticSource
 from prefix_sidecar.prefixes import PrefixError, PrefixStore
 
 logger = logging.getLogger(__name__)

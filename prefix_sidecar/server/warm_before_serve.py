@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.metrics import Metrics
@@ -20,23 +21,16 @@ from prefix_sidecar.routing.router import Router
 logger = logging.getLogger(__name__)
 
 
+@dataclass
 class JoinerWarmup:
     """The pool's `on_warm_needed`: one task per joining pod, ended by `take_tasks`."""
 
-    def __init__(
-        self,
-        prewarmer: Prewarmer,
-        store: PrefixStore,
-        router: Router,
-        pool: BackendPool,
-        metrics: Metrics,
-    ) -> None:
-        self._prewarmer = prewarmer
-        self._store = store
-        self._router = router
-        self._pool = pool
-        self._metrics = metrics
-        self._warming: dict[str, asyncio.Task[None]] = {}
+    prewarmer: Prewarmer
+    store: PrefixStore
+    router: Router
+    pool: BackendPool
+    metrics: Metrics
+    _warming: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)
 
     def __call__(self, url: str) -> None:
         previous = self._warming.pop(url, None)
@@ -51,18 +45,17 @@ class JoinerWarmup:
         return tasks
 
     async def _warm_then_admit(self, url: str) -> None:
-        store = self._store
-        pairs = [(entry, url) for entry in store if url in self._router.home_set(entry)]
+        pairs = [(entry, url) for entry in self.store if url in self.router.home_set(entry)]
         warmed = []
         if pairs:
             logger.info("warming %s with %d prefix(es) before it serves", url, len(pairs))
-            for event in await self._prewarmer.warm_all(pairs):
-                self._metrics.child(self._metrics.prewarm, url, event.state.lower()).inc()
+            for event in await self.prewarmer.warm_all(pairs):
+                self.metrics.child(self.metrics.prewarm, url, event.state.lower()).inc()
                 if event.state != WARMED:
                     logger.warning("backend %s serves cold: its prewarm failed", url)
                     logger.debug("backend %s prewarm error: %s", url, event.error)
-                elif store.has_id(event.prefix_id):
+                elif self.store.has_id(event.prefix_id):
                     # A prefix unregistered while it warmed is not reported warm.
                     warmed.append(event.prefix_id)
         self._warming.pop(url, None)
-        self._pool.mark_warm(url, warmed)
+        self.pool.mark_warm(url, warmed)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prefix_sidecar.membership import FileSource, Member, MembershipError
+from prefix_sidecar.membership.sources import FileSource, Member, MembershipError
 
 POLL_S = 0.05
 
