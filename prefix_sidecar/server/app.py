@@ -32,7 +32,7 @@ from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.load_signals import LoadRule, LoadSignals, MetricsPoller
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member, MembershipError
-from prefix_sidecar.metrics import Metrics, OrganicState, PodLoads, start_metrics_server
+from prefix_sidecar.metrics import Metrics, OrganicState, PodLoads, Prices, start_metrics_server
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
 from prefix_sidecar.routing.router import Router
@@ -67,7 +67,7 @@ class Sidecar(AsyncService):
 
     def __init__(self, config: Config, policy: str | None = None) -> None:
         self.config = config
-        self.metrics = Metrics(config.price_base, config.price_cache, config.price_out)
+        self.metrics = Metrics(Prices(config.price_base, config.price_cache, config.price_out))
         self.store = PrefixStore(config.max_prefixes, config.max_prefix_bytes)
         # The pods' own load and KV (docs/load-signals.md); None = own in-flight only.
         self.signals = (
