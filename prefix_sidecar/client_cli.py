@@ -9,7 +9,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,18 @@ def _print(args: argparse.Namespace, message: Any, text: str) -> None:
         print(text)
 
 
+async def _print_listing(
+    args: argparse.Namespace,
+    call: Awaitable[Any],
+    lines: Callable[[Any], Iterable[str]],
+    empty: str,
+) -> int:
+    """Print a List* reply: one line per item, `empty` when there is none."""
+    reply = await call
+    _print(args, reply, "\n".join(lines(reply)) or empty)
+    return 0
+
+
 async def _route(channel: Any, args: argparse.Namespace) -> int:
     from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
@@ -193,16 +205,19 @@ async def _prewarm(channel: Any, args: argparse.Namespace) -> int:
 async def _backends(channel: Any, args: argparse.Namespace) -> int:
     from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
-    reply = await router_pb2_grpc.RouterStub(channel).ListBackends(
+    listing = router_pb2_grpc.RouterStub(channel).ListBackends(
         router_pb2.ListBackendsRequest(), timeout=args.timeout
     )
-    lines = [
-        f"{b.url:<32} {b.state:<8} weight={b.weight} in_flight={b.in_flight} "
-        f"warm={len(b.warm_prefixes)} {b.last_error}"
-        for b in reply.backends
-    ]
-    _print(args, reply, "\n".join(lines) or "(no backends)")
-    return 0
+    return await _print_listing(
+        args,
+        listing,
+        lambda reply: (
+            f"{b.url:<32} {b.state:<8} weight={b.weight} in_flight={b.in_flight} "
+            f"warm={len(b.warm_prefixes)} {b.last_error}"
+            for b in reply.backends
+        ),
+        "(no backends)",
+    )
 
 
 async def _prefixes(channel: Any, args: argparse.Namespace) -> int:
@@ -234,14 +249,16 @@ async def _prefixes(channel: Any, args: argparse.Namespace) -> int:
         removed = await stub.UnregisterPrefix(request, timeout=args.timeout)
         _print(args, removed, "\n".join(removed.removed_ids))
         return 0
-    listing = await stub.ListPrefixes(router_pb2.ListPrefixesRequest(), timeout=args.timeout)
-    lines = [
-        f"{p.id[:16]}  {p.name:<24} {p.bytes:>9} bytes  replicas={p.replicas} "
-        f"backends={','.join(p.backends)}"
-        for p in listing.prefixes
-    ]
-    _print(args, listing, "\n".join(lines) or "(no prefixes)")
-    return 0
+    return await _print_listing(
+        args,
+        stub.ListPrefixes(router_pb2.ListPrefixesRequest(), timeout=args.timeout),
+        lambda reply: (
+            f"{p.id[:16]}  {p.name:<24} {p.bytes:>9} bytes  replicas={p.replicas} "
+            f"backends={','.join(p.backends)}"
+            for p in reply.prefixes
+        ),
+        "(no prefixes)",
+    )
 
 
 async def _health(channel: Any, args: argparse.Namespace) -> int:
