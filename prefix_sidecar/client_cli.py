@@ -114,16 +114,23 @@ def _print(args: argparse.Namespace, message: Any, text: str) -> None:
         print(text)
 
 
-async def _print_listing(
-    args: argparse.Namespace,
-    call: Awaitable[Any],
-    lines: Callable[[Any], Iterable[str]],
-    empty: str,
-) -> int:
+def _print_listing(args: argparse.Namespace, reply: Any, lines: Iterable[str], empty: str) -> None:
     """Print a List* reply: one line per item, `empty` when there is none."""
-    reply = await call
-    _print(args, reply, "\n".join(lines(reply)) or empty)
-    return 0
+    _print(args, reply, "\n".join(lines) or empty)
+
+
+def _backend_line(backend: Any) -> str:
+    return (
+        f"{backend.url:<32} {backend.state:<8} weight={backend.weight} "
+        f"in_flight={backend.in_flight} warm={len(backend.warm_prefixes)} {backend.last_error}"
+    )
+
+
+def _prefix_line(prefix: Any) -> str:
+    return (
+        f"{prefix.id[:16]}  {prefix.name:<24} {prefix.bytes:>9} bytes  "
+        f"replicas={prefix.replicas} backends={','.join(prefix.backends)}"
+    )
 
 
 async def _route(channel: Any, args: argparse.Namespace) -> int:
@@ -205,19 +212,11 @@ async def _prewarm(channel: Any, args: argparse.Namespace) -> int:
 async def _backends(channel: Any, args: argparse.Namespace) -> int:
     from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
-    listing = router_pb2_grpc.RouterStub(channel).ListBackends(
+    reply = await router_pb2_grpc.RouterStub(channel).ListBackends(
         router_pb2.ListBackendsRequest(), timeout=args.timeout
     )
-    return await _print_listing(
-        args,
-        listing,
-        lambda reply: (
-            f"{b.url:<32} {b.state:<8} weight={b.weight} in_flight={b.in_flight} "
-            f"warm={len(b.warm_prefixes)} {b.last_error}"
-            for b in reply.backends
-        ),
-        "(no backends)",
-    )
+    _print_listing(args, reply, map(_backend_line, reply.backends), "(no backends)")
+    return 0
 
 
 async def _prefixes(channel: Any, args: argparse.Namespace) -> int:
@@ -249,16 +248,9 @@ async def _prefixes(channel: Any, args: argparse.Namespace) -> int:
         removed = await stub.UnregisterPrefix(request, timeout=args.timeout)
         _print(args, removed, "\n".join(removed.removed_ids))
         return 0
-    return await _print_listing(
-        args,
-        stub.ListPrefixes(router_pb2.ListPrefixesRequest(), timeout=args.timeout),
-        lambda reply: (
-            f"{p.id[:16]}  {p.name:<24} {p.bytes:>9} bytes  replicas={p.replicas} "
-            f"backends={','.join(p.backends)}"
-            for p in reply.prefixes
-        ),
-        "(no prefixes)",
-    )
+    listing = await stub.ListPrefixes(router_pb2.ListPrefixesRequest(), timeout=args.timeout)
+    _print_listing(args, listing, map(_prefix_line, listing.prefixes), "(no prefixes)")
+    return 0
 
 
 async def _health(channel: Any, args: argparse.Namespace) -> int:
