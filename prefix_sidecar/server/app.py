@@ -39,14 +39,7 @@ from prefix_sidecar.routing.router import Router
 from prefix_sidecar.routing.table import RoutingTable
 from prefix_sidecar.server.common import memory
 from prefix_sidecar.server.common.probes import Readiness, probe_routes
-from prefix_sidecar.server.common.unix_socket import (
-    SocketIdentity,
-    apply_socket_permissions,
-    prepare_socket_path,
-    remove_own_socket,
-    restrictive_umask,
-    socket_identity,
-)
+from prefix_sidecar.server.common.unix_socket import SocketFile
 from prefix_sidecar.server.from_config import load_prefixes, membership_source
 from prefix_sidecar.server.grpc.handlers import SERVICE
 from prefix_sidecar.server.grpc.server import add_services, add_tcp_port, grpc_server
@@ -138,7 +131,7 @@ class Sidecar(AsyncService):
         self._metrics_runner: object | None = None
         self.tcp_port: int | None = None
         self.metrics_port: int | None = None
-        self._socket_identity: SocketIdentity | None = None  # the socket file we bound
+        self.socket_file = SocketFile(config.socket_path, config.socket_mode, config.socket_group)
 
     @property
     def socket_path(self) -> str:
@@ -164,7 +157,7 @@ class Sidecar(AsyncService):
         load_prefixes(self.config, self.store)
         source = membership_source(self.config)
         # Before anything that needs closing: a refused path must not leak a session.
-        prepare_socket_path(self.socket_path)
+        self.socket_file.prepare()
         # Health checks get their own session: a pool full of request streams must not
         # queue them, or a busy pod would look dead.
         self._health_session = aiohttp.ClientSession()
@@ -199,14 +192,12 @@ class Sidecar(AsyncService):
             self.metrics,
         )
         add_services(self.server, servicer, self.health_servicer)
-        with restrictive_umask(self.config.socket_mode):
+        with self.socket_file.creating():
             self.server.add_insecure_port(self.target)
-            self._socket_identity = socket_identity(self.socket_path)
+            self.socket_file.bound()
             self.tcp_port = add_tcp_port(self.server, self.config)
             await self.server.start()
-        apply_socket_permissions(
-            self.socket_path, self.config.socket_mode, self.config.socket_group
-        )
+        self.socket_file.secure()
         if self.config.metrics_port:
             runner = await start_metrics_server(
                 self.metrics,
@@ -288,8 +279,7 @@ class Sidecar(AsyncService):
             await self._health_session.close()
         # grpc unlinks the path when it stops listening, and a sidecar started since then may
         # have bound it again (an overlapping restart): remove only the file this one bound.
-        remove_own_socket(self.socket_path, self._socket_identity)
-        self._socket_identity = None
+        self.socket_file.remove()
         logger.info("prefix-sidecar stopped")
 
     # --- wiring -------------------------------------------------------------------------
