@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -52,25 +53,19 @@ def _status_on_error(method: Callable[..., Awaitable[T]]) -> Callable[..., Await
     return wrapper
 
 
+@dataclass(eq=False)
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(
-        self,
-        config: Config,
-        store: PrefixStore,
-        pool: BackendPool,
-        router: Router,
-        relay: Relay,
-        prewarmer: Prewarmer,
-        metrics: Metrics,
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.pool = pool
-        self.router = router
-        self.relay = relay
-        self.prewarmer = prewarmer
-        self.metrics = metrics
-        self.plans = Planner(config, store, router)
+    config: Config
+    store: PrefixStore
+    pool: BackendPool
+    router: Router
+    relay: Relay
+    prewarmer: Prewarmer
+    metrics: Metrics
+    plans: Planner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.plans = Planner(self.config, self.store, self.router)
 
     # --- prefixes -----------------------------------------------------------------------
 
