@@ -33,7 +33,7 @@ from prefix_sidecar.config import (
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import MAX_WEIGHT, DnsSource, FileSource, Member
-from prefix_sidecar.metrics import Metrics
+from prefix_sidecar.metrics import Prices
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
 
@@ -141,8 +141,8 @@ def test_components_take_their_defaults_from_the_config() -> None:
     store = inspect.signature(PrefixStore).parameters
     assert store["max_prefixes"].default == DEFAULTS.max_prefixes
     assert store["max_bytes"].default == DEFAULTS.max_prefix_bytes
-    prices = inspect.signature(Metrics).parameters
-    assert [prices[f"price_{k}"].default for k in ("base", "cache", "out")] == [
+    prices = inspect.signature(Prices).parameters
+    assert [prices[k].default for k in ("base", "cache", "out")] == [
         DEFAULTS.price_base, DEFAULTS.price_cache, DEFAULTS.price_out,
     ]  # fmt: skip
     pool = inspect.signature(BackendPool).parameters

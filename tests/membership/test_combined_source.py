@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prefix_sidecar.membership import (
+from prefix_sidecar.membership.sources import (
     CombinedSource,
     DnsSource,
     FileSource,

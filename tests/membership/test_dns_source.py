@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from prefix_sidecar.membership import DnsSource, Member, MembershipError
+from prefix_sidecar.membership.sources import DnsSource, Member, MembershipError
 
 from .conftest import DnsFixture, Watching
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prefix_sidecar.membership import FileSource, Member, MembershipError
+from prefix_sidecar.membership.sources import FileSource, Member, MembershipError
 
 from .conftest import Watching
 
