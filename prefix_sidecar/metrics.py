@@ -81,6 +81,13 @@ class Metrics:
             ["front", "backend", "reason"],
             registry=r,
         )
+        self.unasked_bytes = Counter(
+            "prefix_sidecar_pod_unasked_answers",
+            "Pod connections closed because the pod sent bytes past the answer asked for "
+            "(a second answer, a 204's body): never read as another caller's answer",
+            ["backend"],
+            registry=r,
+        )
         self.decision = Histogram(
             "prefix_sidecar_decision_seconds",
             "Time to choose a pod, by front end (grpc or http) and RPC",
@@ -161,6 +168,7 @@ class Metrics:
             for m, names in (
                 (self.requests, ("front", "rpc", "backend", "branch", "status")),
                 (self.failovers, ("front", "backend", "reason")),
+                (self.unasked_bytes, ("backend",)),
                 (self.ttft, ("front", "backend")),
                 (self.in_flight, ("front", "backend")),
                 (self.backend_healthy, ("backend",)),

@@ -18,18 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
 from multidict import CIMultiDict
 
 from prefix_sidecar import __version__
+from prefix_sidecar.upstream import caller
+from prefix_sidecar.upstream.answer import AiohttpAnswer, PodAnswer, read_capped
 from prefix_sidecar.upstream.body import SplicedBody
-from prefix_sidecar.upstream.lean_http import LeanAnswer, LeanHTTP
+from prefix_sidecar.upstream.lean_http import LeanHTTP, PodHTTPError
 from prefix_sidecar.upstream.sse import POD_ERROR_CHARS, Delta, SSEDecoder, SSEProtocolError, clip
 
-READ_CHUNK = 64 * 1024
+# A pod's error body: vLLM's are a few hundred bytes; the rest is not read.
+ERROR_BODY_BYTES = 64 * 1024
+ERROR_BODY_TIMEOUT_S = 2.0
 # After [DONE] the end of the HTTP body (the chunked terminator) is normally already read or
 # microseconds behind; a pod that takes longer, or sends more than this, loses the connection.
 DRAIN_TIMEOUT_S = 1.0
@@ -50,9 +54,10 @@ class LoadObserver(Protocol):
 
 
 def retryable_status(status: int) -> bool:
-    """Whether another pod may succeed where this status failed: overloaded (429) or broken
-    (5xx). Any other 4xx is the caller's request."""
-    return status == 429 or status >= 500
+    """Whether another pod may succeed where this status failed. Only a 4xx other than 429
+    is the caller's request; 429 is an overloaded pod, and any other status that is not
+    the answer (200) is the pod's fault: a 5xx, a 3xx, a 2xx that carries no completion."""
+    return not 400 <= status < 500 or status == 429
 
 
 class UpstreamError(Exception):
@@ -76,23 +81,27 @@ class UpstreamError(Exception):
         self.connection_failure = connection_failure
 
 
+def _close(answer: PodAnswer) -> None:
+    answer.close()
+
+
 class UpstreamStream:
-    """One open streaming response; iterate for coalesced deltas."""
+    """One open streaming answer; iterate for coalesced deltas."""
 
     def __init__(
         self,
         backend: str,
-        response: aiohttp.ClientResponse,
+        answer: PodAnswer,
         chat: bool,
         redact: Callable[[str], str] = str,
-        recycle: Callable[[aiohttp.ClientResponse], None] = aiohttp.ClientResponse.release,
+        recycle: Callable[[PodAnswer], None] = _close,
         *,
         raw_events: bool = False,
     ) -> None:
         self.backend = backend
         self._redact = redact
         self._recycle = recycle
-        self._response = response
+        self._answer = answer
         self._decoder = SSEDecoder(chat=chat, raw=raw_events)
         self.finished = False
 
@@ -104,7 +113,7 @@ class UpstreamStream:
                 raise UpstreamError(self.backend, self._decoder.pending_error, retryable=True)
             if self._decoder.backlog:
                 # More is buffered than one slice: let other streams and calls run first
-                # (readany() does not yield while data is buffered).
+                # (a read does not yield while data is buffered).
                 await asyncio.sleep(0)
                 data = b""
             else:
@@ -125,16 +134,13 @@ class UpstreamStream:
 
     async def _read(self) -> bytes:
         try:
-            data = await self._response.content.readany()
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            data = await self._answer.read()
+        except PodHTTPError as exc:
             raise UpstreamError(
                 self.backend,
-                f"stream broke: {exc.__class__.__name__}: {clip(self._redact(str(exc)))}",
+                f"stream broke: {clip(self._redact(str(exc)))}",
                 retryable=True,
-            ) from None
-        except TimeoutError:  # the request's total timeout (the caller's deadline)
-            raise UpstreamError(
-                self.backend, "the upstream timeout expired mid-stream", retryable=True
+                connection_failure=exc.connection_failure,
             ) from None
         if not data:
             raise UpstreamError(
@@ -152,26 +158,32 @@ class UpstreamStream:
     def close(self) -> None:
         """Drop the connection unless the stream ended cleanly (then it is reusable)."""
         if self.finished:
-            self._recycle(self._response)
+            self._recycle(self._answer)
         else:
-            self._response.close()
+            self._answer.close()
 
 
 class UpstreamClient:
+    """The one way to a pod: `post`, one answer type (PodAnswer), one connection budget.
+
+    `per_backend_connections` bounds the requests open to each pod at once, whichever front
+    sends them and whichever client carries them (llhttp for `http://`, aiohttp for
+    `https://`): a request over it waits for an answer to close."""
+
     def __init__(
         self,
         *,
         connect_timeout_s: float = 2.0,
         per_backend_connections: int = 512,
         api_key: str = "",
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
         load_observer: LoadObserver | None = None,
+        on_unasked: Callable[[str], None] | None = None,
     ) -> None:
         """With a `load_observer`, every request asks the pod for its load report (vLLM's
-        `endpoint-load-metrics-format: TEXT`) and every answer's report is handed to it."""
+        `endpoint-load-metrics-format: TEXT`) and every answer's report is handed to it.
+        `on_unasked(pod)` counts a connection closed for bytes past an answer."""
         self._connect_timeout_s = connect_timeout_s
         self.load_observer = load_observer
-        self._trace_configs = list(trace_configs)
         self._per_backend = per_backend_connections
         self._headers = {
             "Content-Type": "application/json",
@@ -185,9 +197,11 @@ class UpstreamClient:
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
         self._draining: set[asyncio.Task[None]] = set()
-        # The HTTP front's pod requests to http:// pods (prefix_sidecar.upstream.lean_http).
+        self._slots: dict[str, asyncio.Semaphore] = {}  # requests open at once, per pod
         self.lean = LeanHTTP(
-            connect_timeout_s=connect_timeout_s, per_backend=per_backend_connections
+            connect_timeout_s=connect_timeout_s,
+            per_backend=per_backend_connections,
+            on_unasked=on_unasked,
         )
 
     @property
@@ -199,7 +213,6 @@ class UpstreamClient:
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
-                trace_configs=self._trace_configs or None,
             )
         return self._session
 
@@ -228,17 +241,17 @@ class UpstreamClient:
         `headers` are added to the request; they cannot replace the client's own
         (Content-Type, Accept, User-Agent, Authorization). `raw_events` keeps each event's
         JSON text in the deltas."""
-        response = await self.post(
+        answer = await self.post(
             backend,
             path,
             body,
             self._with_own(headers) if headers else self._headers,
             timeout_s=timeout_s,
         )
-        if response.status != 200:
-            raise await self.refusal(backend, response)
+        if answer.status != 200:
+            raise await self.refusal(backend, answer)
         return UpstreamStream(
-            backend, response, chat, self._redact, self._recycle, raw_events=raw_events
+            backend, answer, chat, self._redact, self._recycle, raw_events=raw_events
         )
 
     async def post(
@@ -249,15 +262,76 @@ class UpstreamClient:
         headers: Mapping[str, str],
         *,
         timeout_s: float | None,
-    ) -> aiohttp.ClientResponse:
-        """POST `body` with exactly `headers` and return the response once its headers are
-        in, whatever its status but a redirect; UpstreamError (retryable) when the pod cannot
-        be reached or answers 3xx. Both fronts send through here."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
+    ) -> PodAnswer:
+        """POST `body` with exactly `headers` and return the answer once its final status
+        and headers are in, whatever its status but a redirect; UpstreamError (retryable)
+        when the pod cannot be reached, answers 3xx or breaks HTTP. Both fronts send
+        through here."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        release = await self._slot(backend, deadline)
         observer = self.load_observer
         if observer is not None:
             observer.note_sent(backend)
             headers = self._asking_load(headers)
+        try:
+            if self.lean.serves(backend):
+                parts = body.parts if isinstance(body, SplicedBody) else (body,)
+                answer: PodAnswer = await self.lean.post(
+                    backend, path, parts, headers, deadline=deadline, on_close=release
+                )
+            else:
+                answer = await self._post_aiohttp(backend, path, body, headers, timeout_s, release)
+        except PodHTTPError as exc:
+            release()
+            raise UpstreamError(
+                backend,
+                clip(self._redact(str(exc))),
+                retryable=True,
+                connection_failure=exc.connection_failure,
+            ) from None
+        except BaseException:
+            release()
+            raise
+        if not 200 <= answer.status <= 599 or 300 <= answer.status < 400:
+            answer.close()  # its body is not worth reading: the connection goes
+            raise UpstreamError(
+                backend, self._not_an_answer(answer), retryable=True, status=answer.status
+            )
+        if observer is not None:
+            observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
+        return answer
+
+    async def _slot(self, backend: str, deadline: float | None) -> Callable[[], None]:
+        """Wait for one of the pod's `per_backend_connections`; its release. A request that
+        had to wait asks whether its caller is still there (prefix_sidecar.upstream.caller)."""
+        slots = self._slots.get(backend)
+        if slots is None:
+            if len(self._slots) > 4096:  # pods come and go: keep the table bounded
+                self._slots = {url: s for url, s in self._slots.items() if s.locked()}
+            slots = self._slots[backend] = asyncio.Semaphore(self._per_backend)
+        if not slots.locked():
+            await slots.acquire()  # free: no wait
+            return slots.release
+        async with asyncio.timeout_at(deadline):
+            await slots.acquire()
+        try:
+            await caller.check_after_wait()
+        except BaseException:
+            slots.release()
+            raise
+        return slots.release
+
+    async def _post_aiohttp(
+        self,
+        backend: str,
+        path: str,
+        body: bytes | SplicedBody,
+        headers: Mapping[str, str],
+        timeout_s: float | None,
+        on_close: Callable[[], None],
+    ) -> AiohttpAnswer:
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
         try:
             response = await self.session.post(
                 backend + path,
@@ -267,65 +341,38 @@ class UpstreamClient:
                 allow_redirects=False,
             )
         except aiohttp.ClientConnectorError as exc:
-            raise UpstreamError(
-                backend,
-                f"cannot connect: {exc.os_error or exc}",
-                retryable=True,
-                connection_failure=True,
+            raise PodHTTPError(
+                f"cannot connect: {exc.os_error or exc}", connection_failure=True
             ) from None
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamError(
-                backend,
-                f"request failed: {exc.__class__.__name__}: {clip(self._redact(str(exc)))}",
-                retryable=True,
-                connection_failure=isinstance(exc, aiohttp.ServerDisconnectedError),
+            raise PodHTTPError(
+                f"request failed: {exc.__class__.__name__}: {clip(str(exc))}",
+                connection_failure=not isinstance(exc, TimeoutError),
             ) from None
-        if 300 <= response.status < 400:
-            location = clip(self._redact(response.headers.get("Location", "")), 200)
-            response.close()  # its body is not worth reading: the connection goes
-            raise UpstreamError(
-                backend,
-                f"HTTP {response.status} redirect to {location or '(no Location)'}: "
-                "the sidecar does not follow redirects from a pod",
-                retryable=True,
-                status=response.status,
-            )
-        if observer is not None:
-            observer.observe_header(backend, response.headers.get(LOAD_HEADER))
-        return response
+        return AiohttpAnswer(response, on_close)
 
-    async def refusal(self, backend: str, response: aiohttp.ClientResponse) -> UpstreamError:
+    def _not_an_answer(self, answer: PodAnswer) -> str:
+        status = answer.status
+        if 300 <= status < 400:
+            location = clip(self._redact(answer.headers.get("Location", "")), 200)
+            return (
+                f"HTTP {status} redirect to {location or '(no Location)'}: "
+                "the sidecar does not follow redirects from a pod"
+            )
+        return f"HTTP {status}: not a valid final status"
+
+    async def refusal(self, backend: str, answer: PodAnswer) -> UpstreamError:
         """The error of a pod that answered neither 200 nor 3xx, in its own (redacted, clipped)
-        words; its connection is released. Retryable for a 429 or a 5xx."""
-        message = clip(self._redact(await _error_message(response)))
-        response.release()
+        words; its connection is released. Retryable unless a 4xx other than 429."""
+        raw = await read_capped(answer, ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S)
+        answer.close()
+        message = clip(self._redact(error_words(raw, f"HTTP {answer.status}")))
         return UpstreamError(
             backend,
-            f"HTTP {response.status}: {message}",
-            retryable=retryable_status(response.status),
-            status=response.status,
+            f"HTTP {answer.status}: {message}",
+            retryable=retryable_status(answer.status),
+            status=answer.status,
         )
-
-    async def post_lean(
-        self,
-        backend: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        *,
-        timeout_s: float,
-    ) -> LeanAnswer:
-        """post() through the lean client (the HTTP front's http:// pods): the same load
-        report asked for and handed on; the lean client bounds the answer's headers."""
-        observer = self.load_observer
-        if observer is None:
-            return await self.lean.post(backend, path, body, headers, timeout_s=timeout_s)
-        observer.note_sent(backend)
-        answer = await self.lean.post(
-            backend, path, body, self._asking_load(headers), timeout_s=timeout_s
-        )
-        observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
-        return answer
 
     def _asking_load(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         """`headers` asking the pod for its load report (the fronts' own header sets may
@@ -340,12 +387,13 @@ class UpstreamClient:
         merged.update(self._headers)
         return merged
 
-    def _recycle(self, response: aiohttp.ClientResponse) -> None:
-        """Return a finished response's connection to the pool once its body has ended."""
-        if response.content.is_eof():
-            response.release()
+    def _recycle(self, answer: PodAnswer) -> None:
+        """Keep a finished stream's connection once its body has ended (read in the
+        background: after [DONE] the chunked terminator may still be on its way)."""
+        if answer.done:
+            answer.close()
             return
-        task = asyncio.get_running_loop().create_task(_drain(response))
+        task = asyncio.get_running_loop().create_task(_drain(answer))
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
 
@@ -374,32 +422,13 @@ class UpstreamClient:
             return await response.json(content_type=None)
 
 
-async def _drain(response: aiohttp.ClientResponse) -> None:
-    """Read what follows [DONE] up to the end of the body, then release (reuse) the
-    connection; close it instead if the body does not end soon and small."""
+async def _drain(answer: PodAnswer) -> None:
+    """Read what follows [DONE] up to the end of the body, then close the answer (its
+    connection is reused if the body ended soon and small)."""
     try:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            left = DRAIN_MAX_BYTES
-            while left > 0 and (data := await response.content.readany()):
-                left -= len(data)
-    except (TimeoutError, aiohttp.ClientError):
-        pass
+        await read_capped(answer, DRAIN_MAX_BYTES, DRAIN_TIMEOUT_S)
     finally:
-        if response.content.is_eof():
-            response.release()
-        else:
-            response.close()
-
-
-async def _error_message(response: aiohttp.ClientResponse) -> str:
-    """The pod's own words: vLLM's {"message": ...} or {"error": {"message": ...}}. Longer
-    than what reaches a status: the caller redacts before it clips."""
-    reason = (response.reason or "no body")[:POD_ERROR_CHARS]
-    try:
-        raw = await asyncio.wait_for(response.content.read(64 * 1024), timeout=2.0)
-    except (TimeoutError, aiohttp.ClientError):
-        return reason
-    return error_words(raw, reason)
+        answer.close()
 
 
 def error_words(raw: bytes, reason: str) -> str:

@@ -1,6 +1,6 @@
-"""The HTTP front's lean pod client against real sockets on 127.0.0.1: an aiohttp pod for
-the framings and keep-alive, and raw asyncio servers writing the bytes a broken or hostile
-pod would."""
+"""The pod client for `http://` pods (UpstreamClient.post over llhttp) against real sockets
+on 127.0.0.1: an aiohttp pod for the framings and keep-alive, and raw asyncio servers
+writing the bytes a broken or hostile pod would."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from prefix_sidecar.upstream.lean_http import MAX_HEAD, LeanAnswer, LeanHTTP, PodHTTPError
+from prefix_sidecar.upstream.answer import PodAnswer
+from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError
+from prefix_sidecar.upstream.lean_http import MAX_HEAD, PodHTTPError
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -63,7 +65,7 @@ async def raw_pod(handler: RawHandler) -> AsyncIterator[str]:
         server.close()
 
 
-async def read_all(answer: LeanAnswer) -> bytes:
+async def read_all(answer: PodAnswer) -> bytes:
     parts = []
     while data := await answer.read():
         parts.append(data)
@@ -78,8 +80,8 @@ async def request_head(reader: asyncio.StreamReader) -> int:
     return length
 
 
-def client() -> LeanHTTP:
-    return LeanHTTP(connect_timeout_s=2.0, per_backend=8)
+def client() -> UpstreamClient:
+    return UpstreamClient(connect_timeout_s=2.0, per_backend_connections=8)
 
 
 async def test_each_framing_is_read_whole_and_a_finished_connection_is_reused() -> None:
@@ -94,20 +96,21 @@ async def test_each_framing_is_read_whole_and_a_finished_connection_is_reused() 
         assert await read_all(answer) == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
         answer.close()
         assert seen[0] is seen[1], "the second request did not reuse the connection"
-    lean.close()
+    await lean.close()
 
 
 async def test_an_answer_left_unread_closes_its_connection() -> None:
     lean = client()
     async with aiohttp_pod() as (pod, seen):
-        answer = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
+        answer = await lean.post(pod, "/whole", b"y" * 900_000, {}, timeout_s=5)
         assert await answer.read()
+        assert not answer.done
         answer.close()  # not read to its end: the connection is not reused
         again = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
         await read_all(again)
         again.close()
         assert seen[0] is not seen[1]
-    lean.close()
+    await lean.close()
 
 
 async def test_an_answer_delimited_by_the_connections_end() -> None:
@@ -120,7 +123,7 @@ async def test_an_answer_delimited_by_the_connections_end() -> None:
         answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
         assert await read_all(answer) == b'{"a": 1}'
         answer.close()
-    lean.close()
+    await lean.close()
 
 
 async def test_a_stale_idle_connection_is_replaced_without_an_error() -> None:
@@ -142,15 +145,15 @@ async def test_a_stale_idle_connection_is_replaced_without_an_error() -> None:
             answer.close()
             await asyncio.sleep(0.05)
     assert connections == 3
-    lean.close()
+    await lean.close()
 
 
 @pytest.mark.parametrize(
     ("answer", "match"),
     [
         (b"HTTP/1.1 200 OK\r\nX: " + b"a" * (MAX_HEAD + 10) + b"\r\n\r\n", "over"),
-        (b"SSH-2.0-OpenSSH\r\n\r\n", "status line"),
-        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "malformed"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "Content-Length"),
     ],
 )
@@ -163,16 +166,16 @@ async def test_a_bad_head_is_an_error_and_bounded(answer: bytes, match: str) -> 
 
     lean = client()
     async with raw_pod(handler) as pod:
-        with pytest.raises(PodHTTPError, match=match):
+        with pytest.raises(UpstreamError, match=match):
             await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
-    lean.close()
+    await lean.close()
 
 
 @pytest.mark.parametrize(
     ("body", "match"),
     [
-        (b"zz\r\ndata\r\n", "framing"),  # not a chunk size
-        (b"5\r\ndata: 1\r\n", "framing"),  # the chunk is longer than it said
+        (b"zz\r\ndata\r\n", "malformed"),  # not a chunk size
+        (b"5\r\ndata: 1\r\n", "malformed"),  # the chunk is longer than it said
         (b"10\r\nshort", "closed"),  # cut mid-chunk
     ],
 )
@@ -187,7 +190,7 @@ async def test_broken_chunked_framing_is_an_error(body: bytes, match: str) -> No
         with pytest.raises(PodHTTPError, match=match):
             await read_all(answer)
         answer.close()
-    lean.close()
+    await lean.close()
 
 
 async def test_a_stalled_answer_ends_at_the_deadline() -> None:
@@ -204,17 +207,17 @@ async def test_a_stalled_answer_ends_at_the_deadline() -> None:
         with pytest.raises(PodHTTPError, match="timeout"):
             await asyncio.wait_for(answer.read(), 3)
         answer.close()
-    lean.close()
+    await lean.close()
 
 
 async def test_a_refused_connection_is_a_connection_failure() -> None:
     lean = client()
     async with raw_pod(request_head) as pod:  # type: ignore[arg-type]
         pass  # closed: nothing listens there now
-    with pytest.raises(PodHTTPError) as caught:
+    with pytest.raises(UpstreamError) as caught:
         await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
     assert caught.value.connection_failure
-    lean.close()
+    await lean.close()
 
 
 async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_once() -> None:
@@ -235,11 +238,11 @@ async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_on
             assert await read_all(answer) == b"ok"
             answer.close()
     assert connections == 2  # the second request went again on a new connection
-    lean.close()
+    await lean.close()
 
 
 async def test_answers_open_to_one_pod_are_bounded() -> None:
-    lean = LeanHTTP(connect_timeout_s=2.0, per_backend=1)
+    lean = UpstreamClient(connect_timeout_s=2.0, per_backend_connections=1)
     async with aiohttp_pod() as (pod, seen):
         first = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
         second = asyncio.ensure_future(lean.post(pod, "/whole", b"", {}, timeout_s=5))
@@ -251,7 +254,7 @@ async def test_answers_open_to_one_pod_are_bounded() -> None:
         await read_all(answer)
         answer.close()
         assert seen[0] is seen[1]  # and took its connection
-    lean.close()
+    await lean.close()
 
 
 async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
@@ -266,7 +269,7 @@ async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
         answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
         assert answer.status == 200 and await read_all(answer) == b"ok"
         answer.close()
-    lean.close()
+    await lean.close()
 
 
 async def test_a_header_latin1_cannot_hold_is_sent_replaced_not_raised() -> None:
@@ -286,4 +289,4 @@ async def test_a_header_latin1_cannot_hold_is_sent_replaced_not_raised() -> None
         assert answer.status == 401
         answer.close()
     assert b"Authorization: Bearer k??\r\n" in got[0]
-    lean.close()
+    await lean.close()
