@@ -290,3 +290,99 @@ async def test_a_header_latin1_cannot_hold_is_sent_replaced_not_raised() -> None
         answer.close()
     assert b"Authorization: Bearer k??\r\n" in got[0]
     await lean.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "match"),
+    [
+        (b"HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n", "not a valid HTTP status"),
+        (b"HTTP/1.1 600 Beyond\r\nContent-Length: 0\r\n\r\n", "not a valid HTTP status"),
+        (b"HTTP/2.0 200 OK\r\nContent-Length: 0\r\n\r\n", "not an HTTP/1.1 answer"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc", "Transfer-Encoding"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "Transfer-Encoding"),
+        (b"HTTP/1.1 101 Switching\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", "switched"),
+        (b"HTTP/1.1 103 Early Hints\r\n\r\n" * 5, "interim"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * (MAX_HEAD // 6 + 1) + b"\r\n", "over"),
+    ],
+)
+async def test_what_llhttp_accepts_and_a_pod_may_not_send(answer: bytes, match: str) -> None:
+    """The strictness rules kept on top of llhttp: statuses 100-599, HTTP/1.0 and 1.1 only,
+    chunked as the only Transfer-Encoding, no protocol switch, at most MAX_INTERIM 1xx,
+    headers within MAX_HEAD however they are split. Each is a pod failure."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        with pytest.raises(UpstreamError, match=match) as caught:
+            await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+    assert caught.value.retryable and caught.value.connection_failure
+    await lean.close()
+
+
+async def test_trailers_are_bounded_like_headers() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+        for _ in range(MAX_HEAD // 1000 + 2):
+            writer.write(b"X-T: " + b"t" * 1000 + b"\r\n")
+            await writer.drain()
+        await asyncio.sleep(1)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+        with pytest.raises(PodHTTPError, match="over"):
+            await read_all(answer)
+        answer.close()
+    await lean.close()
+
+
+async def test_bytes_after_the_answer_close_the_connection_and_are_counted() -> None:
+    """Bytes the pod sends past an answer, in the same read or later while the connection
+    is idle, are never read as the next answer: the connection closes, counted once."""
+    unasked: list[str] = []
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            await request_head(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await asyncio.sleep(0.1)  # the answer is read and closed before this comes
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nstolen")
+            await writer.drain()
+
+    lean = UpstreamClient(on_unasked=unasked.append)
+    async with raw_pod(handler) as pod:
+        for _ in range(3):
+            answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+            assert await read_all(answer) == b"ok"
+            answer.close()
+            await asyncio.sleep(0.3)
+    assert connections == 3 and unasked == [pod, pod]  # the last one is still idle
+    assert lean.lean.unasked_closed == 2
+    await lean.close()
+
+
+async def test_both_fronts_share_one_connection_budget_per_pod() -> None:
+    """per_backend_connections holds across both fronts: a gRPC stream open to the pod
+    (open) makes the HTTP front's request (post) wait until the stream is closed."""
+    lean = UpstreamClient(connect_timeout_s=2.0, per_backend_connections=1)
+    async with aiohttp_pod() as (pod, seen):
+        stream = await lean.open(pod, "/chunked", b"{}", timeout_s=5, chat=False)
+        waiting = asyncio.ensure_future(lean.post(pod, "/whole", b"", {}, timeout_s=5))
+        await asyncio.sleep(0.2)
+        assert not waiting.done() and len(seen) == 1
+        stream.close()
+        answer = await asyncio.wait_for(waiting, 5)
+        await read_all(answer)
+        answer.close()
+        assert len(seen) == 2
+    await lean.close()
