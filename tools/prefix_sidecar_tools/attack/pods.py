@@ -15,8 +15,9 @@ And pods that break HTTP itself, written byte by byte on keep-alive connections 
 issue 27): each answers a completion whose text is the request's `prompt`, framed wrongly:
 
 - unasked: a right answer, then a second one nobody asked for on the same connection;
-- bad_length: `Content-Length: ²` (the latin-1 byte); length_twice: two Content-Lengths (the last the right one);
-  length_and_chunked: a Content-Length beside `Transfer-Encoding: chunked`;
+- bad_length: `Content-Length: ²` (the latin-1 byte); length_twice: two Content-Lengths
+  (the last the right one); length_and_chunked: a Content-Length beside
+  `Transfer-Encoding: chunked`;
 - status_99, status_0, status_600: statuses that are not HTTP statuses;
 - interim_5: five `100 Continue` before the answer; interim_http10: an `HTTP/1.0 100`;
 - no_content_body: a 204 with a body;
