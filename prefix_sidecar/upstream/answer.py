@@ -15,7 +15,7 @@ from typing import Protocol
 
 import aiohttp
 
-from prefix_sidecar.upstream.lean_http import PodHTTPError
+from prefix_sidecar.upstream.pod_connection import PodHTTPError
 
 
 class PodAnswer(Protocol):

@@ -26,15 +26,9 @@ from prefix_sidecar.server.openai.body import FrontError
 from prefix_sidecar.server.openai.http1 import Request, Response, StreamedResponse
 from prefix_sidecar.upstream.answer import PodAnswer, read_capped
 from prefix_sidecar.upstream.byte_usage import UsageTail
-from prefix_sidecar.upstream.client import (
-    ERROR_BODY_BYTES,
-    ERROR_BODY_TIMEOUT_S,
-    UpstreamClient,
-    UpstreamError,
-    error_words,
-    retryable_status,
-)
-from prefix_sidecar.upstream.lean_http import PodHTTPError
+from prefix_sidecar.upstream.client import ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S, UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
+from prefix_sidecar.upstream.pod_connection import PodHTTPError
 from prefix_sidecar.upstream.relay import Relay, RelayOutcome
 from prefix_sidecar.upstream.sse import clip
 

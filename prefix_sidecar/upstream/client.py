@@ -1,10 +1,13 @@
-"""The upstream client: one pooled aiohttp session, streaming OpenAI-style SSE from pods.
+"""The upstream client: the one way both fronts reach a pod, `post`, and the gRPC front's SSE
+streams over it (`open`).
 
-Errors are classified where they happen, because the caller's only question is "may I try
-the next pod?": a refused connection, a timeout, a 5xx or a 429 before the first token may
-be retried elsewhere; any other 4xx is the caller's request and retrying cannot fix it.
-Closing a stream closes its connection (not back to the pool), so a cancelled caller frees
-the vLLM slot at once instead of leaving the pod generating for nobody. A stream that ended
+`http://` pods through llhttp (prefix_sidecar.upstream.lean_http), `https://` ones through
+an aiohttp session, one answer type (PodAnswer) and one connection budget per pod
+(`per_backend_connections`) whichever front sends and whichever client carries. Errors are
+classified where they happen (prefix_sidecar.upstream.errors), because the caller's only
+question is "may I try the next pod?". Closing a stream closes its connection (not back to
+the pool), so a cancelled caller frees the vLLM slot at once instead of leaving the pod
+generating for nobody. A stream that ended
 with [DONE] keeps its connection: the few bytes that end the HTTP body are read in the
 background, so the next request skips a TCP connect (and the pod an accept).
 
@@ -17,8 +20,7 @@ an error (its body, reason phrase, Location, an error event) is redacted, then c
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
@@ -28,8 +30,11 @@ from prefix_sidecar import __version__
 from prefix_sidecar.upstream import caller
 from prefix_sidecar.upstream.answer import AiohttpAnswer, PodAnswer, read_capped
 from prefix_sidecar.upstream.body import SplicedBody
-from prefix_sidecar.upstream.lean_http import LeanHTTP, PodHTTPError
-from prefix_sidecar.upstream.sse import POD_ERROR_CHARS, Delta, SSEDecoder, SSEProtocolError, clip
+from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
+from prefix_sidecar.upstream.lean_http import LeanHTTP
+from prefix_sidecar.upstream.pod_connection import PodHTTPError
+from prefix_sidecar.upstream.sse import clip
+from prefix_sidecar.upstream.stream import UpstreamStream
 
 # A pod's error body: vLLM's are a few hundred bytes; the rest is not read.
 ERROR_BODY_BYTES = 64 * 1024
@@ -38,7 +43,6 @@ ERROR_BODY_TIMEOUT_S = 2.0
 # microseconds behind; a pod that takes longer, or sends more than this, loses the connection.
 DRAIN_TIMEOUT_S = 1.0
 DRAIN_MAX_BYTES = 64 * 1024
-MAX_ERROR_BYTES = 1024
 
 
 LOAD_FORMAT_HEADER = "endpoint-load-metrics-format"  # asks the pod for its load ...
@@ -51,116 +55,6 @@ class LoadObserver(Protocol):
     def note_sent(self, url: str) -> None: ...
 
     def observe_header(self, url: str, value: str | None) -> None: ...
-
-
-def retryable_status(status: int) -> bool:
-    """Whether another pod may succeed where this status failed. Only a 4xx other than 429
-    is the caller's request; 429 is an overloaded pod, and any other status that is not
-    the answer (200) is the pod's fault: a 5xx, a 3xx, a 2xx that carries no completion."""
-    return not 400 <= status < 500 or status == 429
-
-
-class UpstreamError(Exception):
-    """A pod could not serve the request. `retryable`: another pod may succeed."""
-
-    def __init__(
-        self,
-        backend: str,
-        message: str,
-        *,
-        retryable: bool,
-        status: int | None = None,
-        connection_failure: bool = False,
-    ) -> None:
-        message = clip(message, MAX_ERROR_BYTES)  # a last guard; pod words are clipped first
-        super().__init__(f"{backend}: {message}")
-        self.backend = backend
-        self.message = message
-        self.retryable = retryable
-        self.status = status
-        self.connection_failure = connection_failure
-
-
-def _close(answer: PodAnswer) -> None:
-    answer.close()
-
-
-class UpstreamStream:
-    """One open streaming answer; iterate for coalesced deltas."""
-
-    def __init__(
-        self,
-        backend: str,
-        answer: PodAnswer,
-        chat: bool,
-        redact: Callable[[str], str] = str,
-        recycle: Callable[[PodAnswer], None] = _close,
-        *,
-        raw_events: bool = False,
-    ) -> None:
-        self.backend = backend
-        self._redact = redact
-        self._recycle = recycle
-        self._answer = answer
-        self._decoder = SSEDecoder(chat=chat, raw=raw_events)
-        self.finished = False
-
-    async def next_delta(self) -> Delta:
-        """Wait for the next read from the pod and return the events it completed (at most
-        one decoder slice: a fast pod must not hold the event loop)."""
-        while True:
-            if self._decoder.pending_error:
-                raise UpstreamError(self.backend, self._decoder.pending_error, retryable=True)
-            if self._decoder.backlog:
-                # More is buffered than one slice: let other streams and calls run first
-                # (a read does not yield while data is buffered).
-                await asyncio.sleep(0)
-                data = b""
-            else:
-                data = await self._read()
-            try:
-                delta = self._decoder.feed(data)
-            except SSEProtocolError as exc:
-                raise UpstreamError(self.backend, str(exc), retryable=True) from None
-            if delta.error:
-                message = f"the pod reported an error: {clip(self._redact(delta.error))}"
-                if not (delta.text or delta.finish_reason):
-                    raise UpstreamError(self.backend, message, retryable=True)
-                self._decoder.pending_error = message  # after relaying the text before it
-            if delta.events or delta.done:
-                if delta.done:
-                    self.finished = True
-                return delta
-
-    async def _read(self) -> bytes:
-        try:
-            data = await self._answer.read()
-        except PodHTTPError as exc:
-            raise UpstreamError(
-                self.backend,
-                f"stream broke: {clip(self._redact(str(exc)))}",
-                retryable=True,
-                connection_failure=exc.connection_failure,
-            ) from None
-        if not data:
-            raise UpstreamError(
-                self.backend, "the pod closed the stream before [DONE]", retryable=True
-            )
-        return data
-
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Delta]:
-        while not self.finished:
-            yield await self.next_delta()
-
-    def close(self) -> None:
-        """Drop the connection unless the stream ended cleanly (then it is reusable)."""
-        if self.finished:
-            self._recycle(self._answer)
-        else:
-            self._answer.close()
 
 
 class UpstreamClient:
@@ -429,23 +323,3 @@ async def _drain(answer: PodAnswer) -> None:
         await read_capped(answer, DRAIN_MAX_BYTES, DRAIN_TIMEOUT_S)
     finally:
         answer.close()
-
-
-def error_words(raw: bytes, reason: str) -> str:
-    """What a pod's error body says: vLLM's {"message": ...} or {"error": {"message": ...}},
-    else its text, else `reason`."""
-    text = raw.decode("utf-8", "replace").strip()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:POD_ERROR_CHARS] or reason
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:POD_ERROR_CHARS]
-        if isinstance(error, str):
-            return error[:POD_ERROR_CHARS]
-        for key in ("message", "detail"):
-            if data.get(key):
-                return str(data[key])[:POD_ERROR_CHARS]
-    return text[:POD_ERROR_CHARS]

@@ -12,8 +12,9 @@ import pytest
 from aiohttp import web
 
 from prefix_sidecar.upstream.answer import PodAnswer
-from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError
-from prefix_sidecar.upstream.lean_http import MAX_HEAD, PodHTTPError
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar.upstream.pod_connection import MAX_HEAD, PodHTTPError
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
