@@ -15,7 +15,9 @@ from typing import Protocol
 
 import aiohttp
 
+from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.pod_connection import PodHTTPError
+from prefix_sidecar.upstream.sse import clip
 
 
 class PodAnswer(Protocol):
@@ -67,6 +69,20 @@ class AiohttpAnswer:
         else:
             self._response.close()  # the pod's request ends now
         on_close()
+
+
+async def read_from(answer: PodAnswer, backend: str, redact: Callable[[str], str] = str) -> bytes:
+    """The answer's next bytes; UpstreamError (retryable: before the first token another pod
+    may serve) when it breaks."""
+    try:
+        return await answer.read()
+    except PodHTTPError as exc:
+        raise UpstreamError(
+            backend,
+            f"stream broke: {clip(redact(str(exc)))}",
+            retryable=True,
+            connection_failure=exc.connection_failure,
+        ) from None
 
 
 async def read_capped(answer: PodAnswer, limit: int, timeout_s: float) -> bytes:

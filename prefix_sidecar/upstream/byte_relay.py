@@ -24,11 +24,10 @@ from prefix_sidecar.metrics import FRONT_HTTP
 from prefix_sidecar.routing.router import Decision
 from prefix_sidecar.server.openai.body import FrontError
 from prefix_sidecar.server.openai.http1 import Request, Response, StreamedResponse
-from prefix_sidecar.upstream.answer import PodAnswer, read_capped
+from prefix_sidecar.upstream.answer import PodAnswer, read_capped, read_from
 from prefix_sidecar.upstream.byte_usage import UsageTail
 from prefix_sidecar.upstream.client import ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S, UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
-from prefix_sidecar.upstream.pod_connection import PodHTTPError
 from prefix_sidecar.upstream.relay import Relay, RelayOutcome
 from prefix_sidecar.upstream.sse import clip
 
@@ -106,15 +105,7 @@ class ByteExchange:
 
     async def _read(self) -> bytes:
         assert self.answer is not None
-        try:
-            data = await self.answer.read()
-        except PodHTTPError as exc:
-            raise UpstreamError(
-                self._backend,
-                f"stream broke: {exc}",
-                retryable=True,
-                connection_failure=exc.connection_failure,
-            ) from None
+        data = await read_from(self.answer, self._backend, self.client.redact)
         self.usage.feed(data)
         return data
 

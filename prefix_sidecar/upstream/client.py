@@ -175,7 +175,10 @@ class UpstreamClient:
                     backend, path, parts, headers, deadline=deadline, on_close=release
                 )
             else:
-                answer = await self._post_aiohttp(backend, path, body, headers, timeout_s, release)
+                timeout = aiohttp.ClientTimeout(
+                    total=timeout_s, sock_connect=self._connect_timeout_s
+                )
+                answer = await self._post_aiohttp(backend + path, body, headers, timeout, release)
         except PodHTTPError as exc:
             release()
             raise UpstreamError(
@@ -218,17 +221,16 @@ class UpstreamClient:
 
     async def _post_aiohttp(
         self,
-        backend: str,
-        path: str,
+        url: str,
         body: bytes | SplicedBody,
         headers: Mapping[str, str],
-        timeout_s: float | None,
+        timeout: aiohttp.ClientTimeout,
         on_close: Callable[[], None],
     ) -> AiohttpAnswer:
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
+        """The `https://` pods' request: aiohttp's failures as PodHTTPError."""
         try:
             response = await self.session.post(
-                backend + path,
+                url,
                 data=body,
                 headers=headers,
                 timeout=timeout,

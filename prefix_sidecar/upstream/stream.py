@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from prefix_sidecar.upstream.answer import PodAnswer
+from prefix_sidecar.upstream.answer import PodAnswer, read_from
 from prefix_sidecar.upstream.errors import UpstreamError
-from prefix_sidecar.upstream.pod_connection import PodHTTPError
 from prefix_sidecar.upstream.sse import Delta, SSEDecoder, SSEProtocolError, clip
 
 
@@ -69,15 +68,7 @@ class UpstreamStream:
                 return delta
 
     async def _read(self) -> bytes:
-        try:
-            data = await self._answer.read()
-        except PodHTTPError as exc:
-            raise UpstreamError(
-                self.backend,
-                f"stream broke: {clip(self._redact(str(exc)))}",
-                retryable=True,
-                connection_failure=exc.connection_failure,
-            ) from None
+        data = await read_from(self._answer, self.backend, self._redact)
         if not data:
             raise UpstreamError(
                 self.backend, "the pod closed the stream before [DONE]", retryable=True
