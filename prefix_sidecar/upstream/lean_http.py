@@ -145,7 +145,10 @@ class LeanHTTP:
                     if again and connection.lost and not connection.received:
                         raise _StaleConnection
                     raise error
-                await connection.wait(deadline)
+                try:
+                    await connection.wait(deadline)
+                except TimeoutError:
+                    raise PodHTTPError("the upstream timeout expired before the answer") from None
         except BaseException:
             self.finish(connection, reusable=False)
             raise

@@ -212,6 +212,18 @@ async def test_broken_chunked_framing_is_an_error(body: bytes, match: str) -> No
     await lean.close()
 
 
+async def test_a_pod_that_never_answers_is_a_pod_failure_at_the_deadline() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        await asyncio.sleep(5)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        with pytest.raises(UpstreamError, match="timeout expired before the answer"):
+            await asyncio.wait_for(lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=0.3), 3)
+    await lean.close()
+
+
 async def test_a_stalled_answer_ends_at_the_deadline() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await request_head(reader)
