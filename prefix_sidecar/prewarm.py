@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from prefix_sidecar.config import DEFAULTS
 from prefix_sidecar.prefixes import PrefixEntry
 from prefix_sidecar.upstream.body import completion_body
-from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.sse import usage_counts
 
 logger = logging.getLogger(__name__)

@@ -51,6 +51,7 @@ from prefix_sidecar.metrics.series import (
     REQUESTS,
     SAVING_RATIO,
     TTFT,
+    UNASKED_ANSWERS,
     M,
     Series,
 )
@@ -86,6 +87,7 @@ class Metrics:
         self._per_prefix: Bounded = []
         self.requests = self._register(REQUESTS)
         self.failovers = self._register(FAILOVERS)
+        self.unasked_bytes = self._register(UNASKED_ANSWERS)
         self.decision = self._register(DECISION)
         self.ttft = self._register(TTFT)
         self.in_flight = self._register(IN_FLIGHT)

@@ -59,6 +59,13 @@ FAILOVERS = Series(
     "http), backend and reason",
     ("front", "backend", "reason"),
 )
+UNASKED_ANSWERS = Series(
+    Counter,
+    "prefix_sidecar_pod_unasked_answers",
+    "Pod connections closed because the pod sent bytes past the answer asked for "
+    "(a second answer, a 204's body): never read as another caller's answer",
+    ("backend",),
+)
 DECISION = Series(
     Histogram,
     "prefix_sidecar_decision_seconds",

@@ -46,7 +46,6 @@ from prefix_sidecar.server.grpc.server import add_services, add_tcp_port, grpc_s
 from prefix_sidecar.server.grpc.servicer import RouterServicer
 from prefix_sidecar.server.openai.front import OpenAIFront
 from prefix_sidecar.server.warm_before_serve import JoinerWarmup
-from prefix_sidecar.upstream import caller
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import Relay, RelayPolicy
 from prefix_sidecar.upstream.tokenize import PrefixSizer
@@ -85,9 +84,8 @@ class Sidecar(AsyncService):
             connect_timeout_s=config.connect_timeout_s,
             per_backend_connections=config.per_backend_connections,
             api_key=config.api_key(),
-            # A request that waited for a pod connection is not sent if its caller left.
-            trace_configs=[caller.trace_config()],
             load_observer=self.signals,
+            on_unasked=lambda url: self.metrics.child(self.metrics.unasked_bytes, url).inc(),
         )
         self.pool = BackendPool(
             vnodes=config.vnodes,

@@ -44,7 +44,7 @@ def test_every_scenario_ran_and_the_exit_code_follows_the_verdicts(report: dict[
     names = [r["scenario"] for r in report["scenarios"]]
     assert names == [
         "garbage", "http1", "rapid_reset", "continuation_flood", "idle_connections",
-        "fast_stream", "huge_event", "no_newline", "redirect", "wedge",
+        "fast_stream", "huge_event", "no_newline", "redirect", "wedge", "broken_pods",
     ]  # fmt: skip
     assert report["sidecar_exit_code"] == 0  # survived everything, then drained cleanly
     assert report["exit_code"] == (0 if report["passed"] else 1)
@@ -90,3 +90,16 @@ def test_continuation_flood_is_cut_by_the_server(report: dict[str, Any]):
     # Every connection was closed by the sidecar long before the 64 MiB cap per connection.
     assert attack["closed_by_server"] == attack["connections"] > 0, attack
     assert attack["bytes_sent"] < attack["connections"] * 8 * 1024 * 1024, attack
+
+
+def test_pods_that_break_http_fail_over_and_no_caller_gets_another_callers_answer(
+    report: dict[str, Any],
+) -> None:
+    """Issue 27: a second unasked answer, a malformed Content-Length, invalid statuses, 1xx
+    as final, a 204 with a body and lenient framings, each from its own pod, through both
+    fronts: every caller its own answer from the healthy pod, and each pod failed over."""
+    row = _row(report, "broken_pods")
+    attack = row["attack"]
+    assert attack["callers"] == 2 * 2 * len(attack["modes"]) > 0, attack
+    assert attack["affected"] == attack["accepted"] == attack["failed"] == 0, attack
+    assert row["passed"], _failure(row)

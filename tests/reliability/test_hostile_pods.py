@@ -25,7 +25,8 @@ from prefix_sidecar_tools.harness import SidecarProcess
 from prefix_sidecar_tools.percentile import percentile
 
 from prefix_sidecar.membership.health import HealthMonitor, MemberStatus
-from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.v1 import router_pb2
 from tests.fake_pod import REQUEST, Handler, StartPod, complete, event, respond, text_event
 from tests.reliability.helpers_b import short_tmpdir

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from prefix_sidecar.lifecycle import AsyncService
-from prefix_sidecar_tools import PACKAGE_ROOT
+from prefix_sidecar_tools import IMPORT_ROOTS
 
 # argv after the code: the parent's pid, then the command to exec. If the parent died before
 # prctl, the signal would never come: exit instead.
@@ -66,10 +66,11 @@ def python_command(*args: str) -> list[str]:
 
 
 def child_env(clean: bool = False, **extra: str) -> dict[str, str]:
-    """Our environment with this checkout first on PYTHONPATH, so a child imports the same
-    code as its parent. `clean` drops PREFIX_SIDECAR_* settings leaking in from ours."""
+    """Our environment with this checkout's runtime and tooling first on PYTHONPATH, so a
+    child imports the same code as its parent. `clean` drops PREFIX_SIDECAR_* settings
+    leaking in from ours."""
     env = {k: v for k, v in os.environ.items() if not (clean and k.startswith("PREFIX_SIDECAR_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*IMPORT_ROOTS, env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
 

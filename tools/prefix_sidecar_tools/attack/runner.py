@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefix_sidecar_tools.attack.pods import RAW_MODES
 from prefix_sidecar_tools.bench.soak import MB, fd_count, rss_bytes
 from prefix_sidecar_tools.harness import (
     SidecarProcess,
+    free_port,
     python_command,
     spawn,
     spawn_blocking,
@@ -47,13 +49,16 @@ RSS_BACK_WAIT_S = 13.0
 # which a busy 2-core box crossed: 5 shed of 13).
 SHED_PROBE_SHARE = 0.5
 MESSAGE_LIMIT = 1024 * 1024  # the sidecar's max_message_bytes here; the huge event is 2x
+# The pods that break HTTP (issue 27), all members at once, and the callers sent to each.
+BROKEN_MODES = tuple(mode for mode in RAW_MODES if mode != "good")
+BROKEN_CALLERS = 6  # in a row, so a kept-alive connection carries the next caller's request
 
 
 @dataclass
 class Scenario:
     name: str
-    kind: str  # "socket" or "pod"
-    attack: str  # an abuse.py attack, or "stream_callers" against a hostile pod
+    kind: str  # "socket", "pod" or "broken_pods" (every RAW_MODES pod at once)
+    attack: str  # an abuse.py attack, "stream_callers" against a hostile pod, or pod_callers
     options: dict[str, Any]
     pod: str = ""  # the hostile pod's mode
     expect: str = ""  # what else must hold, checked in `_extra_checks`
@@ -61,7 +66,8 @@ class Scenario:
 
 
 def scenarios(short: bool) -> list[Scenario]:
-    """The socket-level abuse and the misbehaving pods of issue 11; `short` is the CI size."""
+    """The socket-level abuse and the misbehaving pods of issue 11, and the pods that break
+    HTTP of issue 27; `short` is the CI size."""
     secs = 3.0 if short else 15.0
     return [
         Scenario("garbage", "socket", "garbage", {"connections": 20 if short else 200}),
@@ -111,6 +117,13 @@ def scenarios(short: bool) -> list[Scenario]:
             "no_recorder_hits",
         ),
         Scenario("wedge", "pod", "stream_callers", {"count": 4, "seconds": secs}, "wedge"),
+        Scenario(
+            "broken_pods",
+            "broken_pods",
+            "pod_callers",
+            {"count": 2 if short else BROKEN_CALLERS},
+            expect="own_answers",
+        ),
     ]
 
 
@@ -179,10 +192,12 @@ def _stats(latencies: list[float]) -> dict[str, float]:
 
 
 async def _run_attack(name: str, socket_path: str, options: dict[str, Any]) -> dict[str, Any]:
+    if name == "pod_callers":
+        argv = ["prefix_sidecar_tools.attack.pod_callers", socket_path]
+    else:
+        argv = ["prefix_sidecar_tools.attack.abuse", name, socket_path]
     process = await spawn(
-        python_command(
-            "-m", "prefix_sidecar_tools.attack.abuse", name, socket_path, json.dumps(options)
-        ),
+        python_command("-m", *argv, json.dumps(options)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -206,6 +221,8 @@ class Harness:
         self.pods: dict[str, str] = {}
         self.healthy = ""
         self.sidecar: SidecarProcess | None = None
+        self.http_url = ""  # the sidecar's HTTP front
+        self.metrics_url = ""
 
     def start_pods(self) -> None:
         emulator = spawn_blocking(
@@ -226,7 +243,7 @@ class Harness:
         )  # fmt: skip
         self.processes.append(hostile)
         assert hostile.stdout is not None
-        while len(self.pods) < 6:
+        while len(self.pods) < 6 + len(RAW_MODES):
             words = hostile.stdout.readline().decode().split()
             if len(words) != 3 or words[0] != "READY":
                 raise RuntimeError(f"the hostile pods did not start (said {words!r})")
@@ -243,11 +260,17 @@ class Harness:
             "file_interval_s": 0.2,
             "health_interval_s": 0.2,
             "first_token_timeout_s": 3,
+            # broken_pods: a request may meet every broken pod before the healthy one.
+            "max_attempts": len(RAW_MODES) + 1,
             "max_message_bytes": MESSAGE_LIMIT,
             "grace_s": 1,
             "log_level": "warning",
         }
-        args = ["--backends-file", self.backends_file]
+        http_port, metrics_port = free_port(), free_port()
+        self.http_url = f"http://127.0.0.1:{http_port}"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        args = ["--backends-file", self.backends_file, "--openai-listen", f"127.0.0.1:{http_port}"]
+        args += ["--set", f"metrics_port={metrics_port}", "--set", "metrics_host=127.0.0.1"]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         self.sidecar = SidecarProcess(
@@ -356,6 +379,9 @@ async def _scenario(
         # now that the hostile one is a member too (pod ports, so ring places, vary by run).
         probe.prompt = await _prompt_for(stub, harness.healthy, f"probe-{scenario.name}")
         probe.running.set()
+    if scenario.kind == "broken_pods":
+        attack_options = await _broken_pods_in(harness, stub, probe, scenario.options["count"])
+        members = {harness.healthy, *(harness.pods[mode] for mode in BROKEN_MODES)}
     hits_before = await _recorder_hits(harness.pods["recorder"])
     # before: 1 s of probing
     probe.reset()
@@ -367,7 +393,9 @@ async def _scenario(
     result = await _run_attack(scenario.attack, target, attack_options)
     answered = probe.answered
     during_lat, during_err = probe.reset()
-    if scenario.kind == "pod":
+    if scenario.kind == "broken_pods":
+        result["failovers"] = await _failovers_by_mode(harness)
+    if scenario.kind != "socket":
         harness.set_members([harness.healthy])
         with contextlib.suppress(RuntimeError):
             await _wait_members(stub, {harness.healthy})
@@ -428,6 +456,39 @@ async def _scenario(
     return row
 
 
+async def _broken_pods_in(harness: Harness, stub: Any, probe: Probe, count: int) -> dict[str, Any]:
+    """Make every broken pod a member beside the healthy one; the pod_callers options: for
+    each, `count` prompts that route to it first."""
+    members = {harness.healthy, *(harness.pods[mode] for mode in BROKEN_MODES)}
+    probe.running.clear()
+    harness.set_members(sorted(members))
+    await _wait_members(stub, members)
+    prompts = {
+        mode: [await _prompt_for(stub, harness.pods[mode], f"{mode} {n}") for n in range(count)]
+        for mode in BROKEN_MODES
+    }
+    probe.prompt = await _prompt_for(stub, harness.healthy, "probe-broken-pods")
+    probe.running.set()
+    pods = {mode: harness.pods[mode] for mode in BROKEN_MODES}
+    return {"http_url": harness.http_url, "prompts": prompts, "pods": pods}
+
+
+async def _failovers_by_mode(harness: Harness) -> dict[str, float]:
+    """Each broken pod's failovers (both fronts, any reason), from the sidecar's /metrics."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(harness.metrics_url) as response:
+        text = await response.text()
+    modes = {url: mode for mode, url in harness.pods.items() if mode in BROKEN_MODES}
+    found = dict.fromkeys(BROKEN_MODES, 0.0)
+    for line in text.splitlines():
+        if line.startswith("prefix_sidecar_failovers_total{"):
+            backend = line.split('backend="', 1)[1].split('"', 1)[0]
+            if backend in modes:
+                found[modes[backend]] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
 async def _settled_rss(pid: int, target: float, wait_s: float = RSS_BACK_WAIT_S) -> int:
     """The RSS once it is back under `target`, or after `wait_s` (freed memory is trimmed
     periodically, not at once)."""
@@ -457,6 +518,18 @@ async def _extra_checks(
         return {"callers_ok": bool(statuses) and all(s == "OK" for s in statuses)}
     if scenario.expect == "no_hang":
         return {"callers_ended": len(statuses) == scenario.options["count"]}
+    if scenario.expect == "own_answers":  # every caller its own answer, from the healthy pod
+        return {
+            "no_caller_affected": result.get("affected") == 0,
+            "no_broken_answer_accepted": result.get("accepted") == 0,
+            "no_caller_failed": result.get("failed") == 0 and not result.get("errors"),
+            # The unasked pod's first answer is right: only its connection goes.
+            "every_broken_pod_failed_over": all(
+                moved
+                for mode, moved in result.get("failovers", {"": 0}).items()
+                if mode != "unasked"
+            ),
+        }
     return {}
 
 
