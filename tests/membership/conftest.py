@@ -15,7 +15,7 @@ from aiohttp import web
 from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
-from prefix_sidecar.membership import Member, MembershipSource
+from prefix_sidecar.membership.sources import Member, MembershipSource
 
 
 class EditableResolver(BaseResolver):
