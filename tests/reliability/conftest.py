@@ -188,7 +188,6 @@ def sidecar_config(tmp_path: Path, backends: list[str], **values: object) -> Con
         "health_timeout_s": 0.5,
         "grace_s": 1.0,
         "first_token_timeout_s": 5.0,
-        "prewarm_backoff_s": 0.05,
     }
     merged.update(values)
     return build_config(merged)

@@ -246,7 +246,7 @@ async def test_api_key_not_in_serve_stderr_or_printed_config(
             "--backend", pod.url, "--set", "log_level=debug"]  # fmt: skip
     printed = subprocess.run([*argv, "--print-config"], capture_output=True, text=True, env=env,
                              timeout=60)  # fmt: skip
-    assert printed.returncode == 0 and "api_key_env" in printed.stdout
+    assert printed.returncode == 0 and "api_key_file" in printed.stdout
     assert SECRET not in printed.stdout + printed.stderr
     process = await asyncio.create_subprocess_exec(*argv, env=env, stderr=asyncio.subprocess.PIPE)
     try:
