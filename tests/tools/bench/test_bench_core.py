@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefix_sidecar_tools.harness import child_env
 
 ROOT = Path(__file__).resolve().parents[3]
 IMPLEMENTATIONS = ["cython", "python", "uhashring", "note"]
@@ -28,7 +29,7 @@ SCALE = "10,100,400"  # the scaling part, kept small here: the default goes to 5
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()  # this checkout's runtime and tools first, as every child gets them
     return subprocess.run(
         [sys.executable, "-m", "prefix_sidecar.cli", "bench", "core", "--quick", *args],
         cwd=ROOT,
