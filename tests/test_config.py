@@ -24,6 +24,7 @@ from prefix_sidecar.config import (
     API_KEY_ENV,
     DEFAULTS,
     FIELDS,
+    REMOVED_FIELDS,
     Config,
     ConfigError,
     PrefixSpec,
@@ -192,9 +193,17 @@ def test_a_former_field_is_a_constant_with_its_old_default(
     assert constant == before and type(constant) is type(before)
 
 
-def test_the_former_fields_are_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match="unknown config field 'organic_home_spread'"):
+def test_a_former_field_fails_at_start_saying_where_it_went() -> None:
+    assert sorted(REMOVED_FIELDS) == sorted(name for name, _, _ in FORMER_FIELDS)
+    moved = "was removed from the config: it is now HOME_SPREAD, a constant of routing/organic.py"
+    with pytest.raises(
+        ConfigError, match=f"'organic_home_spread' \\(in the config file\\) {moved}"
+    ):
         build_config({"organic_home_spread": 3.0})
+    with pytest.raises(ConfigError, match="'load_poll_sample' \\(in env var PREFIX_SIDECAR_LOAD_P"):
+        build_config(env={"PREFIX_SIDECAR_LOAD_POLL_SAMPLE": "0"})  # not silently ignored
+    with pytest.raises(ConfigError, match="'policy' \\(in the flags\\) was removed"):
+        from_args(serve_args("--set", "policy=round_robin"), env={})
     assert len(FIELDS) <= 50, "issue 26: at most 50 fields; a tuning constant is its module's"
 
 

@@ -8,7 +8,8 @@ Every field is validated at start; a bad value fails with the field's name and t
 so a broken ConfigMap is caught by the pod's first start, not by the first request.
 
 A tuning constant that only a benchmark can tune is not a field: it is a named constant of
-the module that uses it, with the measurement that chose it.
+the module that uses it, with the measurement that chose it; removed.py lists the fields that
+became one, so a config that still sets one fails naming where it went.
 """
 
 from prefix_sidecar.config.checks import ConfigError
@@ -23,6 +24,7 @@ from prefix_sidecar.config.loading import (
     load_file,
 )
 from prefix_sidecar.config.operations import LOG_FORMATS, LOG_LEVELS
+from prefix_sidecar.config.removed import REMOVED_FIELDS
 from prefix_sidecar.config.routing import UNREGISTERED_ROUTING
 from prefix_sidecar.config.startup import PrefixSpec, parse_prefix_flag
 from prefix_sidecar.config.table import DEFAULTS, FIELDS, Config
@@ -36,6 +38,7 @@ __all__ = [
     "FIELDS",
     "LOG_FORMATS",
     "LOG_LEVELS",
+    "REMOVED_FIELDS",
     "UNREGISTERED_ROUTING",
     "Config",
     "ConfigError",

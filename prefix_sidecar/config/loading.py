@@ -14,6 +14,7 @@ import yaml
 
 from prefix_sidecar import fields
 from prefix_sidecar.config.checks import ConfigError
+from prefix_sidecar.config.removed import removed_reason
 from prefix_sidecar.config.table import FIELDS, Config, validate
 
 ENV_PREFIX = "PREFIX_SIDECAR_"
@@ -29,6 +30,7 @@ def build_config(
     _merge(values, file_values or {}, "config file")
     for key, raw in (env or {}).items():
         name = key[len(ENV_PREFIX) :].lower() if key.startswith(ENV_PREFIX) else ""
+        _refuse_removed(name, f"env var {key}")
         if name in FIELDS:  # other PREFIX_SIDECAR_* vars (the API key) are not fields
             values[name] = fields.coerce(FIELDS[name], raw)
     _merge(values, overrides or {}, "flags")
@@ -37,12 +39,19 @@ def build_config(
 
 def _merge(values: dict[str, Any], source: Mapping[str, Any], source_name: str) -> None:
     for name, raw in source.items():
+        _refuse_removed(name, f"the {source_name}")
         if name not in FIELDS:
             raise ConfigError(
                 f"unknown config field {name!r} in the {source_name}; "
                 f"known fields: {', '.join(sorted(FIELDS))}"
             )
         values[name] = fields.coerce(FIELDS[name], raw)
+
+
+def _refuse_removed(name: str, where: str) -> None:
+    reason = removed_reason(name)
+    if reason is not None:
+        raise ConfigError(f"config field {name!r} (in {where}) {reason}")
 
 
 def load_file(path: str) -> dict[str, Any]:
