@@ -8,7 +8,6 @@ live in prefix_sidecar_tools/fuzz.py and are shared with `prefix-sidecar fuzz --
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from prefix_sidecar_tools.fuzz import RPCS, Fuzzer, over_max_message, split
+from prefix_sidecar_tools.harness import child_env
 
 CI_CASES = 10_000
 PLAN = split(CI_CASES)
@@ -84,7 +84,7 @@ def test_fuzz_never_logged_prompt_text(fuzzer: Fuzzer) -> None:
 
 
 def run_fuzz_command(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = child_env()  # this checkout's runtime and tools first, as every child gets them
     return subprocess.run(
         [sys.executable, "-m", "prefix_sidecar.cli", "fuzz", *args],
         capture_output=True,
