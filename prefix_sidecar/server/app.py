@@ -29,12 +29,13 @@ from grpc_health.v1.health import aio as health_aio
 from prefix_sidecar.config import Config
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar.membership.health import HealthMonitor
-from prefix_sidecar.membership.load_signals import LoadRule, LoadSignals, MetricsPoller
+from prefix_sidecar.membership.load_signals import LoadSignals, MetricsPoller, poller, rules
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member, MembershipError
 from prefix_sidecar.metrics import Metrics, OrganicState, PodLoads, Prices, start_metrics_server
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
+from prefix_sidecar.routing import placement
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.routing.table import RoutingTable
 from prefix_sidecar.server.common import memory
@@ -65,14 +66,11 @@ class Sidecar(AsyncService):
         self.signals = (
             LoadSignals(
                 lambda url, load: self.pool.report_load(url, load),
-                LoadRule(
-                    max_age_s=config.load_signal_max_age_s,
-                    kv_threshold=config.load_kv_threshold,
-                ),
-                over_cap=self._over_cap_load if config.load_report_saturation else None,
+                rules.LoadRule(rules.MAX_AGE_S, rules.KV_THRESHOLD),
+                over_cap=self._over_cap_load if rules.REPORT_SATURATION else None,
                 on_reading=(
                     (lambda url, load: self.pool.report_reading(url, load))
-                    if config.load_fleet_view and not config.load_report_saturation
+                    if rules.FLEET_VIEW and not rules.REPORT_SATURATION
                     else None
                 ),
                 on_kv=self._pods_kv_changed,
@@ -88,7 +86,6 @@ class Sidecar(AsyncService):
             on_unasked=lambda url: self.metrics.child(self.metrics.unasked_bytes, url).inc(),
         )
         self.pool = BackendPool(
-            vnodes=config.vnodes,
             hash_table=config.hash_table,
             warm_before_serve=config.warm_before_serve,
             needs_warming=lambda: len(self.store) > 0,
@@ -108,10 +105,6 @@ class Sidecar(AsyncService):
         self.metrics.track(lambda url: url in self.pool.backends, self.store.has_name)
         self.prewarmer = Prewarmer(
             self.client,
-            concurrency=config.prewarm_concurrency,
-            attempts=config.prewarm_attempts,
-            backoff_s=config.prewarm_backoff_s,
-            timeout_s=config.prewarm_timeout_s,
             model=config.model,
         )
         self.joiners = JoinerWarmup(
@@ -216,24 +209,22 @@ class Sidecar(AsyncService):
             self._set_members(first)
         self._tasks.append(asyncio.create_task(source.watch(self._set_members), name="membership"))
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
-        if self.config.tokenize_path:
-            self.sizer = PrefixSizer(
-                self.store,
-                self._health_session,
-                lambda: sorted(url for url, b in self.pool.backends.items() if b.healthy),
-                path=self.config.tokenize_path,
-                model=self.config.model,
-            )
-            self.store.watch(self.sizer.wake)
-            self.sizer.wake()
-            self._tasks.append(asyncio.create_task(self.sizer.run(), name="prefix-sizer"))
-        if self.signals is not None and self.config.load_poll_sample > 0:
+        self.sizer = PrefixSizer(
+            self.store,
+            self._health_session,
+            lambda: sorted(url for url, b in self.pool.backends.items() if b.healthy),
+            model=self.config.model,
+        )
+        self.store.watch(self.sizer.wake)
+        self.sizer.wake()
+        self._tasks.append(asyncio.create_task(self.sizer.run(), name="prefix-sizer"))
+        if self.signals is not None and poller.POLL_SAMPLE > 0:
             self.poller = MetricsPoller(
                 self.signals,
                 self._health_session,
-                interval_s=self.config.load_poll_interval_s,
-                sample=self.config.load_poll_sample,
-                timeout_s=self.config.load_poll_timeout_s,
+                interval_s=poller.POLL_INTERVAL_S,
+                sample=poller.POLL_SAMPLE,
+                timeout_s=poller.POLL_TIMEOUT_S,
             )
             self._tasks.append(asyncio.create_task(self.poller.run(), name="load-poll"))
         # What an abusive burst allocated goes back to the OS once freed (rapid reset).
@@ -317,10 +308,10 @@ class Sidecar(AsyncService):
 
     def _pods_kv_changed(self, kv_tokens: int | None) -> None:
         """The pods' agreed KV size changed: with no configured budget (the override), the
-        budget is that size x home_kv_fraction (docs/load-signals.md)."""
-        if self.config.home_kv_budget_tokens or not self.config.home_kv_fraction:
+        budget is that size x HOME_KV_FRACTION (docs/load-signals.md)."""
+        if self.config.home_kv_budget_tokens or not placement.HOME_KV_FRACTION:
             return
-        budget = int(kv_tokens * self.config.home_kv_fraction) if kv_tokens else 0
+        budget = int(kv_tokens * placement.HOME_KV_FRACTION) if kv_tokens else 0
         logger.info("home KV budget from the pods: %d tokens (pods' KV %s)", budget, kv_tokens)
         self.router.set_kv_budget(budget)
 

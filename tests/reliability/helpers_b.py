@@ -64,7 +64,6 @@ def fault_config(socket_dir: Path, **values: Any) -> Config:
         "dns_interval_s": 0.2,
         "grace_s": 2.0,
         "first_token_timeout_s": 5.0,
-        "prewarm_backoff_s": 0.05,
         "max_attempts": 3,
     }
     merged.update(values)

@@ -247,7 +247,7 @@ async def test_api_key_not_in_serve_stderr_or_printed_config(
         "log_level=debug",
     ]
     printed = run_cli(*serve, "--print-config", env=env)
-    assert printed.returncode == 0 and "api_key_env" in printed.stdout
+    assert printed.returncode == 0 and "api_key_file" in printed.stdout
     assert SECRET not in printed.stdout + printed.stderr
     process = await start_cli(*serve, env=env, stderr=asyncio.subprocess.PIPE)
     try:

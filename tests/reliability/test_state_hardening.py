@@ -376,8 +376,8 @@ async def fleets() -> AsyncIterator[tuple[str, str, str]]:
 
 
 async def test_a_wedged_pod_does_not_hold_back_a_healthy_joiner(tmp_path: Path) -> None:
-    """A wedged pod joins with 8 prefixes to warm (more than prewarm_concurrency 4, timeout
-    10 s), then a healthy pod joins: the healthy one serves within its own warm time + 2 s
+    """A wedged pod joins with 8 prefixes to warm (more than prewarm.CONCURRENCY, 4 in flight
+    per pod), then a healthy pod joins: the healthy one serves within its own warm time + 2 s
     instead of waiting for the wedged pod's timeouts (10 s and more before the fix)."""
     async with fleets() as (base, wedged, healthy):
         backends = tmp_path / "backends.json"
@@ -388,8 +388,6 @@ async def test_a_wedged_pod_does_not_hold_back_a_healthy_joiner(tmp_path: Path) 
             backends_file=str(backends),
             replicas=3,  # every prefix is home on every pod: 8 pairs per joiner
             health_interval_s=0.1,
-            prewarm_timeout_s=10.0,
-            prewarm_concurrency=4,
         )
         async with running_sidecar(config) as (_, stub):
             await _wait_state(stub, base, "serving")

@@ -31,6 +31,7 @@ from typing import Any
 
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar_tools import IMPORT_ROOTS
+from prefix_sidecar_tools.tuned import serve_settings
 
 # argv after the code: the parent's pid, then the command to exec. If the parent died before
 # prctl, the signal would never come: exit instead.
@@ -288,13 +289,13 @@ class SidecarProcesses(AsyncService):
 
     async def start(self) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="prefix-sidecar-bench-")
-        args = [arg for url in self.backends for arg in ("--backend", url)]
-        for name, value in {"policy": self.policy, **self.settings}.items():
-            args += ["--set", f"{name}={value}"]
+        settings, launcher = serve_settings({"policy": self.policy, **self.settings})
+        args = [*(arg for url in self.backends for arg in ("--backend", url)), *settings]
         self.sidecars = [
             SidecarProcess(
                 f"{self._dir.name}/sidecar-{i}.sock",
                 args,
+                launcher=launcher,
                 log_path=self.stderr_path or STDERR,
                 start_timeout=self.start_timeout_s,
                 backends_serving=len(self.backends),

@@ -73,7 +73,7 @@ async def test_concurrent_streams_spread_as_the_contract_pick_says(
 async def test_prewarm_retries_with_backoff_and_reports_each_state(
     tmp_path: Path, pods: list[str]
 ) -> None:
-    config = sidecar_config(tmp_path, pods, prewarm_attempts=3)
+    config = sidecar_config(tmp_path, pods)  # three attempts (prewarm.ATTEMPTS)
     async with running_sidecar(config) as (_, stub):
         prefix = await stub.RegisterPrefix(router_pb2.RegisterPrefixRequest(name="r", text=RULES))
         owner = prefix.backends[0]

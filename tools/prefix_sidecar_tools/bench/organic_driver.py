@@ -34,6 +34,7 @@ from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.bench.organic_radix import CacheAwareRouter
 from prefix_sidecar_tools.bench.organic_trace import OrganicRequest, OrganicTrace, router_of
 from prefix_sidecar_tools.harness import STDERR, SidecarProcess, free_port
+from prefix_sidecar_tools.tuned import serve_settings
 from prefix_sidecar_tools.workload.driver import TIMEOUT, StreamRecord, read_stream
 
 PATHS = ("grpc-complete", "grpc-chat", "http-complete", "http-chat")
@@ -76,9 +77,10 @@ class SidecarGroup(AsyncService):
         self.http_ports = [free_port() for _ in range(count)] if http_front else []
         self.sidecars: list[SidecarProcess] = []
         base = [arg for url in self.backends for arg in ("--backend", url)]
-        settings = {"health_interval_s": 0.5, "log_level": "warning", **settings}
-        for name, value in settings.items():
-            base += ["--set", f"{name}={value}"]
+        flags, launcher = serve_settings(
+            {"health_interval_s": 0.5, "log_level": "warning", **settings}
+        )
+        base += flags
         for i in range(count):
             args = [*base, "--set", f"metrics_port={self.metrics_ports[i]}"]
             if http_front:
@@ -88,6 +90,7 @@ class SidecarGroup(AsyncService):
                     f"{socket_dir}/organic-{i}.sock",
                     args,
                     log_path=STDERR,
+                    launcher=launcher,
                     start_timeout=30.0,
                     backends_serving=len(self.backends),
                 )
