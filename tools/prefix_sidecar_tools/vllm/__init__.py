@@ -1,0 +1,8 @@
+"""Real vLLM for the tests, the benches and CI: its venv, a tiny model built offline, and a
+fleet of pods on 127.0.0.1 (issue 28: the engine this project exists for, not an emulation
+of it).
+
+- `tiny_model`: the model and its tokenizer, built with the vLLM venv's python;
+- `fleet`: `VllmFleet`, N pods pinned to cores, stopped with their workers;
+- `cli`: `prefix-sidecar vllm-fleet`.
+"""
