@@ -47,12 +47,24 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<s>{{ message['role'] }}\n{{ message['content'] }}</s>\n"
     "{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}"
 )
+_SYLLABLE_TEXT = (
+    "ka ri to me sa lo ven dar pel mu tin gor bea shi lan qui or es al un de ro "
+    "na xi po ju fen wel cra sto mi bru"
+)
+_DOMAIN_TEXT = (
+    "the and of to in for on with is are be by this that from or as at not each all any "
+    "per rule store price discount coupon order merchant category commission rate product "
+    "promotion sale stream banned law must may shall total item buyer seller refund days "
+    "yuan percent off limit priority platform compliance check section clause table"
+)
+_SYLLABLES = tuple(_SYLLABLE_TEXT.split())
+_DOMAIN_WORDS = tuple(_DOMAIN_TEXT.split())
 RECIPE = json.dumps(
     {
         "seed": SEED,
         "vocab": VOCAB_SIZE,
         "specials": SPECIAL_TOKENS,
-        "lexicon": LEXICON_SIZE,
+        "lexicon": [LEXICON_SIZE, _SYLLABLE_TEXT, _DOMAIN_TEXT],
         "corpus": [CORPUS_DOCUMENTS, CORPUS_WORDS],
         "shape": MODEL_SHAPE,
         "chat_template": CHAT_TEMPLATE,
@@ -60,17 +72,6 @@ RECIPE = json.dumps(
     sort_keys=True,
 )
 RECIPE_FILE = "recipe.json"  # written last: a folder holding it is a complete build
-
-_SYLLABLES = (
-    "ka ri to me sa lo ven dar pel mu tin gor bea shi lan qui or es al un de ro "
-    "na xi po ju fen wel cra sto mi bru".split()
-)
-_DOMAIN_WORDS = (
-    "the and of to in for on with is are be by this that from or as at not each all any "
-    "per rule store price discount coupon order merchant category commission rate product "
-    "promotion sale stream banned law must may shall total item buyer seller refund days "
-    "yuan percent off limit priority platform compliance check section clause table"
-).split()
 
 
 def lexicon(seed: int = SEED) -> list[str]:
