@@ -107,6 +107,26 @@ async def terminate(process: asyncio.subprocess.Process, grace: float) -> int:
         return await process.wait()
 
 
+async def terminate_group(process: asyncio.subprocess.Process, grace: float) -> int:
+    """`terminate` for a child spawned with `start_new_session=True` and everything it
+    started: SIGTERM to its process group, wait up to `grace` s for the whole group to go,
+    then SIGKILL what is left. For engines that fork workers (vLLM's EngineCore), which a
+    signal to the leader alone can orphan. Returns the leader's exit code."""
+    deadline = time.monotonic() + grace
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), grace)
+        while time.monotonic() < deadline:
+            os.killpg(process.pid, 0)  # ProcessLookupError once the group is empty
+            await asyncio.sleep(0.05)
+    except (TimeoutError, ProcessLookupError):
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    return await process.wait()
+
+
 def terminate_blocking(process: subprocess.Popen[Any], grace: float) -> int:
     """`terminate` for a `spawn_blocking` child; also closes its pipes."""
     if process.poll() is None:
@@ -328,4 +348,5 @@ __all__ = [
     "spawn_blocking",
     "terminate",
     "terminate_blocking",
+    "terminate_group",
 ]
