@@ -1,0 +1,78 @@
+"""Real vLLM pods for the tests in this folder: one fleet of two pods, one per core, shared
+by the whole package (a pod takes 20-80 s to start on this machine kind), and a real
+`prefix-sidecar serve` process in front of it per test module.
+
+Skipped, with the reason, when the vLLM venv is missing (`make vllm-venv` creates it; CI
+does). The tiny model is built once into .artifacts/vllm-tiny/ and reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
+from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
+
+PODS = 2
+# Seconds: a pod's start (the fleet fixture runs inside the first test's timeout) and a
+# module's work on two CPU cores shared with other jobs.
+TEST_TIMEOUT_S = 300
+
+needs_vllm = pytest.mark.skipif(
+    vllm_python() is None,
+    reason="no vLLM venv (.venv-vllm): run `make vllm-venv` to create it (CI does)",
+)
+# Every test here: marked, skipped without the venv, on the fleet fixture's event loop.
+VLLM_TESTS = [
+    pytest.mark.vllm,
+    needs_vllm,
+    pytest.mark.timeout(TEST_TIMEOUT_S),
+    pytest.mark.asyncio(loop_scope="package"),
+]
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def fleet() -> AsyncIterator[VllmFleet]:
+    python = vllm_python()
+    assert python is not None
+    async with VllmFleet(ensure_tiny_model(python), PODS, python=python) as running:
+        yield running
+
+
+@pytest_asyncio.fixture(loop_scope="package")
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def serving_sidecar(
+    fleet: VllmFleet, tmp_path: Path, *args: str
+) -> AsyncIterator[tuple[SidecarProcess, str]]:
+    """A real `prefix-sidecar serve` in front of the fleet, with the HTTP front on a free
+    loopback port; yields the process (its gRPC target) and the front's base URL."""
+    port = free_port()
+    socket_dir = tempfile.mkdtemp(prefix="sc-")  # short: sun_path is ~107 bytes
+    argv = [f"--backend={url}" for url in fleet.urls]
+    argv += ["--openai-listen", f"127.0.0.1:{port}", "--set", f"model={fleet.model}"]
+    argv += ["--set", "health_interval_s=0.5", "--set", "grace_s=1", *args]
+    process = SidecarProcess(
+        f"{socket_dir}/sidecar.sock",
+        argv,
+        log_path=str(tmp_path / "serve.log"),
+        env=child_env(clean=True),
+        start_timeout=30.0,
+        backends_serving=len(fleet.urls),
+    )
+    try:
+        async with process:
+            yield process, f"http://127.0.0.1:{port}"
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
