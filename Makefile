@@ -36,13 +36,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check prefix_sidecar tools tests setup.py
 	$(BIN)/mypy
 
-# The whole suite with the extension, then again on the pure-Python twin.
+# The whole suite with the extension, then again on the pure-Python twin (without the real
+# engines: the llama.cpp and vLLM tests take minutes and exercise the pods, not which build
+# of the core is loaded).
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
-	SIDECAR_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_engine and not slow"
+	SIDECAR_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_engine and not vllm and not slow"
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -x -m "not real_engine and not slow"
+	$(BIN)/python -m pytest -q -x -m "not real_engine and not vllm and not slow"
 
 bench: $(DEMO_STAMP)
 	$(BIN)/prefix-sidecar bench core
