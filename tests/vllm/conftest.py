@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -38,12 +39,30 @@ VLLM_TESTS = [
 ]
 
 
+def processes_within(folder: Path) -> list[str]:
+    """Live processes whose environment names `folder` (a pod's TMPDIR and caches are in
+    its run's scratch folder, and its workers inherit them): `pid command` each."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(folder).encode() in (proc / "environ").read_bytes():
+                found.append(f"{proc.name} {(proc / 'cmdline').read_bytes()[:120]!r}")
+        except OSError:  # gone, or not ours
+            continue
+    return found
+
+
 @pytest_asyncio.fixture(scope="package", loop_scope="package")
 async def fleet() -> AsyncIterator[VllmFleet]:
+    """Two pods for the package; on teardown, none of their processes may be left."""
     python = vllm_python()
     assert python is not None
+    started = time.monotonic()
     async with VllmFleet(ensure_tiny_model(python), PODS, python=python) as running:
+        ready = ", ".join(f"{pod.ready_s:.1f}" for pod in running.pods)
+        print(f"\nvLLM fleet: {PODS} pods ready in {time.monotonic() - started:.1f} s ({ready})")
         yield running
+    assert not processes_within(running.scratch), "vLLM processes outlived the fleet"
 
 
 @pytest_asyncio.fixture(loop_scope="package")

@@ -50,6 +50,9 @@ DEFAULT_KV_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_MODEL_LEN = 32768
 DEFAULT_BLOCK_SIZE = 128  # vLLM's default; on CPU a multiple of 32
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# vLLM puts ZMQ ipc sockets in TMPDIR, named by a 36-character uuid; a unix socket path has
+# at most 107 bytes (sun_path), so a pod's TMPDIR may not be longer than this.
+MAX_TMPDIR_CHARS = 107 - 37
 # Settings of ours, of the caller's venv, or of vLLM that must not reach a pod: vLLM's
 # KV-space variable overrides --kv-cache-memory-bytes (and crashes the worker when empty).
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "VLLM_CPU_KVCACHE_SPACE")
@@ -108,7 +111,13 @@ class VllmPod:
         self.ready_s = 0.0  # seconds from spawn to /health answering 200
 
     def env(self) -> dict[str, str]:
-        tmp = self.scratch / "tmp"
+        tmp = self.scratch / "t"
+        if len(str(tmp)) > MAX_TMPDIR_CHARS:
+            raise ValueError(
+                f"the pod's temp folder {tmp} is longer than {MAX_TMPDIR_CHARS} characters, "
+                "too long for vLLM's ipc sockets: give the fleet a shorter scratch folder "
+                "(or a shorter TMPDIR)"
+            )
         tmp.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
         env.update(OFFLINE)
@@ -203,7 +212,7 @@ class VllmFleet(AsyncService):
         self.block_size = block_size
         self.cores = list(cores) if cores else sorted(os.sched_getaffinity(0))
         self._own_scratch = scratch is None
-        self.scratch = scratch or Path(tempfile.mkdtemp(prefix="vllm-fleet-"))
+        self.scratch = scratch or Path(tempfile.mkdtemp(prefix="vllm-"))
         self.startup_timeout = startup_timeout
         self.extra_args = list(extra_args)
         self.pods: list[VllmPod] = []
@@ -230,7 +239,7 @@ class VllmFleet(AsyncService):
         for index in range(self.n):
             port = free_port()
             core = self.cores[index % len(self.cores)]
-            pod = VllmPod(port, core, self.scratch / f"pod{index}-{port}")
+            pod = VllmPod(port, core, self.scratch / f"p{index}")  # short: see MAX_TMPDIR_CHARS
             self.pods.append(pod)
             await pod.start(self.server_argv(port))
         timeout = aiohttp.ClientTimeout(total=2)
