@@ -28,7 +28,8 @@ TEST_TIMEOUT_S = 300
 
 needs_vllm = pytest.mark.skipif(
     vllm_python() is None,
-    reason="no vLLM venv (.venv-vllm): run `make vllm-venv` to create it (CI does)",
+    reason="no vLLM venv (.venv-vllm, or the python in $PREFIX_SIDECAR_VLLM_PYTHON): run "
+    "`make vllm-venv` to create it (CI does)",
 )
 # Every test here: marked, skipped without the venv, on the fleet fixture's event loop.
 VLLM_TESTS = [
