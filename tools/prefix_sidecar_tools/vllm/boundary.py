@@ -13,7 +13,9 @@ of the prefix (the prewarm), then one of prefix + query; it reads the pod's cach
 and its /tokenize of both prompts. Joins: how the prefix ends, how the query starts. Each
 join runs on a prefix of a natural length and on one cut so that P is a multiple of B, the
 case where the prefix's last token closes a whole block (at a natural length a change at the
-very end falls in the partial tail block, which is never cached anyway).
+very end falls in the partial tail block, which is never cached anyway). `join_rates` then
+counts, over many prefixes and with /tokenize alone, how often each join changes the
+prefix's last tokens and by how many: the odds that it costs a block.
 
     python -m prefix_sidecar_tools.vllm.boundary --url http://127.0.0.1:PORT
 
@@ -160,12 +162,57 @@ def prefix_of(words: list[str], count: int, ending: str) -> str:
     return " ".join(words[:count]).rstrip(".,") + ending
 
 
+@dataclass(frozen=True)
+class JoinRate:
+    """Over many prefixes of one join: how often, and by how many tokens, the prefix's own
+    tokenization differs from the start of prefix + query (/tokenize only, no completion)."""
+
+    join: str
+    samples: int
+    changed: int  # prefixes whose last tokens differ once the query follows
+    mean_changed_tokens: float  # over those, prefix tokens not shared with prefix + query
+
+    def row(self) -> str:
+        return (
+            f"{self.join:<20} {self.samples:>7} {self.changed:>7} {self.mean_changed_tokens:>13.2f}"
+        )
+
+
+RATE_HEADER = f"{'join (prefix | query)':<20} {'samples':>7} {'changed':>7} {'mean tokens':>13}"
+RATE_WORDS = 60  # only the tail of a prefix can change: short prefixes measure the same
+
+
+async def join_rates(
+    session: aiohttp.ClientSession, url: str, model: str = SERVED_MODEL, samples: int = 100
+) -> list[JoinRate]:
+    """Each join of JOINS over `samples` different prefixes. A changed prefix loses a block
+    when its changed tokens reach into its last whole block: with C changed tokens, for
+    about C of every B prefix lengths."""
+    rates = []
+    for join, (ending, query) in JOINS.items():
+        lost: list[int] = []
+        for sample in range(samples):
+            words = document(f"rate-{sample}", RATE_WORDS).split(" ")
+            prefix = prefix_of(words, len(words), ending)
+            alone = await tokenize(session, url, model, prefix)
+            joined = await tokenize(session, url, model, prefix + query)
+            if (missing := len(alone) - common_length(alone, joined)) > 0:
+                lost.append(missing)
+        mean = sum(lost) / len(lost) if lost else 0.0
+        rates.append(JoinRate(join, samples, len(lost), mean))
+    return rates
+
+
 async def _main(url: str, model: str, key: str) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         cases = await measure_joins(session, url, model, key)
+        rates = await join_rates(session, url, model)
     print(HEADER)
     for case in cases:
         print(case.row())
+    print("\n" + RATE_HEADER)
+    for rate in rates:
+        print(rate.row())
 
 
 if __name__ == "__main__":
