@@ -9,17 +9,22 @@ does). The tiny model is built once into .artifacts/vllm-tiny/ and reused.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 import pytest_asyncio
 from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
 from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
+
+from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
 PODS = 2
 # Seconds: a pod's start (the fleet fixture runs inside the first test's timeout) and a
@@ -96,3 +101,46 @@ async def serving_sidecar(
             yield process, f"http://127.0.0.1:{port}"
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def router_stub(
+    fleet: VllmFleet, tmp_path: Path
+) -> AsyncIterator[router_pb2_grpc.RouterStub]:
+    """The gRPC Router of a `serving_sidecar` in front of the fleet."""
+    async with (
+        serving_sidecar(fleet, tmp_path) as (sidecar, _),
+        grpc.aio.insecure_channel(sidecar.target) as channel,
+    ):
+        yield router_pb2_grpc.RouterStub(channel)
+
+
+async def register_prewarmed(
+    stub: router_pb2_grpc.RouterStub, name: str, text: str, replicas: int = 0
+) -> router_pb2.Prefix:
+    request = router_pb2.RegisterPrefixRequest(
+        name=name, text=text, replicas=replicas, prewarm=True
+    )
+    return await stub.RegisterPrefix(request, timeout=120)
+
+
+async def complete_usage(
+    stub: router_pb2_grpc.RouterStub, prefix_id: str, query: str, max_tokens: int = 4
+) -> tuple[str, dict[str, Any]]:
+    """Complete(prefix_id, input=query), greedy, with raw_events: the pod that served it and
+    the usage vLLM sent in its own last event (not the sidecar's Usage message)."""
+    call = stub.Complete(
+        router_pb2.CompleteRequest(
+            prefix_id=prefix_id,
+            input=query,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            raw_events=True,
+        ),
+        timeout=60,
+    )
+    chunks = [chunk async for chunk in call]
+    events = [json.loads(event) for chunk in chunks for event in chunk.events]
+    usages = [event["usage"] for event in events if event.get("usage")]
+    assert usages, f"no pod event carried a usage: {events[-3:]}"
+    return chunks[0].backend, dict(usages[-1])

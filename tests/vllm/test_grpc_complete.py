@@ -10,12 +10,9 @@ prewarm is served with every whole block of the prefix from the cache.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import grpc
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.reports import (
     cache_counters,
@@ -26,19 +23,12 @@ from prefix_sidecar_tools.vllm.reports import (
 )
 from prefix_sidecar_tools.vllm.tiny_model import document
 
-from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
-from tests.vllm.conftest import VLLM_TESTS, serving_sidecar
+from prefix_sidecar.v1 import router_pb2
+from tests.vllm.conftest import VLLM_TESTS, complete_usage, register_prewarmed, router_stub
 
 pytestmark = VLLM_TESTS
 
 QUERIES = 3
-
-
-def usage_of(events: list[str]) -> dict[str, Any]:
-    """The usage of the last pod event that carries one (vLLM's final, choice-less chunk)."""
-    usages = [e["usage"] for e in map(json.loads, events) if e.get("usage")]
-    assert usages, f"no pod event carried a usage: {events[-3:]}"
-    return dict(usages[-1])
 
 
 async def test_first_query_after_prewarm_hits_every_whole_block_of_the_prefix(
@@ -48,15 +38,8 @@ async def test_first_query_after_prewarm_hits_every_whole_block_of_the_prefix(
     prefix_ids = await tokenize(session, fleet.urls[0], fleet.model, prefix)
     assert len(prefix_ids) > 2000, "the prefix should be a few thousand tokens"
 
-    async with (
-        serving_sidecar(fleet, tmp_path) as (sidecar, _),
-        grpc.aio.insecure_channel(sidecar.target) as channel,
-    ):
-        stub = router_pb2_grpc.RouterStub(channel)
-        registered = await stub.RegisterPrefix(
-            router_pb2.RegisterPrefixRequest(name="rules", text=prefix, prewarm=True),
-            timeout=120,
-        )
+    async with router_stub(fleet, tmp_path) as stub:
+        registered = await register_prewarmed(stub, "rules", prefix)
         home = registered.backends[0]
         warmed = [e for e in registered.prewarm if e.state == router_pb2.PrewarmEvent.WARMED]
         assert [e.backend for e in warmed] == [home], registered.prewarm
@@ -66,19 +49,9 @@ async def test_first_query_after_prewarm_hits_every_whole_block_of_the_prefix(
 
         seen: list[tuple[str, int, int]] = []
         for number in range(QUERIES):
-            call = stub.Complete(
-                router_pb2.CompleteRequest(
-                    prefix_id=registered.id,
-                    input=f" Question {number}: which clause applies to the order?",
-                    max_tokens=4,
-                    temperature=0.0,
-                    raw_events=True,
-                ),
-                timeout=60,
-            )
-            chunks = [chunk async for chunk in call]
-            usage = usage_of([event for chunk in chunks for event in chunk.events])
-            seen.append((chunks[0].backend, usage["prompt_tokens"], cached_tokens(usage)))
+            query = f" Question {number}: which clause applies to the order?"
+            backend, usage = await complete_usage(stub, registered.id, query)
+            seen.append((backend, usage["prompt_tokens"], cached_tokens(usage)))
         after = await cache_counters(session, home)
 
     print(f"\nprefix {len(prefix_ids)} tokens, block {before.block_size}, home {home}")
@@ -98,17 +71,8 @@ async def test_prewarm_warms_every_pod_of_the_replica_set(
 ) -> None:
     prefix = document("grpc-replicated", 2000)
     prefix_ids = await tokenize(session, fleet.urls[0], fleet.model, prefix)
-    async with (
-        serving_sidecar(fleet, tmp_path) as (sidecar, _),
-        grpc.aio.insecure_channel(sidecar.target) as channel,
-    ):
-        stub = router_pb2_grpc.RouterStub(channel)
-        registered = await stub.RegisterPrefix(
-            router_pb2.RegisterPrefixRequest(
-                name="replicated", text=prefix, replicas=len(fleet.urls), prewarm=True
-            ),
-            timeout=120,
-        )
+    async with router_stub(fleet, tmp_path) as stub:
+        registered = await register_prewarmed(stub, "replicated", prefix, len(fleet.urls))
     assert sorted(registered.backends) == sorted(fleet.urls)
     # each pod of the set now holds the prefix: the same prompt straight to it is a hit
     for url in registered.backends:

@@ -12,11 +12,9 @@ eviction is one cold query per prefix, on the right pod.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import aiohttp
-import grpc
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.reports import (
     cache_counters,
@@ -27,8 +25,7 @@ from prefix_sidecar_tools.vllm.reports import (
 )
 from prefix_sidecar_tools.vllm.tiny_model import document
 
-from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
-from tests.vllm.conftest import VLLM_TESTS, serving_sidecar
+from tests.vllm.conftest import VLLM_TESTS, complete_usage, register_prewarmed, router_stub
 
 pytestmark = VLLM_TESTS
 
@@ -53,34 +50,16 @@ async def test_an_evicted_prefix_costs_one_cold_query_on_its_home_pod(
 ) -> None:
     prefix = document("evicted", 2000)
     prefix_tokens = len(await tokenize(session, fleet.urls[0], fleet.model, prefix))
-    async with (
-        serving_sidecar(fleet, tmp_path) as (sidecar, _),
-        grpc.aio.insecure_channel(sidecar.target) as channel,
-    ):
-        stub = router_pb2_grpc.RouterStub(channel)
-        registered = await stub.RegisterPrefix(
-            router_pb2.RegisterPrefixRequest(name="evicted", text=prefix, prewarm=True),
-            timeout=120,
-        )
+    async with router_stub(fleet, tmp_path) as stub:
+        registered = await register_prewarmed(stub, "evicted", prefix)
         home = registered.backends[0]
         counters = await cache_counters(session, home)
         expected = whole_blocks(prefix_tokens, counters.block_size)
 
         async def query(number: int) -> tuple[str, int]:
-            call = stub.Complete(
-                router_pb2.CompleteRequest(
-                    prefix_id=registered.id,
-                    input=f" Question {number}: may coupons stack?",
-                    max_tokens=2,
-                    temperature=0.0,
-                    raw_events=True,
-                ),
-                timeout=60,
-            )
-            chunks = [chunk async for chunk in call]
-            events = [json.loads(e) for chunk in chunks for e in chunk.events]
-            (usage,) = [e["usage"] for e in events if e.get("usage")]
-            return chunks[0].backend, cached_tokens(usage)
+            question = f" Question {number}: may coupons stack?"
+            backend, usage = await complete_usage(stub, registered.id, question, max_tokens=2)
+            return backend, cached_tokens(usage)
 
         before = await query(0)
         flooded = await flood(session, home, fleet.model, counters.kv_tokens + 4 * expected)
