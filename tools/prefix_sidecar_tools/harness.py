@@ -42,6 +42,7 @@ ORPHAN_GUARD = (
     "    sys.exit(1)\n"
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
+KILLED_WITHIN_S = 2.0  # how long SIGKILLed processes may take to go
 STDERR = "-"  # a log_path that means: the child writes to our stderr
 SERVE = ("-m", "prefix_sidecar.cli")
 
@@ -107,6 +108,44 @@ async def terminate(process: asyncio.subprocess.Process, grace: float) -> int:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         return await process.wait()
+
+
+def group_running(pgid: int) -> bool:
+    """True while a process of group `pgid` runs. Zombies do not count: a worker whose
+    parent is gone waits to be reaped by init, which may take its time."""
+    if sys.platform != "linux":
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+async def terminate_group(process: asyncio.subprocess.Process, grace: float) -> int:
+    """`terminate` for a child spawned with `start_new_session=True` and everything it
+    started: SIGTERM to its process group, wait up to `grace` s for the whole group to go,
+    then SIGKILL what is left. For engines that fork workers (vLLM's EngineCore), which a
+    signal to the leader alone can orphan. Returns the leader's exit code."""
+    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, KILLED_WITHIN_S)):
+        deadline = time.monotonic() + wait_s
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), wait_s)
+        while group_running(process.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if process.returncode is not None and not group_running(process.pid):
+            break
+    return await process.wait()
 
 
 def terminate_blocking(process: subprocess.Popen[Any], grace: float) -> int:
@@ -323,6 +362,7 @@ __all__ = [
     "SidecarProcess",
     "SidecarProcesses",
     "child_env",
+    "group_running",
     "guarded",
     "python_command",
     "serve_command",
@@ -330,4 +370,5 @@ __all__ = [
     "spawn_blocking",
     "terminate",
     "terminate_blocking",
+    "terminate_group",
 ]
