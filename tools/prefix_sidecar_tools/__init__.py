@@ -22,3 +22,6 @@ IMPORT_ROOTS = tuple(
         for folder in (*prefix_sidecar.__path__, *__path__)
     )
 )
+# The checkout's root when the tooling runs from one (tools/prefix_sidecar_tools): where the
+# vLLM venv and built artifacts live.
+REPO_ROOT = str(Path(__file__).resolve().parents[2])

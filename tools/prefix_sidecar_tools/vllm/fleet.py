@@ -37,13 +37,13 @@ from pathlib import Path
 import aiohttp
 
 from prefix_sidecar.lifecycle import AsyncService
-from prefix_sidecar_tools import PACKAGE_ROOT
+from prefix_sidecar_tools import REPO_ROOT
 from prefix_sidecar_tools.harness import free_port, spawn, terminate_group
 from prefix_sidecar_tools.vllm import tiny_model
 
 VENV_ENV = "PREFIX_SIDECAR_VLLM_PYTHON"  # overrides the interpreter of the pods
-DEFAULT_VENV = Path(PACKAGE_ROOT) / ".venv-vllm"
-DEFAULT_MODEL_DIR = Path(PACKAGE_ROOT) / ".artifacts" / "vllm-tiny"
+DEFAULT_VENV = Path(REPO_ROOT) / ".venv-vllm"
+DEFAULT_MODEL_DIR = Path(REPO_ROOT) / ".artifacts" / "vllm-tiny"
 SERVED_MODEL = "tiny-llama"
 # fp32 KV of the tiny model is 2,048 bytes a token: 256 MiB holds ~131k tokens.
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
