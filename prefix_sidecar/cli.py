@@ -33,6 +33,7 @@ TOOL_COMMANDS: dict[str, str] = {
     "fuzz": "prefix_sidecar_tools.fuzz",
     "attack": "prefix_sidecar_tools.attack",
     "inject": "prefix_sidecar_tools.inject",
+    "vllm-fleet": "prefix_sidecar_tools.vllm.cli",
 }
 COMMANDS: dict[str, str] = {**RUNTIME_COMMANDS, **TOOL_COMMANDS}
 

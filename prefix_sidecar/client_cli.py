@@ -9,7 +9,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,25 @@ def _print(args: argparse.Namespace, message: Any, text: str) -> None:
         print(text)
 
 
+def _print_listing(args: argparse.Namespace, reply: Any, lines: Iterable[str], empty: str) -> None:
+    """Print a List* reply: one line per item, `empty` when there is none."""
+    _print(args, reply, "\n".join(lines) or empty)
+
+
+def _backend_line(backend: Any) -> str:
+    return (
+        f"{backend.url:<32} {backend.state:<8} weight={backend.weight} "
+        f"in_flight={backend.in_flight} warm={len(backend.warm_prefixes)} {backend.last_error}"
+    )
+
+
+def _prefix_line(prefix: Any) -> str:
+    return (
+        f"{prefix.id[:16]}  {prefix.name:<24} {prefix.bytes:>9} bytes  "
+        f"replicas={prefix.replicas} backends={','.join(prefix.backends)}"
+    )
+
+
 async def _route(channel: Any, args: argparse.Namespace) -> int:
     from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
@@ -196,12 +215,7 @@ async def _backends(channel: Any, args: argparse.Namespace) -> int:
     reply = await router_pb2_grpc.RouterStub(channel).ListBackends(
         router_pb2.ListBackendsRequest(), timeout=args.timeout
     )
-    lines = [
-        f"{b.url:<32} {b.state:<8} weight={b.weight} in_flight={b.in_flight} "
-        f"warm={len(b.warm_prefixes)} {b.last_error}"
-        for b in reply.backends
-    ]
-    _print(args, reply, "\n".join(lines) or "(no backends)")
+    _print_listing(args, reply, map(_backend_line, reply.backends), "(no backends)")
     return 0
 
 
@@ -235,12 +249,7 @@ async def _prefixes(channel: Any, args: argparse.Namespace) -> int:
         _print(args, removed, "\n".join(removed.removed_ids))
         return 0
     listing = await stub.ListPrefixes(router_pb2.ListPrefixesRequest(), timeout=args.timeout)
-    lines = [
-        f"{p.id[:16]}  {p.name:<24} {p.bytes:>9} bytes  replicas={p.replicas} "
-        f"backends={','.join(p.backends)}"
-        for p in listing.prefixes
-    ]
-    _print(args, listing, "\n".join(lines) or "(no prefixes)")
+    _print_listing(args, listing, map(_prefix_line, listing.prefixes), "(no prefixes)")
     return 0
 
 

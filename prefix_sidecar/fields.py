@@ -3,7 +3,7 @@
 `setting()` stores that declaration in the field's metadata, so the dataclass is the table:
 the defaults, the coercion of YAML/env/flag values, the validation that names the field,
 the argparse flags, the argv that rebuilds a config in a child process and the docs table
-all read it, and cannot drift apart. The sidecar's Config (prefix_sidecar/config.py) and the
+all read it, and cannot drift apart. The sidecar's Config (prefix_sidecar/config/) and the
 emulator's pod model (prefix_sidecar_tools/emulator/config.py) are both declared this way.
 """
 

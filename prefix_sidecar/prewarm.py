@@ -23,8 +23,20 @@ from dataclasses import dataclass
 from prefix_sidecar.config import DEFAULTS
 from prefix_sidecar.prefixes import PrefixEntry
 from prefix_sidecar.upstream.body import completion_body
-from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.sse import usage_counts
+
+# Prewarm requests in flight at once, per pod: a prefill each, so a joiner computes a few
+# prefixes together and its own traffic still gets in.
+CONCURRENCY = 4
+# Tries of one prewarm, and the first pause before a retry (doubled each time, x U(0.5, 1.5)):
+# a pod that just came up may refuse a request or two.
+ATTEMPTS = 3
+RETRY_BACKOFF_S = 0.2
+# The most one prewarm may take: a bound for a hung pod, far above a prefill's seconds. A
+# wedged pod does not hold back other joiners (each pod has its own slots).
+TIMEOUT_S = 120.0
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +69,10 @@ class Prewarmer:
         self,
         client: UpstreamClient,
         *,
-        concurrency: int = DEFAULTS.prewarm_concurrency,
-        attempts: int = DEFAULTS.prewarm_attempts,
-        backoff_s: float = DEFAULTS.prewarm_backoff_s,
-        timeout_s: float = DEFAULTS.prewarm_timeout_s,
+        concurrency: int = CONCURRENCY,
+        attempts: int = ATTEMPTS,
+        backoff_s: float = RETRY_BACKOFF_S,
+        timeout_s: float = TIMEOUT_S,
         model: str = DEFAULTS.model,
     ) -> None:
         self._client = client

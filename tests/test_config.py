@@ -19,10 +19,12 @@ from prefix_sidecar_tools.emulator.config import (
     config_to_argv,
 )
 
-from prefix_sidecar import _core_py, fields
+from prefix_sidecar import _core_py, fields, prewarm
 from prefix_sidecar.config import (
+    API_KEY_ENV,
     DEFAULTS,
     FIELDS,
+    REMOVED_FIELDS,
     Config,
     ConfigError,
     PrefixSpec,
@@ -31,11 +33,14 @@ from prefix_sidecar.config import (
     from_args,
 )
 from prefix_sidecar.membership.health import HealthMonitor
+from prefix_sidecar.membership.load_signals import poller, rules
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import MAX_WEIGHT, DnsSource, FileSource, Member
-from prefix_sidecar.metrics import Metrics
+from prefix_sidecar.metrics import Prices
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
+from prefix_sidecar.routing import anchors, organic, placement, router
+from prefix_sidecar.upstream.tokenize import PrefixSizer
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
@@ -112,8 +117,8 @@ def test_env_vars_that_are_not_fields_are_ignored() -> None:
         ("dns_nameserver", "10.0.0.1:99999", "must be IP[:PORT]"),
         ("tcp_listen", "[::1]", "has no port"),
         ("tcp_listen", "::1:8443", "[address]:port"),
-        ("home_balance_factor", 0.5, "must be 0 (off) or >= 1.0"),
-        ("vnodes", -1, "(or 0 for the default)"),
+        ("load_factor", 0.5, "must be >= 1.0"),
+        ("home_kv_budget_tokens", -1, "(0 = plain ring placement)"),
     ],
 )
 def test_checks_name_the_field_and_the_reason(name: str, value: Any, words: str) -> None:
@@ -133,25 +138,81 @@ def test_components_take_their_defaults_from_the_config() -> None:
     assert health["timeout_s"].default == DEFAULTS.health_timeout_s
     assert health["failure_threshold"].default == DEFAULTS.eject_after_failures
     assert health["path"].default == DEFAULTS.health_path
-    prewarm = inspect.signature(Prewarmer).parameters
-    assert prewarm["concurrency"].default == DEFAULTS.prewarm_concurrency
-    assert prewarm["attempts"].default == DEFAULTS.prewarm_attempts
-    assert prewarm["backoff_s"].default == DEFAULTS.prewarm_backoff_s
-    assert prewarm["timeout_s"].default == DEFAULTS.prewarm_timeout_s
     store = inspect.signature(PrefixStore).parameters
     assert store["max_prefixes"].default == DEFAULTS.max_prefixes
     assert store["max_bytes"].default == DEFAULTS.max_prefix_bytes
-    prices = inspect.signature(Metrics).parameters
-    assert [prices[f"price_{k}"].default for k in ("base", "cache", "out")] == [
+    prices = inspect.signature(Prices).parameters
+    assert [prices[k].default for k in ("base", "cache", "out")] == [
         DEFAULTS.price_base, DEFAULTS.price_cache, DEFAULTS.price_out,
     ]  # fmt: skip
     pool = inspect.signature(BackendPool).parameters
-    assert pool["vnodes"].default == DEFAULTS.vnodes
+    assert pool["hash_table"].default == DEFAULTS.hash_table
     assert pool["warm_before_serve"].default == DEFAULTS.warm_before_serve
     assert inspect.signature(FileSource).parameters["interval_s"].default == (
         DEFAULTS.file_interval_s
     )
     assert inspect.signature(DnsSource).parameters["interval_s"].default == DEFAULTS.dns_interval_s
+
+
+# Each tuning constant that was a config field until the knobs were cut (issue 26), with the
+# field's default then: moving a knob into its module changed no behaviour.
+FORMER_FIELDS = [
+    ("organic_home_spread", organic.HOME_SPREAD, 4.0),
+    ("organic_session_spread", organic.SESSION_SPREAD, 1.5),
+    ("organic_load_cap_floor", organic.LOAD_CAP_FLOOR, 8),
+    ("organic_balance_starts", organic.BALANCE_STARTS, True),
+    ("organic_follow_sessions", organic.FOLLOW_SESSIONS, True),
+    ("organic_table_blocks", anchors.MAX_BLOCKS, 32768),
+    ("load_report_saturation", rules.REPORT_SATURATION, False),
+    ("load_fleet_view", rules.FLEET_VIEW, True),
+    ("load_signal_max_age_s", rules.MAX_AGE_S, 2.0),
+    ("load_kv_threshold", rules.KV_THRESHOLD, 0.95),
+    ("load_poll_interval_s", poller.POLL_INTERVAL_S, 0.5),
+    ("load_poll_sample", poller.POLL_SAMPLE, 2),
+    ("load_poll_timeout_s", poller.POLL_TIMEOUT_S, 0.5),
+    ("home_kv_fraction", placement.HOME_KV_FRACTION, 0.5),
+    ("home_balance_factor", placement.HOME_BALANCE_FACTOR, 0.0),
+    ("bytes_per_token", placement.BYTES_PER_TOKEN, 4.0),
+    ("vnodes", _core_py.DEFAULT_VNODES, 1024),  # 0 meant the core's default
+    ("route_window_bytes", router.ROUTE_WINDOW_BYTES, 4096),
+    ("prewarm_concurrency", prewarm.CONCURRENCY, 4),
+    ("prewarm_attempts", prewarm.ATTEMPTS, 3),
+    ("prewarm_backoff_s", prewarm.RETRY_BACKOFF_S, 0.2),
+    ("prewarm_timeout_s", prewarm.TIMEOUT_S, 120.0),
+    ("api_key_env", API_KEY_ENV, "PREFIX_SIDECAR_API_KEY"),
+    ("tokenize_path", inspect.signature(PrefixSizer).parameters["path"].default, "/tokenize"),
+    ("policy", router.DEFAULT_POLICY, "prefix_affinity"),
+]
+
+
+@pytest.mark.parametrize(("name", "constant", "before"), FORMER_FIELDS)
+def test_a_former_field_is_a_constant_with_its_old_default(
+    name: str, constant: object, before: object
+) -> None:
+    assert name not in FIELDS
+    assert constant == before and type(constant) is type(before)
+
+
+def test_a_former_field_fails_at_start_saying_where_it_went() -> None:
+    assert sorted(REMOVED_FIELDS) == sorted(name for name, _, _ in FORMER_FIELDS)
+    moved = "was removed from the config: it is now HOME_SPREAD, a constant of routing/organic.py"
+    with pytest.raises(
+        ConfigError, match=f"'organic_home_spread' \\(in the config file\\) {moved}"
+    ):
+        build_config({"organic_home_spread": 3.0})
+    with pytest.raises(ConfigError, match="'load_poll_sample' \\(in env var PREFIX_SIDECAR_LOAD_P"):
+        build_config(env={"PREFIX_SIDECAR_LOAD_POLL_SAMPLE": "0"})  # not silently ignored
+    with pytest.raises(ConfigError, match="'policy' \\(in the flags\\) was removed"):
+        from_args(serve_args("--set", "policy=round_robin"), env={})
+    assert len(FIELDS) <= 50, "issue 26: at most 50 fields; a tuning constant is its module's"
+
+
+def test_components_read_the_constants_when_built() -> None:
+    """The runtime reads a tuning constant when it builds the component, so a bench (or a
+    test) can run it with another value: the components and the router take them as given."""
+    assert inspect.signature(Prewarmer).parameters["backoff_s"].default == prewarm.RETRY_BACKOFF_S
+    assert inspect.signature(Prewarmer).parameters["timeout_s"].default == prewarm.TIMEOUT_S
+    assert router.settings(DEFAULTS)["organic_balance_starts"] is organic.BALANCE_STARTS
 
 
 def test_membership_weights_are_the_cores_bound() -> None:

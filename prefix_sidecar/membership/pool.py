@@ -115,7 +115,7 @@ class BackendPool:
 
     def __init__(
         self,
-        vnodes: int = DEFAULTS.vnodes,
+        vnodes: int = _core.DEFAULT_VNODES,
         hash_table: str = DEFAULTS.hash_table,
         warm_before_serve: bool = DEFAULTS.warm_before_serve,
         needs_warming: Callable[[], bool] = lambda: False,
@@ -123,7 +123,7 @@ class BackendPool:
         on_change: Callable[[RoutingTable], None] | None = None,
     ) -> None:
         """`on_change` is the first watcher (see `watch`)."""
-        self._vnodes = vnodes or _core.DEFAULT_VNODES
+        self._vnodes = vnodes  # routing contract section 3: part of the contract, no setting
         if hash_table not in _core.HASH_TABLES:
             choices = ", ".join(_core.HASH_TABLES)
             raise ValueError(f"unknown hash table {hash_table!r}; choose one of {choices}")

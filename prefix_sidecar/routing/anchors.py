@@ -36,6 +36,8 @@ from __future__ import annotations
 BLOCK_BYTES = 64  # vLLM's 16-token block at ~4 bytes per token (the emulator's exactly)
 LEARN_BLOCKS = 128  # anchors are learnt in the first 8 KB of a prompt
 MIN_FANOUT = 2
+# Block keys remembered per generation: a memory bound (with the maps it sizes, at most
+# 82,176 entries, ~8 MB: docs/organic-routing.md "Bounded state"), not a tuned value.
 MAX_BLOCKS = 32_768
 SHARE_WINDOW = 4_096
 # Shares count as if at least this many requests were seen: a sidecar that just started has

@@ -47,12 +47,27 @@ from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED
 from prefix_sidecar.routing.session_follow import NO_MARK, SessionFollow
 from prefix_sidecar.routing.start_balance import FAR_MARGIN, FAR_MARGIN_PER_KB, StartBalancer
 
-HOME_SPREAD = 4.0  # pods per "fair share" of traffic a family's home set gets (9c)
-# Pods per fair share a family's sessions live on (9f; config organic_session_spread): every
-# sidecar must use the same, as a session's later turns must reach the same pod. Narrower
-# than the home set: starts even the home set out, and a narrow set's size is estimated
-# alike by more sidecars.
+# Every sidecar of a fleet must use the same spreads and floor, as a session's later turns
+# must reach the same pod; they are constants, not settings, so that they cannot disagree.
+# Pods per "fair share" of traffic a family's home set gets (9c) and its sessions live on
+# (9f), narrower: starts even the home set out, and a narrow set's size is estimated alike
+# by more sidecars. Chosen in docs/benchmarks.md "Organic routing: session sets": in the
+# offline replay (6 seeds x 12 rings) four sidecars' hit went 0.972 -> 0.982 of the ceiling
+# against the earlier single set at spread 3 (`wide` in bench organic).
+HOME_SPREAD = 4.0
 SESSION_SPREAD = 1.5
+# The floor under every pod's cap (min_cap) for organic picks. Organic requests are small
+# next to a registered fat prefix: a spill costs a session's history at most, while a hot
+# pod's queue costs every request behind it; 8, as registered prefixes' load_cap_floor.
+LOAD_CAP_FLOOR = 8
+# A flow's start goes to the least-loaded pod of its home set (9f): in docs/benchmarks.md
+# "Organic routing: balanced starts" (five bench organic runs against `hashed`, off, on the
+# same pods) one sidecar's max/mean went 1.39 -> 1.21 and four's 1.42 -> 1.32, hit held.
+BALANCE_STARTS = True
+# A conversation's next request goes where this sidecar sent its previous one (9h): in
+# docs/benchmarks.md "Session follow" (offline replay), one sidecar's max/mean 1.22 -> 1.14
+# cold and 1.16 -> 1.09 steady, session turns moved 0.05 -> 0.00; four unchanged.
+FOLLOW_SESSIONS = True
 LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
 SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
 FIRST_BLOCKS = 64  # blocks hashed first (4 KB): enough when the anchor is among them
@@ -141,8 +156,8 @@ class OrganicRouter:
         spread: float = HOME_SPREAD,
         *,
         session_spread: float = SESSION_SPREAD,
-        balance_starts: bool = True,
-        follow_sessions: bool = True,
+        balance_starts: bool = BALANCE_STARTS,
+        follow_sessions: bool = FOLLOW_SESSIONS,
     ) -> None:
         self.table = table
         self.spread = spread

@@ -34,5 +34,5 @@ class Pick(NamedTuple):
     # contract section 6), used instead of the ring's first R owners; None without a budget.
     homes: tuple[int, ...] | None
     # The floor under the caps for this pick (min_cap), None: the policy's configured one.
-    # Organic routing passes its own (config organic_load_cap_floor).
+    # Organic routing passes its own (routing/organic.py LOAD_CAP_FLOOR).
     min_cap: int | None = None

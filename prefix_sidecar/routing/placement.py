@@ -31,6 +31,18 @@ from fractions import Fraction
 from prefix_sidecar import _core
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 
+# A prefix's KV size before a pod's tokenizer counted it: UTF-8 bytes per token, ~4 for
+# English with a BPE tokenizer (the emulator's exactly). A parameter of the placement like B
+# (routing contract section 6): sidecars that size alike place alike.
+BYTES_PER_TOKEN = 4.0
+# The balance factor f, 0 = off. In bench fleet 1.1 helped (docs/benchmarks.md "Fleet
+# results"), but in the demo it packed the small prefixes onto one pod ("Demo results":
+# p99 146-976 ms in four runs, against 102-131 ms in four of five without): off.
+HOME_BALANCE_FACTOR = 0.0
+# With no home_kv_budget_tokens, the budget is this share of the pods' smallest reported KV
+# (docs/load-signals.md section 4): the other half is for the in-flight requests' tokens.
+HOME_KV_FRACTION = 0.5
+
 
 @dataclass(frozen=True)
 class Homes:

@@ -4,6 +4,10 @@ Shape after hypercorn's `serve(config, shutdown_trigger=...)`: the shutdown trig
 injectable, so tests stop a sidecar without signals. On shutdown, health turns NOT_SERVING
 first (probes and clients stop sending), new calls are refused, streams get `grace_s` to
 finish, then the upstream session closes.
+
+The parts come from their own modules: the gRPC server's limits, services and TCP listener
+(server.grpc.server), the membership source and prefix files of the config
+(server.from_config), the warm-up of joining pods (server.warm_before_serve).
 """
 
 from __future__ import annotations
@@ -12,54 +16,37 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import aiohttp
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from prefix_sidecar.config import Config
-from prefix_sidecar.hostport import split_host_port
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar.membership.health import HealthMonitor
-from prefix_sidecar.membership.load_signals import LoadRule, LoadSignals, MetricsPoller
+from prefix_sidecar.membership.load_signals import LoadSignals, MetricsPoller, poller, rules
 from prefix_sidecar.membership.pool import BackendPool
-from prefix_sidecar.membership.sources import (
-    CombinedSource,
-    DnsSource,
-    FileSource,
-    Member,
-    MembershipError,
-    MembershipSource,
-    StaticSource,
-    parse_dns_target,
-)
-from prefix_sidecar.metrics import Metrics, OrganicState, PodLoads, start_metrics_server
-from prefix_sidecar.prefixes import PrefixError, PrefixStore
-from prefix_sidecar.prewarm import WARMED, Prewarmer
+from prefix_sidecar.membership.sources import Member, MembershipError
+from prefix_sidecar.metrics import Metrics, OrganicState, PodLoads, Prices, start_metrics_server
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.prewarm import Prewarmer
+from prefix_sidecar.routing import placement
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.routing.table import RoutingTable
-from prefix_sidecar.server.common import connections, memory, tls
+from prefix_sidecar.server.common import connections, memory
 from prefix_sidecar.server.common.probes import Readiness, probe_routes
-from prefix_sidecar.server.common.unix_socket import (
-    SocketIdentity,
-    apply_socket_permissions,
-    prepare_socket_path,
-    remove_own_socket,
-    restrictive_umask,
-    socket_identity,
-)
-from prefix_sidecar.server.grpc.handlers import SERVICE, add_router_servicer
+from prefix_sidecar.server.common.unix_socket import SocketFile
+from prefix_sidecar.server.from_config import load_prefixes, membership_source
+from prefix_sidecar.server.grpc.handlers import SERVICE
+from prefix_sidecar.server.grpc.server import add_services, add_tcp_port, grpc_server
 from prefix_sidecar.server.grpc.servicer import RouterServicer
 from prefix_sidecar.server.openai.front import OpenAIFront
-from prefix_sidecar.upstream import caller
+from prefix_sidecar.server.warm_before_serve import JoinerWarmup
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import Relay, RelayPolicy
 from prefix_sidecar.upstream.tokenize import PrefixSizer
@@ -73,20 +60,17 @@ class Sidecar(AsyncService):
 
     def __init__(self, config: Config, policy: str | None = None) -> None:
         self.config = config
-        self.metrics = Metrics(config.price_base, config.price_cache, config.price_out)
+        self.metrics = Metrics(Prices(config.price_base, config.price_cache, config.price_out))
         self.store = PrefixStore(config.max_prefixes, config.max_prefix_bytes)
         # The pods' own load and KV (docs/load-signals.md); None = own in-flight only.
         self.signals = (
             LoadSignals(
                 lambda url, load: self.pool.report_load(url, load),
-                LoadRule(
-                    max_age_s=config.load_signal_max_age_s,
-                    kv_threshold=config.load_kv_threshold,
-                ),
-                over_cap=self._over_cap_load if config.load_report_saturation else None,
+                rules.LoadRule(rules.MAX_AGE_S, rules.KV_THRESHOLD),
+                over_cap=self._over_cap_load if rules.REPORT_SATURATION else None,
                 on_reading=(
                     (lambda url, load: self.pool.report_reading(url, load))
-                    if config.load_fleet_view and not config.load_report_saturation
+                    if rules.FLEET_VIEW and not rules.REPORT_SATURATION
                     else None
                 ),
                 on_kv=self._pods_kv_changed,
@@ -98,16 +82,14 @@ class Sidecar(AsyncService):
             connect_timeout_s=config.connect_timeout_s,
             per_backend_connections=config.per_backend_connections,
             api_key=config.api_key(),
-            # A request that waited for a pod connection is not sent if its caller left.
-            trace_configs=[caller.trace_config()],
             load_observer=self.signals,
+            on_unasked=lambda url: self.metrics.child(self.metrics.unasked_bytes, url).inc(),
         )
         self.pool = BackendPool(
-            vnodes=config.vnodes,
             hash_table=config.hash_table,
             warm_before_serve=config.warm_before_serve,
             needs_warming=lambda: len(self.store) > 0,
-            on_warm_needed=self._warm_joiner,
+            on_warm_needed=lambda url: self.joiners(url),
             on_change=self._table_changed,
         )
         self.router = Router.from_config(self.pool, self.store, config, policy)
@@ -123,11 +105,10 @@ class Sidecar(AsyncService):
         self.metrics.track(lambda url: url in self.pool.backends, self.store.has_name)
         self.prewarmer = Prewarmer(
             self.client,
-            concurrency=config.prewarm_concurrency,
-            attempts=config.prewarm_attempts,
-            backoff_s=config.prewarm_backoff_s,
-            timeout_s=config.prewarm_timeout_s,
             model=config.model,
+        )
+        self.joiners = JoinerWarmup(
+            self.prewarmer, self.store, self.router, self.pool, self.metrics
         )
         self.health: HealthMonitor | None = None
         self.poller: MetricsPoller | None = None
@@ -138,11 +119,10 @@ class Sidecar(AsyncService):
         self.health_servicer = health_aio.HealthServicer()
         self.readiness = Readiness()  # /readyz on the metrics port
         self._tasks: list[asyncio.Task[None]] = []
-        self._warming: dict[str, asyncio.Task[None]] = {}
         self._metrics_runner: object | None = None
         self.tcp_port: int | None = None
         self.metrics_port: int | None = None
-        self._socket_identity: SocketIdentity | None = None  # the socket file we bound
+        self.socket_file = SocketFile(config.socket_path, config.socket_mode, config.socket_group)
 
     @property
     def socket_path(self) -> str:
@@ -165,10 +145,10 @@ class Sidecar(AsyncService):
             raise
 
     async def _start(self) -> None:
-        self._load_prefixes()
-        source = self._membership_source()
+        load_prefixes(self.config, self.store)
+        source = membership_source(self.config)
         # Before anything that needs closing: a refused path must not leak a session.
-        prepare_socket_path(self.socket_path)
+        self.socket_file.prepare()
         # Health checks get their own session: a pool full of request streams must not
         # queue them, or a busy pod would look dead.
         self._health_session = aiohttp.ClientSession()
@@ -181,7 +161,7 @@ class Sidecar(AsyncService):
             on_change=self.pool.set_health,
         )
         connections.raise_fd_limit()  # before the fronts' caps are set from it
-        self.server = self._grpc_server()
+        self.server = grpc_server(self.config.max_message_bytes)
         self.relay = Relay(
             self.client,
             self.pool,
@@ -203,24 +183,13 @@ class Sidecar(AsyncService):
             self.prewarmer,
             self.metrics,
         )
-        add_router_servicer(servicer, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self.server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.server,
-        )
-        with restrictive_umask(self.config.socket_mode):
+        add_services(self.server, servicer, self.health_servicer)
+        with self.socket_file.creating():
             self.server.add_insecure_port(self.target)
-            self._socket_identity = socket_identity(self.socket_path)
-            self._add_tcp_port(self.server)
+            self.socket_file.bound()
+            self.tcp_port = add_tcp_port(self.server, self.config)
             await self.server.start()
-        apply_socket_permissions(
-            self.socket_path, self.config.socket_mode, self.config.socket_group
-        )
+        self.socket_file.secure()
         if self.config.metrics_port:
             runner = await start_metrics_server(
                 self.metrics,
@@ -241,24 +210,22 @@ class Sidecar(AsyncService):
             self._set_members(first)
         self._tasks.append(asyncio.create_task(source.watch(self._set_members), name="membership"))
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
-        if self.config.tokenize_path:
-            self.sizer = PrefixSizer(
-                self.store,
-                self._health_session,
-                lambda: sorted(url for url, b in self.pool.backends.items() if b.healthy),
-                path=self.config.tokenize_path,
-                model=self.config.model,
-            )
-            self.store.watch(self.sizer.wake)
-            self.sizer.wake()
-            self._tasks.append(asyncio.create_task(self.sizer.run(), name="prefix-sizer"))
-        if self.signals is not None and self.config.load_poll_sample > 0:
+        self.sizer = PrefixSizer(
+            self.store,
+            self._health_session,
+            lambda: sorted(url for url, b in self.pool.backends.items() if b.healthy),
+            model=self.config.model,
+        )
+        self.store.watch(self.sizer.wake)
+        self.sizer.wake()
+        self._tasks.append(asyncio.create_task(self.sizer.run(), name="prefix-sizer"))
+        if self.signals is not None and poller.POLL_SAMPLE > 0:
             self.poller = MetricsPoller(
                 self.signals,
                 self._health_session,
-                interval_s=self.config.load_poll_interval_s,
-                sample=self.config.load_poll_sample,
-                timeout_s=self.config.load_poll_timeout_s,
+                interval_s=poller.POLL_INTERVAL_S,
+                sample=poller.POLL_SAMPLE,
+                timeout_s=poller.POLL_TIMEOUT_S,
             )
             self._tasks.append(asyncio.create_task(self.poller.run(), name="load-poll"))
         # What an abusive burst allocated goes back to the OS once freed (rapid reset).
@@ -285,9 +252,8 @@ class Sidecar(AsyncService):
             stopping.append(asyncio.ensure_future(self.openai.stop(grace)))
         await self.health_servicer.enter_graceful_shutdown()
         await asyncio.gather(*stopping)
-        tasks = [*self._tasks, *self._warming.values()]
+        tasks = [*self._tasks, *self.joiners.take_tasks()]
         self._tasks.clear()
-        self._warming.clear()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -303,52 +269,10 @@ class Sidecar(AsyncService):
             await self._health_session.close()
         # grpc unlinks the path when it stops listening, and a sidecar started since then may
         # have bound it again (an overlapping restart): remove only the file this one bound.
-        remove_own_socket(self.socket_path, self._socket_identity)
-        self._socket_identity = None
+        self.socket_file.remove()
         logger.info("prefix-sidecar stopped")
 
     # --- wiring -------------------------------------------------------------------------
-
-    def _grpc_server(self) -> grpc.aio.Server:
-        size = self.config.max_message_bytes
-        return grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", size),
-                ("grpc.max_send_message_length", size),
-                ("grpc.so_reuseport", 0),
-                # Hostile-caller limits (issue 11), measured with `prefix-sidecar attack`.
-                # HTTP/2 rapid reset: every HEADERS+RST_STREAM still becomes a call that
-                # waits in grpc core's pending queue (~30 KB each) until Python takes it;
-                # the old 100,000 pending let RSS grow to 2 GB. grpc counts a reset stream
-                # against max_concurrent_streams until its call is freed, so one connection
-                # holds at most 4,096 of them. Lower caps refuse a legitimate caller's
-                # streams (RST_STREAM REFUSED_STREAM, UNAVAILABLE to it): a 2,500-call burst
-                # on one channel must pass, and at 256 or 1,024 it did not.
-                ("grpc.max_concurrent_streams", 4096),
-                # 5,000 pending calls bound the queue at ~150 MB (soft = hard: nothing is
-                # shed at random below it). A call unrequested for 10 s is dropped in C,
-                # without costing Python. Not less: on a loaded 2-core box Python takes a
-                # legitimate 2,500-call burst in seconds, and at 1 s most of it was CANCELLED.
-                ("grpc.server.max_pending_requests", 5_000),
-                ("grpc.server.max_pending_requests_hard_limit", 5_000),
-                ("grpc.server_max_unrequested_time_in_server", 10),
-                # A caller's metadata: grpc's defaults, pinned (8 KiB soft, 16 KiB hard). A
-                # CONTINUATION flood is cut at the hard limit.
-                ("grpc.max_metadata_size", 8 * 1024),
-                ("grpc.absolute_max_metadata_size", 16 * 1024),
-                # A connection that never sends its preface holds an fd for 120 s by
-                # default; a local caller needs milliseconds.
-                ("grpc.server_handshake_timeout_ms", 20_000),
-                # Every connection holds an fd and ~40 KB of buffers: a local process opening
-                # them by the thousand must meet a bound before the fd limit (the image's
-                # nofile is 20,000). A sidecar's callers need a handful each.
-                # (server.common.connections: below the fds, shared with the HTTP front.)
-                ("grpc.max_allowed_incoming_connections", connections.front_cap(fronts=2)),
-                # Connections with no call for 10 minutes are closed (clients reconnect);
-                # ping abuse keeps grpc's default of 2 strikes.
-                ("grpc.max_connection_idle_ms", 600_000),
-            ]
-        )
 
     async def _start_openai(self) -> None:
         self.openai = OpenAIFront(
@@ -362,62 +286,6 @@ class Sidecar(AsyncService):
             self.config.api_key(),
         )
         await self.openai.start()
-
-    def _add_tcp_port(self, server: grpc.aio.Server) -> None:
-        config = self.config
-        if not config.tcp_listen:
-            return
-        key, cert, client_ca = tls.grpc_files(
-            config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
-        )
-        credentials = grpc.ssl_server_credentials(
-            [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
-        )
-        self.tcp_port = server.add_secure_port(config.tcp_listen, credentials)
-
-    def _membership_source(self) -> MembershipSource:
-        config = self.config
-        sources: list[MembershipSource] = []
-        allow_special = config.allow_special_backend_addresses
-        if config.backends:
-            members = [Member(url, weight) for url, weight in config.backends]
-            sources.append(StaticSource(members, allow_special=allow_special))
-        if config.backends_file:
-            sources.append(FileSource(config.backends_file, config.file_interval_s, allow_special))
-        if config.backends_dns:
-            name, port = parse_dns_target(config.backends_dns)
-            nameserver, nameserver_port = None, 53
-            if config.dns_nameserver:
-                nameserver, nameserver_port = split_host_port(
-                    config.dns_nameserver, default_port=53
-                )
-            sources.append(
-                DnsSource(
-                    name,
-                    port,
-                    interval_s=config.dns_interval_s,
-                    nameserver=nameserver,
-                    nameserver_port=nameserver_port,
-                    allow_special=allow_special,
-                )
-            )
-        if not sources:
-            raise ValueError(
-                "no backends configured: give --backend URL, --backends-file or --backends-dns"
-            )
-        return sources[0] if len(sources) == 1 else CombinedSource(sources)
-
-    def _load_prefixes(self) -> None:
-        for spec in self.config.prefixes:
-            try:
-                text = Path(spec.file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"prefix {spec.name!r}: cannot read {spec.file}: {exc}") from None
-            try:
-                entry, _ = self.store.register(spec.name, text, spec.replicas)
-            except PrefixError as exc:
-                raise ValueError(f"prefix {spec.name!r} from {spec.file}: {exc}") from None
-            logger.info("prefix %s loaded from %s (%s)", spec.name, spec.file, entry.id[:12])
 
     def _set_members(self, members: list[Member]) -> None:
         self.pool.set_members(members)
@@ -435,28 +303,16 @@ class Sidecar(AsyncService):
         return PodLoads(loads, self.pool.fleet_scale)
 
     def _over_cap_load(self, url: str) -> int | None:
-        """The smallest load that puts `url` over its bounded-load cap (routing contract
-        section 4) on the current table, counting that the report itself joins the total:
-        v with v + 1 > max(min_cap, ceil(c (L - e + v + 1) s)), e being the pod's load in the
-        table and s its weight share; the smallest, so that the others' caps grow least.
-        None when no load can (c s >= 1: one pod, or c >= the pod count)."""
-        table = self.pool.table
-        index = table.index.get(url)
-        if index is None or table.ring is None:
-            return None
-        ring = table.ring
-        share = self.config.load_factor * float(ring.weights[index]) / float(ring.total_weight)
-        if share >= 1.0:
-            return None
-        others = table.total - table.loads[index] + 1
-        return max(self.config.load_cap_floor, math.ceil(share * others / (1.0 - share)))
+        return self.pool.table.over_cap_load(
+            url, self.config.load_factor, self.config.load_cap_floor
+        )
 
     def _pods_kv_changed(self, kv_tokens: int | None) -> None:
         """The pods' agreed KV size changed: with no configured budget (the override), the
-        budget is that size x home_kv_fraction (docs/load-signals.md)."""
-        if self.config.home_kv_budget_tokens or not self.config.home_kv_fraction:
+        budget is that size x HOME_KV_FRACTION (docs/load-signals.md)."""
+        if self.config.home_kv_budget_tokens or not placement.HOME_KV_FRACTION:
             return
-        budget = int(kv_tokens * self.config.home_kv_fraction) if kv_tokens else 0
+        budget = int(kv_tokens * placement.HOME_KV_FRACTION) if kv_tokens else 0
         logger.info("home KV budget from the pods: %d tokens (pods' KV %s)", budget, kv_tokens)
         self.router.set_kv_budget(budget)
 
@@ -466,31 +322,6 @@ class Sidecar(AsyncService):
         self.readiness.observe(backend.state for backend in self.pool.backends.values())
         for backend in self.pool.backends.values():
             self.metrics.set_backend(backend.url, backend.state, backend.healthy)
-
-    def _warm_joiner(self, url: str) -> None:
-        """Warm before serve: prewarm what a (re)joining pod is home for, then admit it."""
-        previous = self._warming.pop(url, None)
-        if previous is not None:
-            previous.cancel()
-        self._warming[url] = asyncio.get_running_loop().create_task(self._warm_then_admit(url))
-
-    async def _warm_then_admit(self, url: str) -> None:
-        pairs = [(entry, url) for entry in self.store if url in self.router.home_set(entry)]
-        warmed = []
-        if pairs:
-            logger.info("warming %s with %d prefix(es) before it serves", url, len(pairs))
-            for event in await self.prewarmer.warm_all(pairs):
-                self.metrics.child(self.metrics.prewarm, url, event.state.lower()).inc()
-                if event.state != WARMED:
-                    # A pod that cannot be warmed still serves, cold: losing capacity at
-                    # peak is worse than one slow first request.
-                    logger.warning("backend %s serves cold: its prewarm failed", url)
-                    logger.debug("backend %s prewarm error: %s", url, event.error)
-                elif self.store.has_id(event.prefix_id):
-                    # A prefix unregistered while it warmed is not reported warm.
-                    warmed.append(event.prefix_id)
-        self._warming.pop(url, None)
-        self.pool.mark_warm(url, warmed)
 
 
 # After SIGTERM the process is gone within grace_s + this, whatever is stuck.

@@ -39,6 +39,10 @@ class SplicedBody(Payload):
             return
         await writer.write(b"".join(self._parts)[:content_length])
 
+    @property
+    def parts(self) -> tuple[bytes, ...]:
+        return self._parts
+
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         return b"".join(self._parts).decode(encoding, errors)
 

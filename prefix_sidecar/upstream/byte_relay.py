@@ -3,46 +3,36 @@
 The attempt loop is the gRPC path's (prefix_sidecar.upstream.relay.Relay.attempts: the same
 failover rule, deadline, load counts and metrics, with front="http"); this module is what
 differs. The body goes as the caller wrote it; a 200 answer comes back byte for byte, read
-in the pieces the pod's socket gives, through the lean HTTP/1.1 client for `http://` pods
-(prefix_sidecar.upstream.lean_http: aiohttp's client cost up to a millisecond more to the first
-byte) and the aiohttp session for `https://` ones. A 4xx other than 429 is the caller's
-request: it goes back as the pod wrote it, without failover. After the first byte, a broken
-pod stream ends with an SSE error event (vLLM's shape) and no [DONE], so no client takes a
-cut answer for a whole one; a whole JSON answer cannot carry an error, so its connection is
-closed before the body's end. A caller that leaves cancels the handler, which closes the
-pod's connection (vLLM aborts the request).
+in the pieces the pod's socket gives (UpstreamClient.post: llhttp for `http://` pods,
+aiohttp for `https://` ones). Only 200 is an answer: a 4xx other than 429 is the caller's
+request and goes back as the pod wrote it, without failover; any other status is the pod's
+fault and fails over (a 204 or 304 carries no completion, and no body is relayed with one).
+After the first byte, a broken pod stream ends with an SSE error event (vLLM's shape) and
+no [DONE], so no client takes a cut answer for a whole one; a whole JSON answer cannot carry
+an error, so its connection is closed before the body's end. A caller that leaves cancels
+the handler, which closes the pod's connection (vLLM aborts the request).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 from collections.abc import Mapping
 
-import aiohttp
-
 from prefix_sidecar.metrics import FRONT_HTTP
 from prefix_sidecar.routing.router import Decision
 from prefix_sidecar.server.openai.body import FrontError
 from prefix_sidecar.server.openai.http1 import Request, Response, StreamedResponse
+from prefix_sidecar.upstream.answer import PodAnswer, read_capped, read_from
 from prefix_sidecar.upstream.byte_usage import UsageTail
-from prefix_sidecar.upstream.client import (
-    UpstreamClient,
-    UpstreamError,
-    error_words,
-    retryable_status,
-)
-from prefix_sidecar.upstream.lean_http import LeanAnswer, PodHTTPError
+from prefix_sidecar.upstream.client import ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S, UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
 from prefix_sidecar.upstream.relay import Relay, RelayOutcome
 from prefix_sidecar.upstream.sse import clip
 
 logger = logging.getLogger("sidecar.requests")
 
-# A 4xx body the caller gets back: vLLM's errors are a few hundred bytes.
-MAX_ERROR_BODY = 64 * 1024
-ERROR_BODY_TIMEOUT_S = 2.0
 # Seconds a caller is told to wait when no pod could take its request.
 RETRY_AFTER_S = 1
 BACKEND_HEADER = "x-prefix-sidecar-backend"
@@ -73,36 +63,9 @@ class BrokenAnswer(Exception):
         self.backend = backend
 
 
-class _AiohttpAnswer:
-    """An aiohttp response read as LeanAnswer is: for `https://` pods."""
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
-        self.headers: Mapping[str, str] = response.headers  # case-insensitive
-        self.done = False
-
-    async def read(self) -> bytes:
-        try:
-            data = await self._response.content.readany()
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            raise PodHTTPError(f"the answer broke: {exc.__class__.__name__}") from None
-        except TimeoutError:  # the request's total timeout
-            raise PodHTTPError("the upstream timeout expired mid-answer") from None
-        self.done = not data
-        return data
-
-    def close(self) -> None:
-        if self.done:
-            self._response.release()  # read to its end: the connection is reused
-        else:
-            self._response.close()  # the pod's request ends now
-
-
 class ByteExchange:
     """One request's attempts (Relay.attempts' Exchange): the body as the caller wrote it,
-    the answer as the pod writes it. `http://` pods through the lean client, `https://`
-    ones through the aiohttp session."""
+    the answer as the pod writes it."""
 
     def __init__(
         self, client: UpstreamClient, path: str, body: bytes, headers: Mapping[str, str]
@@ -111,17 +74,19 @@ class ByteExchange:
         self.path = path
         self.body = body
         self.headers = headers
-        self.answer: LeanAnswer | _AiohttpAnswer | None = None
+        self.answer: PodAnswer | None = None
         self.usage = UsageTail()
         self._backend = ""
         self._refusal: PodRefusal | None = None
 
     async def first(self, backend: str, attempt: int, timeout_s: float) -> list[bytes]:
         self._backend = backend
-        self.answer = answer = await self._send(backend, timeout_s)
+        self.answer = answer = await self.client.post(
+            backend, self.path, self.body, self.headers, timeout_s=timeout_s
+        )
         status = answer.status
         if status != 200:
-            body = await self._error_body()
+            body = await read_capped(answer, ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S)
             if retryable_status(status):
                 words = clip(self.client.redact(error_words(body, f"HTTP {status}")))
                 raise UpstreamError(
@@ -134,54 +99,13 @@ class ByteExchange:
             raise UpstreamError(backend, "the pod answered 200 with an empty body", retryable=True)
         return [data]
 
-    async def _send(self, backend: str, timeout_s: float) -> LeanAnswer | _AiohttpAnswer:
-        lean = self.client.lean
-        if not lean.serves(backend):
-            response = await self.client.post(
-                backend, self.path, self.body, self.headers, timeout_s=timeout_s
-            )
-            return _AiohttpAnswer(response)
-        try:
-            answer = await self.client.post_lean(
-                backend, self.path, self.body, self.headers, timeout_s=timeout_s
-            )
-        except PodHTTPError as exc:
-            raise UpstreamError(
-                backend, str(exc), retryable=True, connection_failure=exc.connection_failure
-            ) from None
-        if 300 <= answer.status < 400:
-            answer.close()
-            raise UpstreamError(
-                backend,
-                f"HTTP {answer.status}: the sidecar does not follow redirects from a pod",
-                retryable=True,
-                status=answer.status,
-            )
-        return answer
-
-    async def _error_body(self) -> bytes:
-        """At most MAX_ERROR_BODY bytes of a (short) error answer, in at most
-        ERROR_BODY_TIMEOUT_S; the rest is not read."""
-        assert self.answer is not None
-        parts: list[bytes] = []
-        size = 0
-        with contextlib.suppress(TimeoutError, PodHTTPError):
-            async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
-                while size < MAX_ERROR_BODY and (data := await self.answer.read()):
-                    parts.append(data)
-                    size += len(data)
-        return b"".join(parts)[:MAX_ERROR_BODY]
-
     async def next(self) -> list[bytes] | None:
         data = await self._read()
         return [data] if data else None
 
     async def _read(self) -> bytes:
         assert self.answer is not None
-        try:
-            data = await self.answer.read()
-        except PodHTTPError as exc:
-            raise UpstreamError(self._backend, f"stream broke: {exc}", retryable=True) from None
+        data = await read_from(self.answer, self._backend, self.client.redact)
         self.usage.feed(data)
         return data
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Awaitable, Callable
-from types import SimpleNamespace
 
-import aiohttp
 import grpc
 
 # Less time than this left means the caller's deadline ended the call.
@@ -48,25 +46,9 @@ def watch(context: grpc.aio.ServicerContext) -> None:
     _check.set(context.read)
 
 
-async def _queued(session: aiohttp.ClientSession, trace: SimpleNamespace, params: object) -> None:
-    trace.queued = True
-
-
-async def _before_send(
-    session: aiohttp.ClientSession, trace: SimpleNamespace, params: object
-) -> None:
-    # Here the connection slot is ours: aiohttp releases it (and wakes the next waiter)
-    # if this raises, and nothing was sent yet.
-    if getattr(trace, "queued", False):
-        check = _check.get()
-        if check is not None:
-            await check()
-
-
-def trace_config() -> aiohttp.TraceConfig:
-    """aiohttp hooks for the upstream session: check the caller of a request that waited."""
-    config = aiohttp.TraceConfig()
-    config.on_connection_queued_start.append(_queued)
-    config.on_connection_create_start.append(_before_send)
-    config.on_connection_reuseconn.append(_before_send)
-    return config
+async def check_after_wait() -> None:
+    """Called by a request that waited for a pod connection, once it has one and before it
+    is sent: the task is cancelled here if its caller already left."""
+    check = _check.get()
+    if check is not None:
+        await check()

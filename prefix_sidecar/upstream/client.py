@@ -1,10 +1,13 @@
-"""The upstream client: one pooled aiohttp session, streaming OpenAI-style SSE from pods.
+"""The upstream client: the one way both fronts reach a pod, `post`, and the gRPC front's SSE
+streams over it (`open`).
 
-Errors are classified where they happen, because the caller's only question is "may I try
-the next pod?": a refused connection, a timeout, a 5xx or a 429 before the first token may
-be retried elsewhere; any other 4xx is the caller's request and retrying cannot fix it.
-Closing a stream closes its connection (not back to the pool), so a cancelled caller frees
-the vLLM slot at once instead of leaving the pod generating for nobody. A stream that ended
+`http://` pods through llhttp (prefix_sidecar.upstream.lean_http), `https://` ones through
+an aiohttp session, one answer type (PodAnswer) and one connection budget per pod
+(`per_backend_connections`) whichever front sends and whichever client carries. Errors are
+classified where they happen (prefix_sidecar.upstream.errors), because the caller's only
+question is "may I try the next pod?". Closing a stream closes its connection (not back to
+the pool), so a cancelled caller frees the vLLM slot at once instead of leaving the pod
+generating for nobody. A stream that ended
 with [DONE] keeps its connection: the few bytes that end the HTTP body are read in the
 background, so the next request skips a TCP connect (and the pod an accept).
 
@@ -17,24 +20,29 @@ an error (its body, reason phrase, Location, an error event) is redacted, then c
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
 from multidict import CIMultiDict
 
 from prefix_sidecar import __version__
+from prefix_sidecar.upstream import caller
+from prefix_sidecar.upstream.answer import AiohttpAnswer, PodAnswer, read_capped
 from prefix_sidecar.upstream.body import SplicedBody
-from prefix_sidecar.upstream.lean_http import LeanAnswer, LeanHTTP
-from prefix_sidecar.upstream.sse import POD_ERROR_CHARS, Delta, SSEDecoder, SSEProtocolError, clip
+from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
+from prefix_sidecar.upstream.lean_http import LeanHTTP
+from prefix_sidecar.upstream.pod_connection import PodHTTPError
+from prefix_sidecar.upstream.sse import clip
+from prefix_sidecar.upstream.stream import UpstreamStream
 
-READ_CHUNK = 64 * 1024
+# A pod's error body: vLLM's are a few hundred bytes; the rest is not read.
+ERROR_BODY_BYTES = 64 * 1024
+ERROR_BODY_TIMEOUT_S = 2.0
 # After [DONE] the end of the HTTP body (the chunked terminator) is normally already read or
 # microseconds behind; a pod that takes longer, or sends more than this, loses the connection.
 DRAIN_TIMEOUT_S = 1.0
 DRAIN_MAX_BYTES = 64 * 1024
-MAX_ERROR_BYTES = 1024
 
 
 LOAD_FORMAT_HEADER = "endpoint-load-metrics-format"  # asks the pod for its load ...
@@ -49,129 +57,27 @@ class LoadObserver(Protocol):
     def observe_header(self, url: str, value: str | None) -> None: ...
 
 
-def retryable_status(status: int) -> bool:
-    """Whether another pod may succeed where this status failed: overloaded (429) or broken
-    (5xx). Any other 4xx is the caller's request."""
-    return status == 429 or status >= 500
-
-
-class UpstreamError(Exception):
-    """A pod could not serve the request. `retryable`: another pod may succeed."""
-
-    def __init__(
-        self,
-        backend: str,
-        message: str,
-        *,
-        retryable: bool,
-        status: int | None = None,
-        connection_failure: bool = False,
-    ) -> None:
-        message = clip(message, MAX_ERROR_BYTES)  # a last guard; pod words are clipped first
-        super().__init__(f"{backend}: {message}")
-        self.backend = backend
-        self.message = message
-        self.retryable = retryable
-        self.status = status
-        self.connection_failure = connection_failure
-
-
-class UpstreamStream:
-    """One open streaming response; iterate for coalesced deltas."""
-
-    def __init__(
-        self,
-        backend: str,
-        response: aiohttp.ClientResponse,
-        chat: bool,
-        redact: Callable[[str], str] = str,
-        recycle: Callable[[aiohttp.ClientResponse], None] = aiohttp.ClientResponse.release,
-        *,
-        raw_events: bool = False,
-    ) -> None:
-        self.backend = backend
-        self._redact = redact
-        self._recycle = recycle
-        self._response = response
-        self._decoder = SSEDecoder(chat=chat, raw=raw_events)
-        self.finished = False
-
-    async def next_delta(self) -> Delta:
-        """Wait for the next read from the pod and return the events it completed (at most
-        one decoder slice: a fast pod must not hold the event loop)."""
-        while True:
-            if self._decoder.pending_error:
-                raise UpstreamError(self.backend, self._decoder.pending_error, retryable=True)
-            if self._decoder.backlog:
-                # More is buffered than one slice: let other streams and calls run first
-                # (readany() does not yield while data is buffered).
-                await asyncio.sleep(0)
-                data = b""
-            else:
-                data = await self._read()
-            try:
-                delta = self._decoder.feed(data)
-            except SSEProtocolError as exc:
-                raise UpstreamError(self.backend, str(exc), retryable=True) from None
-            if delta.error:
-                message = f"the pod reported an error: {clip(self._redact(delta.error))}"
-                if not (delta.text or delta.finish_reason):
-                    raise UpstreamError(self.backend, message, retryable=True)
-                self._decoder.pending_error = message  # after relaying the text before it
-            if delta.events or delta.done:
-                if delta.done:
-                    self.finished = True
-                return delta
-
-    async def _read(self) -> bytes:
-        try:
-            data = await self._response.content.readany()
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            raise UpstreamError(
-                self.backend,
-                f"stream broke: {exc.__class__.__name__}: {clip(self._redact(str(exc)))}",
-                retryable=True,
-            ) from None
-        except TimeoutError:  # the request's total timeout (the caller's deadline)
-            raise UpstreamError(
-                self.backend, "the upstream timeout expired mid-stream", retryable=True
-            ) from None
-        if not data:
-            raise UpstreamError(
-                self.backend, "the pod closed the stream before [DONE]", retryable=True
-            )
-        return data
-
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Delta]:
-        while not self.finished:
-            yield await self.next_delta()
-
-    def close(self) -> None:
-        """Drop the connection unless the stream ended cleanly (then it is reusable)."""
-        if self.finished:
-            self._recycle(self._response)
-        else:
-            self._response.close()
-
-
 class UpstreamClient:
+    """The one way to a pod: `post`, one answer type (PodAnswer), one connection budget.
+
+    `per_backend_connections` bounds the requests open to each pod at once, whichever front
+    sends them and whichever client carries them (llhttp for `http://`, aiohttp for
+    `https://`): a request over it waits for an answer to close."""
+
     def __init__(
         self,
         *,
         connect_timeout_s: float = 2.0,
         per_backend_connections: int = 512,
         api_key: str = "",
-        trace_configs: Sequence[aiohttp.TraceConfig] = (),
         load_observer: LoadObserver | None = None,
+        on_unasked: Callable[[str], None] | None = None,
     ) -> None:
         """With a `load_observer`, every request asks the pod for its load report (vLLM's
-        `endpoint-load-metrics-format: TEXT`) and every answer's report is handed to it."""
+        `endpoint-load-metrics-format: TEXT`) and every answer's report is handed to it.
+        `on_unasked(pod)` counts a connection closed for bytes past an answer."""
         self._connect_timeout_s = connect_timeout_s
         self.load_observer = load_observer
-        self._trace_configs = list(trace_configs)
         self._per_backend = per_backend_connections
         self._headers = {
             "Content-Type": "application/json",
@@ -185,9 +91,11 @@ class UpstreamClient:
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
         self._draining: set[asyncio.Task[None]] = set()
-        # The HTTP front's pod requests to http:// pods (prefix_sidecar.upstream.lean_http).
+        self._slots: dict[str, asyncio.Semaphore] = {}  # requests open at once, per pod
         self.lean = LeanHTTP(
-            connect_timeout_s=connect_timeout_s, per_backend=per_backend_connections
+            connect_timeout_s=connect_timeout_s,
+            per_backend=per_backend_connections,
+            on_unasked=on_unasked,
         )
 
     @property
@@ -199,7 +107,6 @@ class UpstreamClient:
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
-                trace_configs=self._trace_configs or None,
             )
         return self._session
 
@@ -228,17 +135,17 @@ class UpstreamClient:
         `headers` are added to the request; they cannot replace the client's own
         (Content-Type, Accept, User-Agent, Authorization). `raw_events` keeps each event's
         JSON text in the deltas."""
-        response = await self.post(
+        answer = await self.post(
             backend,
             path,
             body,
             self._with_own(headers) if headers else self._headers,
             timeout_s=timeout_s,
         )
-        if response.status != 200:
-            raise await self.refusal(backend, response)
+        if answer.status != 200:
+            raise await self.refusal(backend, answer)
         return UpstreamStream(
-            backend, response, chat, self._redact, self._recycle, raw_events=raw_events
+            backend, answer, chat, self._redact, self._recycle, raw_events=raw_events
         )
 
     async def post(
@@ -249,83 +156,119 @@ class UpstreamClient:
         headers: Mapping[str, str],
         *,
         timeout_s: float | None,
-    ) -> aiohttp.ClientResponse:
-        """POST `body` with exactly `headers` and return the response once its headers are
-        in, whatever its status but a redirect; UpstreamError (retryable) when the pod cannot
-        be reached or answers 3xx. Both fronts send through here."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._connect_timeout_s)
+    ) -> PodAnswer:
+        """POST `body` with exactly `headers` and return the answer once its final status
+        and headers are in, whatever its status but a redirect; UpstreamError (retryable)
+        when the pod cannot be reached, answers 3xx or breaks HTTP. Both fronts send
+        through here."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        release = await self._slot(backend, deadline)
         observer = self.load_observer
         if observer is not None:
             observer.note_sent(backend)
             headers = self._asking_load(headers)
         try:
+            if self.lean.serves(backend):
+                parts = body.parts if isinstance(body, SplicedBody) else (body,)
+                answer: PodAnswer = await self.lean.post(
+                    backend, path, parts, headers, deadline=deadline, on_close=release
+                )
+            else:
+                timeout = aiohttp.ClientTimeout(
+                    total=timeout_s, sock_connect=self._connect_timeout_s
+                )
+                answer = await self._post_aiohttp(backend + path, body, headers, timeout, release)
+        except PodHTTPError as exc:
+            release()
+            raise UpstreamError(
+                backend,
+                clip(self._redact(str(exc))),
+                retryable=True,
+                connection_failure=exc.connection_failure,
+            ) from None
+        except BaseException:
+            release()
+            raise
+        if not 200 <= answer.status <= 599 or 300 <= answer.status < 400:
+            answer.close()  # its body is not worth reading: the connection goes
+            raise UpstreamError(
+                backend, self._not_an_answer(answer), retryable=True, status=answer.status
+            )
+        if observer is not None:
+            observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
+        return answer
+
+    async def _slot(self, backend: str, deadline: float | None) -> Callable[[], None]:
+        """Wait for one of the pod's `per_backend_connections`; its release. A request that
+        had to wait asks whether its caller is still there (prefix_sidecar.upstream.caller)."""
+        slots = self._slots.get(backend)
+        if slots is None:
+            if len(self._slots) > 4096:  # pods come and go: keep the table bounded
+                self._slots = {url: s for url, s in self._slots.items() if s.locked()}
+            slots = self._slots[backend] = asyncio.Semaphore(self._per_backend)
+        if not slots.locked():
+            await slots.acquire()  # free: no wait
+            return slots.release
+        async with asyncio.timeout_at(deadline):
+            await slots.acquire()
+        try:
+            await caller.check_after_wait()
+        except BaseException:
+            slots.release()
+            raise
+        return slots.release
+
+    async def _post_aiohttp(
+        self,
+        url: str,
+        body: bytes | SplicedBody,
+        headers: Mapping[str, str],
+        timeout: aiohttp.ClientTimeout,
+        on_close: Callable[[], None],
+    ) -> AiohttpAnswer:
+        """The `https://` pods' request: aiohttp's failures as PodHTTPError."""
+        try:
             response = await self.session.post(
-                backend + path,
+                url,
                 data=body,
                 headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
             )
         except aiohttp.ClientConnectorError as exc:
-            raise UpstreamError(
-                backend,
-                f"cannot connect: {exc.os_error or exc}",
-                retryable=True,
-                connection_failure=True,
+            raise PodHTTPError(
+                f"cannot connect: {exc.os_error or exc}", connection_failure=True
             ) from None
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamError(
-                backend,
-                f"request failed: {exc.__class__.__name__}: {clip(self._redact(str(exc)))}",
-                retryable=True,
-                connection_failure=isinstance(exc, aiohttp.ServerDisconnectedError),
+            raise PodHTTPError(
+                f"request failed: {exc.__class__.__name__}: {clip(str(exc))}",
+                connection_failure=not isinstance(exc, TimeoutError),
             ) from None
-        if 300 <= response.status < 400:
-            location = clip(self._redact(response.headers.get("Location", "")), 200)
-            response.close()  # its body is not worth reading: the connection goes
-            raise UpstreamError(
-                backend,
-                f"HTTP {response.status} redirect to {location or '(no Location)'}: "
-                "the sidecar does not follow redirects from a pod",
-                retryable=True,
-                status=response.status,
-            )
-        if observer is not None:
-            observer.observe_header(backend, response.headers.get(LOAD_HEADER))
-        return response
+        return AiohttpAnswer(response, on_close)
 
-    async def refusal(self, backend: str, response: aiohttp.ClientResponse) -> UpstreamError:
+    def _not_an_answer(self, answer: PodAnswer) -> str:
+        status = answer.status
+        if 300 <= status < 400:
+            location = clip(self._redact(answer.headers.get("Location", "")), 200)
+            return (
+                f"HTTP {status} redirect to {location or '(no Location)'}: "
+                "the sidecar does not follow redirects from a pod"
+            )
+        return f"HTTP {status}: not a valid final status"
+
+    async def refusal(self, backend: str, answer: PodAnswer) -> UpstreamError:
         """The error of a pod that answered neither 200 nor 3xx, in its own (redacted, clipped)
-        words; its connection is released. Retryable for a 429 or a 5xx."""
-        message = clip(self._redact(await _error_message(response)))
-        response.release()
+        words; its connection is released. Retryable unless a 4xx other than 429."""
+        raw = await read_capped(answer, ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S)
+        answer.close()
+        message = clip(self._redact(error_words(raw, f"HTTP {answer.status}")))
         return UpstreamError(
             backend,
-            f"HTTP {response.status}: {message}",
-            retryable=retryable_status(response.status),
-            status=response.status,
+            f"HTTP {answer.status}: {message}",
+            retryable=retryable_status(answer.status),
+            status=answer.status,
         )
-
-    async def post_lean(
-        self,
-        backend: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        *,
-        timeout_s: float,
-    ) -> LeanAnswer:
-        """post() through the lean client (the HTTP front's http:// pods): the same load
-        report asked for and handed on; the lean client bounds the answer's headers."""
-        observer = self.load_observer
-        if observer is None:
-            return await self.lean.post(backend, path, body, headers, timeout_s=timeout_s)
-        observer.note_sent(backend)
-        answer = await self.lean.post(
-            backend, path, body, self._asking_load(headers), timeout_s=timeout_s
-        )
-        observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
-        return answer
 
     def _asking_load(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         """`headers` asking the pod for its load report (the fronts' own header sets may
@@ -340,12 +283,13 @@ class UpstreamClient:
         merged.update(self._headers)
         return merged
 
-    def _recycle(self, response: aiohttp.ClientResponse) -> None:
-        """Return a finished response's connection to the pool once its body has ended."""
-        if response.content.is_eof():
-            response.release()
+    def _recycle(self, answer: PodAnswer) -> None:
+        """Keep a finished stream's connection once its body has ended (read in the
+        background: after [DONE] the chunked terminator may still be on its way)."""
+        if answer.done:
+            answer.close()
             return
-        task = asyncio.get_running_loop().create_task(_drain(response))
+        task = asyncio.get_running_loop().create_task(_drain(answer))
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
 
@@ -374,49 +318,10 @@ class UpstreamClient:
             return await response.json(content_type=None)
 
 
-async def _drain(response: aiohttp.ClientResponse) -> None:
-    """Read what follows [DONE] up to the end of the body, then release (reuse) the
-    connection; close it instead if the body does not end soon and small."""
+async def _drain(answer: PodAnswer) -> None:
+    """Read what follows [DONE] up to the end of the body, then close the answer (its
+    connection is reused if the body ended soon and small)."""
     try:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            left = DRAIN_MAX_BYTES
-            while left > 0 and (data := await response.content.readany()):
-                left -= len(data)
-    except (TimeoutError, aiohttp.ClientError):
-        pass
+        await read_capped(answer, DRAIN_MAX_BYTES, DRAIN_TIMEOUT_S)
     finally:
-        if response.content.is_eof():
-            response.release()
-        else:
-            response.close()
-
-
-async def _error_message(response: aiohttp.ClientResponse) -> str:
-    """The pod's own words: vLLM's {"message": ...} or {"error": {"message": ...}}. Longer
-    than what reaches a status: the caller redacts before it clips."""
-    reason = (response.reason or "no body")[:POD_ERROR_CHARS]
-    try:
-        raw = await asyncio.wait_for(response.content.read(64 * 1024), timeout=2.0)
-    except (TimeoutError, aiohttp.ClientError):
-        return reason
-    return error_words(raw, reason)
-
-
-def error_words(raw: bytes, reason: str) -> str:
-    """What a pod's error body says: vLLM's {"message": ...} or {"error": {"message": ...}},
-    else its text, else `reason`."""
-    text = raw.decode("utf-8", "replace").strip()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:POD_ERROR_CHARS] or reason
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:POD_ERROR_CHARS]
-        if isinstance(error, str):
-            return error[:POD_ERROR_CHARS]
-        for key in ("message", "detail"):
-            if data.get(key):
-                return str(data[key])[:POD_ERROR_CHARS]
-    return text[:POD_ERROR_CHARS]
+        answer.close()

@@ -1,17 +1,17 @@
 """The relay: one attempt loop for both fronts, failing over before the first token.
 
 Pods are tried in preference order. Before the first token nothing has reached the caller, so
-a refused connection, a timeout, a 3xx, a 5xx, a 429, a broken or malformed stream moves the
-request to the next pod: nothing that could have been retried is lost. Any other 4xx is the
-caller's request: retrying cannot fix it. After the first token the text already sent stands
-and the answer ends saying it is partial: replaying the request elsewhere would duplicate text
-the caller has already shown. The pool's load counts, the pods' health, the deadline and the
-per-request metrics (front=grpc|http) are kept here, once.
+a pod's failure (prefix_sidecar.upstream.errors: anything but a 4xx other than 429) moves the
+request to the next pod; a 4xx is the caller's request: retrying cannot fix it. After the
+first token the text already sent stands and the answer ends saying it is partial: replaying
+the request elsewhere would duplicate text the caller has already shown. The pool's load
+counts, the pods' health, the deadline and the per-request metrics (front=grpc|http) are
+kept here, once.
 
 What is sent and what counts as the first token is each front's Exchange: the gRPC front
 decodes the pod's SSE into Chunks (DeltaExchange, below), the HTTP front relays the pod's
-bytes (prefix_sidecar.upstream.byte_relay.ByteExchange). Each front also shapes the errors that end
-a call: a gRPC status, or an HTTP status and an SSE error event.
+bytes (prefix_sidecar.upstream.byte_relay.ByteExchange). Each front also shapes the errors
+that end a call: a gRPC status, or an HTTP status and an SSE error event.
 
 Every gRPC Chunk fits a client's default 4 MiB receive limit and the server's send limit: a
 longer text is split across chunks. An SSE event over the gRPC message limit before the
@@ -37,8 +37,10 @@ from prefix_sidecar.metrics import FRONT_GRPC, Metrics
 from prefix_sidecar.upstream.body import SplicedBody
 from prefix_sidecar.upstream.caller import deadline_spent
 from prefix_sidecar.upstream.chunks import delta_chunks
-from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError, UpstreamStream
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.sse import Delta, clip, usage_counts
+from prefix_sidecar.upstream.stream import UpstreamStream
 from prefix_sidecar.v1 import router_pb2
 
 logger = logging.getLogger("sidecar.requests")
@@ -110,10 +112,6 @@ class Exchange(Protocol[Item]):
         ...
 
 
-def _no_deadline() -> float | None:
-    return None
-
-
 class Relay:
     def __init__(
         self,
@@ -136,7 +134,7 @@ class Relay:
         *,
         front: str,
         outcome: RelayOutcome,
-        time_remaining: Callable[[], float | None] = _no_deadline,
+        time_remaining: Callable[[], float | None] = lambda: None,  # no deadline
         first_timeout_s: float | None = None,
         forced_first: bool = False,
     ) -> AsyncGenerator[Item, None]:

@@ -10,7 +10,11 @@ from typing import Any
 
 import pytest
 
-KEY_SPACE = 1 << 64
+from tests.core.golden_tables import (
+    assert_golden_lookups,
+    assert_golden_shares,
+    golden_picks,
+)
 
 
 def _maglev(core: ModuleType, spec: dict[str, Any]) -> Any:
@@ -30,42 +34,25 @@ def test_default_table_size_is_the_contracts(core: ModuleType, golden: dict[str,
 def test_table_entries_and_shares(core: ModuleType, golden: dict[str, Any], which: int) -> None:
     spec = golden["maglevs"][which]
     table = _maglev(core, spec)
-    assert table.members == tuple(spec["members"]) and table.weights == tuple(spec["weights"])
     entries = table.table()
     assert len(entries) == spec["table_size"]
     assert entries[: len(spec.get("table", spec.get("table_head")))] == spec.get(
         "table", spec.get("table_head")
     )
     assert {m: entries.count(m) for m in spec["members"]} == spec["entries"]
-    owned = {m: int(n) for m, n in spec["owned"].items()}
-    assert sum(owned.values()) == KEY_SPACE
-    shares = table.shares()
-    for member in spec["members"]:
-        assert shares[member] == owned[member] / KEY_SPACE == spec["shares"][member]
+    assert_golden_shares(table, spec)
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["weighted-13", "five-default"])
 def test_lookups(core: ModuleType, golden: dict[str, Any], which: int) -> None:
     spec = golden["maglevs"][which]
-    table = _maglev(core, spec)
-    count = len(spec["members"])
-    for lookup in spec["lookups"]:
-        key = int(lookup["key"])
-        assert table.owner(key) == lookup["owner"], key
-        assert table.preference(key, 2) == lookup["preference_2"]
-        assert table.preference(key, count) == lookup["preference_all"]
-        assert table.preference(key, count + 2) == lookup["preference_all"]
+    assert_golden_lookups(_maglev(core, spec), spec)
 
 
 def test_picks(core: ModuleType, golden: dict[str, Any]) -> None:
     tables = {spec["name"]: _maglev(core, spec) for spec in golden["maglevs"]}
-    assert {case["branch"] for case in golden["maglev_picks"]} == {"home", "spill", "fallback"}
-    for case in golden["maglev_picks"]:
+    for case, key, expected, min_cap in golden_picks(core, golden["maglev_picks"]):
         table = tables[case["table"]]
-        key = int(case["key"])
-        assert key == core.route_key(case["key_of"].encode())
-        expected = (case["member"], case["branch"])
-        min_cap = int(case["min_cap"])
         loads = array("q", case["loads"])
         total = sum(case["loads"])
         if case["homes"] is None:

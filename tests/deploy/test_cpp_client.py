@@ -13,10 +13,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,8 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import json_format
+
+from tests.cli import start_cli
 
 from .conftest import ROOT
 
@@ -116,11 +116,9 @@ async def run_cpp(client: Path, target: str, *extra: str) -> list[dict[str, Any]
 
 
 async def python_cli_route(target: str) -> dict[str, Any]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prefix_sidecar.cli", "route", "--socket", target,
-        "--prefix-name", "compliance-rules", "--json",
+    process = await start_cli(
+        "route", "--socket", target, "--prefix-name", "compliance-rules", "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
     )  # fmt: skip
     stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 0, stderr.decode()

@@ -240,10 +240,11 @@ def test_builder_stage_makes_a_complete_wheel(tmp_path: Path) -> None:
         "prefix_sidecar/v1/router_pb2.py",
         "prefix_sidecar/v1/router_pb2_grpc.py",
         "prefix_sidecar/cli.py",
-        "prefix_sidecar_tools/inject.py",
         "prefix_sidecar/server/app.py",
     ):
         assert module in names, f"the wheel lacks {module}: the image could not serve"
+    tooling = [n for n in names if n.startswith("prefix_sidecar_tools/")]
+    assert tooling == [], "the runtime wheel carries the tooling"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert (
         "prefix-sidecar = prefix_sidecar.cli:main"

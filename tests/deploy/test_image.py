@@ -327,15 +327,15 @@ def test_health_is_serving_and_the_healthcheck_passes(container: Running, router
 
 @image_test
 def test_the_runtime_image_has_no_tooling(container: Running) -> None:
-    """SIDECAR_RUNTIME_ONLY leaves prefix_sidecar_tools out: a tooling verb names the extra."""
+    """The runtime wheel has no prefix_sidecar_tools: a tooling verb names the extra."""
     demo = podman("exec", container.name, "prefix-sidecar", "demo", check=False)
     assert demo.returncode == 2, demo
     assert "pip install 'prefix-sidecar[tools]'" in demo.stderr, demo.stderr
-    where = "import pathlib, sidecar; print(pathlib.Path(prefix_sidecar.__file__).parent)"
+    where = "import pathlib, prefix_sidecar; print(pathlib.Path(prefix_sidecar.__file__).parent)"
     package = podman("exec", container.name, "python3", "-c", where).stdout.strip()
     assert package.startswith("/opt/venv/"), package
-    listed = podman("exec", container.name, "ls", package).stdout.split()
-    assert "server" in listed and "tools" not in listed, listed
+    listed = podman("exec", container.name, "ls", str(Path(package).parent)).stdout.split()
+    assert "prefix_sidecar" in listed and "prefix_sidecar_tools" not in listed, listed
 
 
 @image_test

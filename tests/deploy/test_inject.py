@@ -4,9 +4,7 @@ injected output against the strict Kubernetes schemas."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +12,16 @@ import pytest
 import yaml
 from prefix_sidecar_tools import inject
 
-from .conftest import ROOT, validate_k8s
+from tests.cli import run_cli
+
+from .conftest import validate_k8s
 
 SHOP = Path(__file__).parent / "manifests" / "shop.yaml"
 SOCKET_TARGET = "unix:///var/run/prefix-sidecar/sidecar.sock"
 
 
-def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "inject", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-    )
+def run_inject(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return run_cli("inject", *args, stdin=stdin)
 
 
 def by_name(text: str) -> dict[str, dict[str, Any]]:
@@ -179,7 +170,7 @@ def test_injected_output_passes_the_strict_kubernetes_schema(
 
 
 def test_cli_reads_stdin_and_reports_on_stderr(shop: str, injected: inject.InjectResult) -> None:
-    done = run_cli("-f", "-", stdin=shop)
+    done = run_inject("-f", "-", stdin=shop)
     assert done.returncode == 0, done.stderr
     assert done.stdout == injected.text
     assert "deployment/merchant-api injected" in done.stderr
@@ -189,7 +180,7 @@ def test_cli_reads_stdin_and_reports_on_stderr(shop: str, injected: inject.Injec
 
 
 def test_cli_options_reach_the_manifest(tmp_path: Path) -> None:
-    done = run_cli(
+    done = run_inject(
         "-f",
         str(SHOP),
         "--config",
@@ -218,7 +209,7 @@ def test_cli_options_reach_the_manifest(tmp_path: Path) -> None:
 
 def test_malformed_yaml_names_the_document_and_the_reason(shop: str) -> None:
     broken = shop.replace("  name: merchant-api-settings\n", "  name: [merchant-api-settings\n")
-    done = run_cli("-f", "-", stdin=broken)
+    done = run_inject("-f", "-", stdin=broken)
     assert done.returncode == 2
     assert done.stdout == ""
     assert "error: <stdin>: document 2 (line 13): malformed YAML" in done.stderr
@@ -256,10 +247,10 @@ def test_bad_manifests_fail_with_what_to_fix(text: str, message: str) -> None:
 
 
 def test_bad_options_exit_2(tmp_path: Path) -> None:
-    done = run_cli("-f", str(SHOP), "--config", "Not_A_Name")
+    done = run_inject("-f", str(SHOP), "--config", "Not_A_Name")
     assert done.returncode == 2
     assert "is not a valid ConfigMap name" in done.stderr
-    done = run_cli("-f", str(tmp_path / "missing.yaml"))
+    done = run_inject("-f", str(tmp_path / "missing.yaml"))
     assert done.returncode == 2
     assert "cannot read the manifest" in done.stderr
 
@@ -465,7 +456,7 @@ def test_bad_openai_manifests_fail_with_what_to_fix(text: str, message: str) -> 
 def test_cli_openai_port(tmp_path: Path) -> None:
     bundle = tmp_path / "bundle.yaml"
     bundle.write_text(OPENAI_BUNDLE)
-    done = run_cli("-f", str(bundle), "--openai-port", str(OPENAI_PORT), "-q")
+    done = run_inject("-f", str(bundle), "--openai-port", str(OPENAI_PORT), "-q")
     assert done.returncode == 0, done.stderr
     assert (
         done.stdout
@@ -477,10 +468,10 @@ def test_cli_openai_port(tmp_path: Path) -> None:
         "own OPENAI_BASE_URL; it is not pointed at the sidecar's OpenAI front"
     ]
     for port, reason in (("0", "is not a port"), ("9464", "the sidecar's metrics port")):
-        done = run_cli("-f", str(bundle), "--openai-port", port)
+        done = run_inject("-f", str(bundle), "--openai-port", port)
         assert done.returncode == 2
         assert reason in done.stderr
     # shop.yaml's merchant-api serves on 8080 itself.
-    done = run_cli("-f", str(SHOP), "--openai-port", "8080")
+    done = run_inject("-f", str(SHOP), "--openai-port", "8080")
     assert done.returncode == 2
     assert "deployment/merchant-api: container 'api' declares containerPort 8080" in done.stderr

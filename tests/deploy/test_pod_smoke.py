@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -31,7 +29,9 @@ from dnslib import AAAA, QTYPE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 from prefix_sidecar_tools import inject
 
-from .conftest import K8S_DIR, ROOT, load_all
+from tests.cli import start_cli
+
+from .conftest import K8S_DIR, load_all
 
 SERVICE_NAME = "vllm-headless.llm.svc.cluster.local"
 POD_IPS = ("127.0.0.1", "::1")
@@ -99,11 +99,6 @@ def in_sandbox(value: str, config_dir: Path, socket_dir: Path) -> str:
     )
 
 
-def prefix_sidecar(*args: str) -> list[str]:
-    """The image's `prefix-sidecar` executable, from this checkout."""
-    return [sys.executable, "-m", "prefix_sidecar.cli", *args]
-
-
 def http_get(url: str) -> tuple[int, str]:
     """What the kubelet's httpGet probe sees: the status (0: no answer) and the body."""
     try:
@@ -156,11 +151,9 @@ async def test_the_caller_pod_starts_discovers_prewarms_serves_and_drains(
         pod_config = EmulatorConfig(time_scale=20, model=served_model_name())
         for ip in POD_IPS:
             await stack.enter_async_context(run_emulator(pod_config, port=port, host=ip))
-        serve = await asyncio.create_subprocess_exec(
-            *prefix_sidecar("serve", *args),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-        )  # fmt: skip
+        serve = await start_cli(
+            "serve", *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
         try:
             # The startup probe, as the kubelet runs it: until it answers 2xx.
             for _ in range(120):

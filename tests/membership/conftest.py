@@ -1,17 +1,21 @@
 """Real servers on 127.0.0.1 for the membership tests: a dnslib DNS server whose records
-the test edits, and aiohttp backends whose health the test flips."""
+the test edits, and aiohttp backends whose health the test flips; and a source's watch
+loop run for the test, its updates collected for the test to wait on."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
 from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
+
+from prefix_sidecar.membership.sources import Member, MembershipSource
 
 
 class EditableResolver(BaseResolver):
@@ -126,3 +130,39 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class Updates:
+    """Collects on_update calls so tests can wait for the next one."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Member]] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, members: list[Member]) -> None:
+        self.calls.append(members)
+        self._changed.set()
+
+    async def next(self, timeout: float = 2.0) -> list[str]:
+        await asyncio.wait_for(self._changed.wait(), timeout)
+        self._changed.clear()
+        return [m.url for m in self.calls[-1]]
+
+
+Watching = Callable[[MembershipSource], Updates]
+
+
+@pytest.fixture
+async def watching() -> AsyncIterator[Watching]:
+    """`updates = watching(source)`: run `source.watch` until the test ends."""
+    tasks: list[asyncio.Task[None]] = []
+
+    def start(source: MembershipSource) -> Updates:
+        updates = Updates()
+        tasks.append(asyncio.create_task(source.watch(updates)))
+        return updates
+
+    yield start
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

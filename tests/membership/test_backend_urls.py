@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prefix_sidecar.membership import (
+from prefix_sidecar.membership.sources import (
     Member,
     canonical_backend_url,
     parse_backends_document,

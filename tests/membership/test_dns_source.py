@@ -7,10 +7,9 @@ import logging
 
 import pytest
 
-from prefix_sidecar.membership import DnsSource, Member, MembershipError
+from prefix_sidecar.membership.sources import DnsSource, Member, MembershipError
 
-from .conftest import DnsFixture
-from .test_file_source import Updates
+from .conftest import DnsFixture, Watching
 
 NAME = "vllm-headless.llm.svc.cluster.local"
 POLL_S = 0.1
@@ -70,37 +69,32 @@ def test_bad_nameserver_is_rejected() -> None:
 
 
 async def test_watch_follows_changes_and_keeps_last_good(
-    dns_server: DnsFixture, caplog: pytest.LogCaptureFixture
+    dns_server: DnsFixture, watching: Watching, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="prefix_sidecar.membership.sources")
     dns_server.resolver.set(NAME, ["10.0.0.1", "10.0.0.2"])
-    updates = Updates()
-    task = asyncio.create_task(source_for(dns_server, interval_s=POLL_S).watch(updates))
-    try:
-        assert await updates.next() == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    updates = watching(source_for(dns_server, interval_s=POLL_S))
+    assert await updates.next() == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
 
-        dns_server.resolver.set(NAME, ["10.0.0.2", "10.0.0.3", "fd00::3"])  # scale/restart
-        assert await updates.next() == [
-            "http://10.0.0.2:8000",
-            "http://10.0.0.3:8000",
-            "http://[fd00::3]:8000",
-        ]
+    dns_server.resolver.set(NAME, ["10.0.0.2", "10.0.0.3", "fd00::3"])  # scale/restart
+    assert await updates.next() == [
+        "http://10.0.0.2:8000",
+        "http://10.0.0.3:8000",
+        "http://[fd00::3]:8000",
+    ]
 
-        dns_server.resolver.set(NAME, [])  # empty answer: keep the last good
-        queries = dns_server.resolver.queries
-        await asyncio.sleep(POLL_S * 4)
-        assert dns_server.resolver.queries > queries  # it did re-resolve
-        assert "returned no backends; keeping the last good membership (3 backends)" in caplog.text
+    dns_server.resolver.set(NAME, [])  # empty answer: keep the last good
+    queries = dns_server.resolver.queries
+    await asyncio.sleep(POLL_S * 4)
+    assert dns_server.resolver.queries > queries  # it did re-resolve
+    assert "returned no backends; keeping the last good membership (3 backends)" in caplog.text
 
-        caplog.clear()
-        dns_server.stop()  # server down: keep the last good
-        await asyncio.sleep(POLL_S * 4 + 0.5)
-        assert "failed" in caplog.text and "(3 backends)" in caplog.text
-        assert len(updates.calls) == 2
+    caplog.clear()
+    dns_server.stop()  # server down: keep the last good
+    await asyncio.sleep(POLL_S * 4 + 0.5)
+    assert "failed" in caplog.text and "(3 backends)" in caplog.text
+    assert len(updates.calls) == 2
 
-        dns_server.resolver.set(NAME, ["10.0.0.4"])
-        dns_server.start()  # same port again
-        assert await updates.next() == ["http://10.0.0.4:8000"]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    dns_server.resolver.set(NAME, ["10.0.0.4"])
+    dns_server.start()  # same port again
+    assert await updates.next() == ["http://10.0.0.4:8000"]

@@ -5,49 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from prefix_sidecar.membership import FileSource, Member, MembershipError
+from prefix_sidecar.membership.sources import FileSource, Member, MembershipError
+
+from .conftest import Watching
 
 POLL_S = 0.05
-
-
-class Updates:
-    """Collects on_update calls so tests can wait for the next one."""
-
-    def __init__(self) -> None:
-        self.calls: list[list[Member]] = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, members: list[Member]) -> None:
-        self.calls.append(members)
-        self._changed.set()
-
-    async def next(self, timeout: float = 2.0) -> list[str]:
-        await asyncio.wait_for(self._changed.wait(), timeout)
-        self._changed.clear()
-        return [m.url for m in self.calls[-1]]
-
-
-Watching = Callable[[FileSource], "Updates"]
-
-
-@pytest.fixture
-async def watching() -> AsyncIterator[Watching]:
-    tasks: list[asyncio.Task[None]] = []
-
-    def start(source: FileSource) -> Updates:
-        updates = Updates()
-        tasks.append(asyncio.create_task(source.watch(updates)))
-        return updates
-
-    yield start
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def configmap_write(mount: Path, generation: int, content: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from prefix_sidecar.membership import HealthMonitor, MemberStatus
+from prefix_sidecar.membership.health import HealthMonitor, MemberStatus
 
 from .conftest import Backend
 

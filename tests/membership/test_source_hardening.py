@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from prefix_sidecar.membership import sources
 from prefix_sidecar.membership.sources import (
     DnsSource,
     FileSource,
     MembershipError,
     StaticSource,
+    file_source,
     special_address,
 )
 
@@ -63,7 +63,7 @@ async def test_a_hung_read_times_out_and_is_not_started_twice(
         release.wait(10)
         return b"- http://10.0.0.1:8000\n"
 
-    monkeypatch.setattr(sources, "read_regular_file", stuck)
+    monkeypatch.setattr(file_source, "read_regular_file", stuck)
     source = FileSource(tmp_path / "backends.yaml")
     source.read_timeout_s = 0.2
     with pytest.raises(MembershipError, match=r"no answer within 0\.2 s"):

@@ -1,30 +1,25 @@
 """Shared parts for the bad-input and security tests: one fuzz target (an emulator pod and a
-sidecar, each a real process) per module, certificate generation, and a tiny aiohttp
-"pod" that records request headers or answers garbage.
+sidecar, each a real process) per module, certificate generation, and a fixture starting
+tiny aiohttp pods (tests/fake_pod.py) that record request headers or answer garbage.
 
 The part-B tests (faults, soak, shutdown) keep their own fixtures in their own files.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from aiohttp import web
 from prefix_sidecar_tools.fuzz import Fuzzer, FuzzTarget
 
-from prefix_sidecar.config import Config, build_config
-from prefix_sidecar.server.app import Sidecar
-from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from tests.fake_pod import FakePod, Handler, ok_stream, recording_pod
+from tests.server.conftest import running_sidecar, sidecar_config
 
 
 @pytest.fixture(scope="module")
@@ -101,124 +96,27 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 # --- a tiny pod that records or misbehaves ---------------------------------------------------
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-async def ok_stream(request: web.Request) -> web.StreamResponse:
-    """A well-behaved pod's answer (completions format; chat clients ignore `text`)."""
-    chat = request.path.endswith("/chat/completions")
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    await response.write(sse_ok(chat=chat))
-    await response.write_eof()
-    return response
-
-
-@dataclass
-class FakePod:
-    """An aiohttp server on 127.0.0.1 speaking just enough of vLLM: /health answers 200,
-    inference paths run `handler` (swap it to change behaviour); request headers and
-    bodies are recorded."""
-
-    url: str
-    handler: Handler = ok_stream
-    headers: list[dict[str, str]] = field(default_factory=list)
-    bodies: list[bytes] = field(default_factory=list)
-
-    def behave(self) -> None:
-        """From now on answer like a healthy pod."""
-        self.handler = ok_stream
-
-
-def sse_ok(text: str = "hello", chat: bool = False) -> bytes:
-    """A well-formed one-token stream with usage."""
-    piece = {"delta": {"content": text}} if chat else {"text": text}
-    events = [
-        {"choices": [{"index": 0, **piece, "finish_reason": None}]},
-        {"choices": [{"index": 0, "finish_reason": "stop"}]},
-        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
-    ]
-    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + (
-        b"data: [DONE]\n\n"
-    )
-
 
 @pytest.fixture
 async def fake_pod() -> AsyncIterator[Callable[..., Awaitable[FakePod]]]:
     """`pod = await fake_pod(handler)`: start a pod whose inference paths run `handler`."""
-    runners: list[web.AppRunner] = []
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def start(handler: Handler = ok_stream) -> FakePod:
-        pod = FakePod(url="", handler=handler)
+        async def start(handler: Handler = ok_stream) -> FakePod:
+            return await stack.enter_async_context(recording_pod(handler))
 
-        async def inference(request: web.Request) -> web.StreamResponse:
-            pod.headers.append(dict(request.headers))
-            pod.bodies.append(await request.read())
-            return await pod.handler(request)
-
-        async def health(request: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_post("/v1/completions", inference)
-        app.router.add_post("/v1/chat/completions", inference)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        pod.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        return pod
-
-    yield start
-    for runner in runners:
-        await asyncio.wait_for(runner.cleanup(), 5)
+        yield start
 
 
 # --- an in-process sidecar ---------------------------------------------------------------------
 
 
-def sidecar_config(tmp_path: Path, backends: list[str], **values: object) -> Config:
-    """A test config: socket in tmp_path, quick health checks, the given pods."""
-    merged: dict[str, object] = {
-        "listen": f"unix://{tmp_path}/sidecar.sock",
-        "backends": backends,
-        "health_interval_s": 0.5,
-        "health_timeout_s": 0.5,
-        "grace_s": 1.0,
-        "first_token_timeout_s": 5.0,
-        "prewarm_backoff_s": 0.05,
-    }
-    merged.update(values)
-    return build_config(merged)
-
-
-@contextlib.asynccontextmanager
-async def running_sidecar(config: Config) -> AsyncIterator[tuple[Sidecar, Any]]:
-    """Start a Sidecar, dial it, wait until its static pods serve; stop both after."""
-    async with (
-        Sidecar(config) as sidecar,
-        grpc.aio.insecure_channel(sidecar.target) as channel,
-    ):
-        stub = router_pb2_grpc.RouterStub(channel)
-        urls = sorted(url for url, _ in config.backends)
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:
-            reply = await stub.ListBackends(router_pb2.ListBackendsRequest())
-            states = {b.url: b.state for b in reply.backends}
-            if sorted(states) == urls and set(states.values()) == {"serving"}:
-                break
-            assert asyncio.get_running_loop().time() < deadline, f"pods never served: {states}"
-            await asyncio.sleep(0.02)
-        yield sidecar, stub
-
-
 @pytest.fixture
 def start_sidecar(tmp_path: Path) -> Callable[..., contextlib.AbstractAsyncContextManager[Any]]:
-    """`async with start_sidecar([url, ...], **config_fields) as (sidecar, stub):`"""
+    """`async with start_sidecar([url, ...], **config_fields) as (sidecar, stub):` the server
+    tests' sidecar, with a shorter drain (these pods answer at once or not at all)."""
 
     def start(backends: list[str], **values: object) -> contextlib.AbstractAsyncContextManager[Any]:
-        return running_sidecar(sidecar_config(tmp_path, backends, **values))
+        return running_sidecar(sidecar_config(tmp_path, backends, **{"grace_s": 1.0, **values}))
 
     return start

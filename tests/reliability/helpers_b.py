@@ -64,7 +64,6 @@ def fault_config(socket_dir: Path, **values: Any) -> Config:
         "dns_interval_s": 0.2,
         "grace_s": 2.0,
         "first_token_timeout_s": 5.0,
-        "prewarm_backoff_s": 0.05,
         "max_attempts": 3,
     }
     merged.update(values)
@@ -317,6 +316,15 @@ class DnsServer:
         if self._server is not None:
             self._server.server.shutdown()
             self._server.server.server_close()
+
+    def sidecar_config(self, socket_dir: Path, port: int, **values: Any) -> Config:
+        """A fault config whose pods are the resolver's name at `port`, asked of this server."""
+        return fault_config(
+            socket_dir,
+            backends_dns=f"{self.resolver.name}:{port}",
+            dns_nameserver=f"127.0.0.1:{self.port}",
+            **values,
+        )
 
     async def wait_queries(self, more: int, timeout: float = 5.0) -> None:
         """Wait until the sidecar asked `more` further questions (so it saw the change)."""

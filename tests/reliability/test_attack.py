@@ -9,29 +9,19 @@ pending queue raised to 100,000; the short run's 60,000 reset streams reached ~6
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import run_cli
+
 pytest.importorskip("hpack", reason="prefix-sidecar attack needs h2: pip install '.[test]'")
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("attack") / "report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "attack", "--short", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        cwd=REPO,
-    )
+    done = run_cli("attack", "--short", "--json", str(out), timeout=300)
     if not out.exists():
         pytest.fail(f"attack wrote no report (exit {done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.read_text())
@@ -54,7 +44,7 @@ def test_every_scenario_ran_and_the_exit_code_follows_the_verdicts(report: dict[
     names = [r["scenario"] for r in report["scenarios"]]
     assert names == [
         "garbage", "http1", "rapid_reset", "continuation_flood", "idle_connections",
-        "fast_stream", "huge_event", "no_newline", "redirect", "wedge",
+        "fast_stream", "huge_event", "no_newline", "redirect", "wedge", "broken_pods",
         "large_body_tokens", "large_body_messages", "tiny_chunks", "many_connections",
         "deep_json",
     ]  # fmt: skip
@@ -112,3 +102,16 @@ def test_continuation_flood_is_cut_by_the_server(report: dict[str, Any]):
     # Every connection was closed by the sidecar long before the 64 MiB cap per connection.
     assert attack["closed_by_server"] == attack["connections"] > 0, attack
     assert attack["bytes_sent"] < attack["connections"] * 8 * 1024 * 1024, attack
+
+
+def test_pods_that_break_http_fail_over_and_no_caller_gets_another_callers_answer(
+    report: dict[str, Any],
+) -> None:
+    """Issue 27: a second unasked answer, a malformed Content-Length, invalid statuses, 1xx
+    as final, a 204 with a body and lenient framings, each from its own pod, through both
+    fronts: every caller its own answer from the healthy pod, and each pod failed over."""
+    row = _row(report, "broken_pods")
+    attack = row["attack"]
+    assert attack["callers"] == 2 * 2 * len(attack["modes"]) > 0, attack
+    assert attack["affected"] == attack["accepted"] == attack["failed"] == 0, attack
+    assert row["passed"], _failure(row)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import grp
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from prefix_sidecar_tools.harness import child_env
 
 from prefix_sidecar import cli
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import run_cli
 
 # (field, bad value as given to --set). Each must fail naming the field.
 BAD_SETTINGS = [
@@ -26,8 +25,6 @@ BAD_SETTINGS = [
     ("replicas", "0"),
     ("replicas", "two"),
     ("max_attempts", "0"),
-    ("route_window_bytes", "0"),
-    ("vnodes", "-1"),
     ("eject_after_failures", "0"),
     ("health_interval_s", "0"),
     ("health_timeout_s", "-1"),
@@ -36,10 +33,6 @@ BAD_SETTINGS = [
     ("first_token_timeout_s", "0"),
     ("dns_interval_s", "0"),
     ("file_interval_s", "-0.5"),
-    ("prewarm_timeout_s", "0"),
-    ("prewarm_concurrency", "0"),
-    ("prewarm_attempts", "0"),
-    ("prewarm_backoff_s", "-1"),
     ("grace_s", "-1"),
     ("max_prefix_bytes", "0"),
     ("max_input_bytes", "-5"),
@@ -52,7 +45,6 @@ BAD_SETTINGS = [
     ("socket_mode", "'1777'"),
     ("socket_group", "no-such-group-for-prefix-sidecar"),
     ("warm_before_serve", "maybe"),
-    ("policy", "fastest"),
     ("health_path", "health"),
     ("log_level", "loud"),
     ("price_base", "-1"),
@@ -162,13 +154,7 @@ def test_a_good_group_passes_validation(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-    )
+    return run_cli("serve", *args, env={**child_env(), **(env or {})})
 
 
 def test_as_a_process_bad_fields_exit_2(tmp_path: Path) -> None:

@@ -231,12 +231,7 @@ async def test_dns_empty_or_failing_keeps_last_good(caplog: pytest.LogCaptureFix
     async with EmulatorFleet(1, config) as pods:
         url = pods.urls[0]
         with DnsServer(resolver) as dns, short_tmpdir() as directory:
-            sidecar_config = fault_config(
-                directory,
-                backends_dns=f"vllm.pods.test:{pods.ports[0]}",
-                dns_nameserver=f"127.0.0.1:{dns.port}",
-            )
-            async with running_sidecar(sidecar_config) as client:
+            async with running_sidecar(dns.sidecar_config(directory, pods.ports[0])) as client:
                 await wait_all_serving(client.stub, [url])
                 async with ServingWatch(client.health) as watch:
                     for mode, reason in (("empty", "returned no backends"), ("servfail", "failed")):

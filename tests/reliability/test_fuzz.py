@@ -8,14 +8,14 @@ live in prefix_sidecar_tools/fuzz.py and are shared with `prefix-sidecar fuzz --
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from prefix_sidecar_tools.fuzz import RPCS, Fuzzer, over_max_message, split
+
+from tests.cli import run_cli
 
 CI_CASES = 10_000
 PLAN = split(CI_CASES)
@@ -84,15 +84,7 @@ def test_fuzz_never_logged_prompt_text(fuzzer: Fuzzer) -> None:
 
 
 def run_fuzz_command(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "fuzz", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+    return run_cli("fuzz", *args, timeout=120)
 
 
 def test_fuzz_command_prints_statuses_per_rpc() -> None:

@@ -9,10 +9,8 @@ malformed-SSE fault.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -22,42 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator, set_faults
 
 from prefix_sidecar.v1 import router_pb2
+from tests.fake_pod import REQUEST, Handler, StartPod, complete, event, respond, text_event
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
-REQUEST = router_pb2.CompleteRequest(input="hello there", max_tokens=4)
-
-
-def event(payload: Any) -> bytes:
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return b"data: " + body + b"\n\n"
-
-
-def text_event(text: str) -> bytes:
-    return event({"choices": [{"index": 0, "text": text, "finish_reason": None}]})
-
-
-def respond(*parts: bytes, content_type: str = "text/event-stream", cut: bool = False,
-            pause: float = 0.0) -> Handler:  # fmt: skip
-    """A handler writing `parts` as a chunked 200 response, `pause` s apart (so the sidecar
-    relays each before the next); `cut` drops the connection instead of ending the body."""
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": content_type})
-        await response.prepare(request)
-        for index, part in enumerate(parts):
-            if index and pause:
-                await asyncio.sleep(pause)
-            await response.write(part)
-        if cut:
-            assert request.transport is not None
-            request.transport.abort()
-        else:
-            await response.write_eof()
-        return response
-
-    return handle
 
 
 async def huge_event(request: web.Request) -> web.StreamResponse:
@@ -114,20 +79,9 @@ BEFORE_FIRST_TOKEN: dict[str, tuple[Handler, str, str]] = {
 }
 
 
-async def complete(stub: Any, request: Any = REQUEST) -> tuple[list[Any], str, str]:
-    """(chunks received, status name, message)."""
-    chunks: list[Any] = []
-    try:
-        async for chunk in stub.Complete(request, timeout=20):
-            chunks.append(chunk)
-    except grpc.aio.AioRpcError as exc:
-        return chunks, exc.code().name, exc.details() or ""
-    return chunks, "OK", ""
-
-
 async def assert_still_serving(sidecar: Any, stub: Any, pod: Any) -> None:
     pod.behave()
-    chunks, status, message = await complete(stub)
+    chunks, status, message = await complete(stub, timeout=20)
     assert status == "OK", message
     assert "".join(c.text for c in chunks) == "hello" and chunks[0].backend == pod.url
     async with grpc.aio.insecure_channel(sidecar.target) as channel:
@@ -143,7 +97,7 @@ async def test_garbage_before_first_token_one_pod(
     handler, expected, words = BEFORE_FIRST_TOKEN[name]
     pod = await fake_pod(handler)
     async with start_sidecar([pod.url]) as (sidecar, stub):
-        chunks, status, message = await complete(stub)
+        chunks, status, message = await complete(stub, timeout=20)
         assert (status, chunks) == (expected, []), message
         assert words in message and pod.url in message, message
         assert len(message) < 2000, "a pod's huge error body must not be relayed whole"
@@ -162,7 +116,7 @@ async def test_garbage_before_first_token_fails_over(
         route = await stub.Route(router_pb2.RouteRequest(prompt=REQUEST.input))
         bad, good = (first, second) if route.backend == first.url else (second, first)
         bad.handler = BEFORE_FIRST_TOKEN[name][0]
-        chunks, status, message = await complete(stub)
+        chunks, status, message = await complete(stub, timeout=20)
         assert status == "OK", message
         assert chunks[0].backend == good.url and chunks[0].attempts == 2
         assert len(bad.bodies) == 1 and len(good.bodies) == 1
@@ -197,7 +151,7 @@ async def test_garbage_after_first_token_is_partial(
 ) -> None:
     pod = await fake_pod(handler)
     async with start_sidecar([pod.url]) as (sidecar, stub):
-        chunks, status, message = await complete(stub)
+        chunks, status, message = await complete(stub, timeout=20)
         assert status == "UNAVAILABLE" and "partial" in message, message
         assert [c.text for c in chunks] == ["partial "]
         assert len(pod.bodies) == 1, "a stream cut after the first token must not be replayed"
@@ -224,7 +178,7 @@ async def test_garbage_usage_and_lone_surrogates_are_tolerated(
         )
     )
     async with start_sidecar([pod.url]) as (_, stub):
-        chunks, status, message = await complete(stub)
+        chunks, status, message = await complete(stub, timeout=20)
         assert status == "OK", message
         assert "".join(c.text for c in chunks) == "fine \ufffd!"
         last = chunks[-1].usage
@@ -240,12 +194,12 @@ async def test_emulator_malformed_sse_fault(start_sidecar: StartSidecar) -> None
     ):
         request = router_pb2.CompleteRequest(input="hello", max_tokens=6)
         await set_faults(url, malformed_after_chunks=0)
-        chunks, status, message = await complete(stub, request)
+        chunks, status, message = await complete(stub, request, timeout=20)
         assert (status, chunks) == ("UNAVAILABLE", []) and "malformed JSON" in message
         await set_faults(url, malformed_after_chunks=2)
-        chunks, status, message = await complete(stub, request)
+        chunks, status, message = await complete(stub, request, timeout=20)
         assert status == "UNAVAILABLE" and "partial" in message, message
         assert chunks and chunks[0].backend == url
         await set_faults(url, malformed_after_chunks=None)
-        chunks, status, message = await complete(stub, request)
+        chunks, status, message = await complete(stub, request, timeout=20)
         assert status == "OK" and chunks[-1].usage.completion_tokens == 6, message

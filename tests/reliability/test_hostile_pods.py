@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
-import grpc
 import pytest
 from aiohttp import web
 from prefix_sidecar_tools.bench import fastpod
@@ -27,47 +25,14 @@ from prefix_sidecar_tools.harness import SidecarProcess
 from prefix_sidecar_tools.percentile import percentile
 
 from prefix_sidecar.membership.health import HealthMonitor, MemberStatus
-from prefix_sidecar.upstream.client import UpstreamClient, UpstreamError
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.v1 import router_pb2
+from tests.fake_pod import REQUEST, Handler, StartPod, complete, event, respond, text_event
 from tests.reliability.helpers_b import short_tmpdir
 
-StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-REQUEST = router_pb2.CompleteRequest(input="hello there", max_tokens=4)
 CLIENT_RECEIVE_LIMIT = 4 * 1024 * 1024
-
-
-def event(payload: Any) -> bytes:
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-
-def text_event(text: str, finish: str | None = None) -> bytes:
-    return event({"choices": [{"index": 0, "text": text, "finish_reason": finish}]})
-
-
-def respond(*parts: bytes, pause: float = 0.0) -> Handler:
-    async def handle(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for index, part in enumerate(parts):
-            if index and pause:
-                await asyncio.sleep(pause)
-            await response.write(part)
-        await response.write_eof()
-        return response
-
-    return handle
-
-
-async def complete(stub: Any, request: Any = REQUEST) -> tuple[list[Any], str, str]:
-    chunks: list[Any] = []
-    try:
-        async for chunk in stub.Complete(request, timeout=30):
-            chunks.append(chunk)
-    except grpc.aio.AioRpcError as exc:
-        return chunks, exc.code().name, exc.details() or ""
-    return chunks, "OK", ""
 
 
 async def home_first(stub: Any, first: Any, second: Any) -> tuple[Any, Any]:

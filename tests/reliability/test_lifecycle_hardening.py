@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import re
@@ -24,7 +23,6 @@ import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -40,6 +38,7 @@ from prefix_sidecar_tools.harness import (
 )
 
 from prefix_sidecar.v1 import router_pb2_grpc
+from tests.fake_pod import event, recording_pod
 from tests.reliability.helpers_b import (
     FAULT_PODS,
     DnsServer,
@@ -196,48 +195,21 @@ def test_a_world_writable_socket_directory_is_refused(where: str) -> None:
 # --- 8: callers that cancel --------------------------------------------------------------
 
 
-async def _ok(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
+async def hold(request: web.Request) -> web.StreamResponse:
+    """A pod that keeps every request open for longer than any test here."""
+    await asyncio.sleep(60)
+    return web.Response(status=503)
 
 
-@dataclass
-class FakePod:
-    """An aiohttp pod on 127.0.0.1: `fast` streams 16 KB SSE events without end; `hold`
-    keeps every request open and counts when each arrived."""
-
-    mode: str
-    arrivals: list[float] = field(default_factory=list)
-    runner: web.AppRunner | None = None
-    url: str = ""
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        self.arrivals.append(time.monotonic())
-        await request.read()
-        if self.mode == "hold":
-            await asyncio.sleep(60)
-            return web.Response(status=503)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        choice = {"index": 0, "text": "x" * 16_000, "finish_reason": None}
-        event = f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
-        with contextlib.suppress(ConnectionError):
-            for _ in range(20_000):  # ~320 MB at most
-                await response.write(event)
-        return response
-
-    async def __aenter__(self) -> FakePod:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/health", _ok)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.runner is not None
-        await self.runner.cleanup()
+async def stream_without_end(request: web.Request) -> web.StreamResponse:
+    """A pod streaming 16 KB SSE events without end (~320 MB at most)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    frame = event({"choices": [{"index": 0, "text": "x" * 16_000, "finish_reason": None}]})
+    with contextlib.suppress(ConnectionError):
+        for _ in range(20_000):
+            await response.write(frame)
+    return response
 
 
 def request_statuses(log: str) -> list[str]:
@@ -246,7 +218,7 @@ def request_statuses(log: str) -> list[str]:
 
 async def test_cancelled_calls_are_labelled_cancelled_without_a_traceback() -> None:
     port = free_port()
-    async with FakePod("fast") as pod:
+    async with recording_pod(stream_without_end) as pod:
         with short_tmpdir() as directory:
             sidecar = serve(
                 str(directory / "s.sock"),
@@ -293,7 +265,7 @@ async def test_queued_callers_that_cancel_are_not_sent_to_the_pod() -> None:
     All cancel; the pod must not receive their requests afterwards (before the fix, ~300 of
     them reached it as the first cancels freed connections)."""
     callers, connections = 800, 100
-    async with FakePod("hold") as pod:
+    async with recording_pod(hold) as pod:
         with short_tmpdir() as directory:
             sidecar = serve(
                 str(directory / "s.sock"),
@@ -310,9 +282,9 @@ async def test_queued_callers_that_cancel_are_not_sent_to_the_pod() -> None:
                             pass
 
                 tasks = [asyncio.create_task(drive(call)) for call in calls]
-                await wait_for(lambda: len(pod.arrivals) >= connections, 20, "pod saturated")
+                await wait_for(lambda: len(pod.arrived) >= connections, 20, "pod saturated")
                 await asyncio.sleep(1.0)  # every caller is queued in the sidecar by now
-                assert len(pod.arrivals) == connections
+                assert len(pod.arrived) == connections
                 cancelled_at = time.monotonic()
                 for call in calls:
                     call.cancel()
@@ -323,7 +295,7 @@ async def test_queued_callers_that_cancel_are_not_sent_to_the_pod() -> None:
                     f"every call logged ({len(request_statuses(sidecar.log_text()))})",
                 )
                 await asyncio.sleep(0.5)
-            late = sum(1 for at in pod.arrivals if at > cancelled_at)
+            late = sum(1 for at in pod.arrived if at > cancelled_at)
             statuses = request_statuses(sidecar.log_text())
     print(f"\n{callers - connections} queued callers cancelled; {late} reached the pod after")
     assert late <= (callers - connections) // 20, f"{late} cancelled requests reached the pod"
@@ -437,7 +409,7 @@ SPECIAL_IPS = ["0.0.0.0", "169.254.169.254", "169.254.1.1", "224.0.0.1", "255.25
 
 @pytest.fixture
 async def health_pod() -> AsyncIterator[str]:
-    async with FakePod("hold") as pod:
+    async with recording_pod(hold) as pod:
         yield pod.url
 
 
@@ -448,12 +420,7 @@ async def test_dns_records_at_special_addresses_are_refused(
     port = int(health_pod.rsplit(":", 1)[1])
     resolver = SwitchableResolver("vllm.test", ["127.0.0.1", *SPECIAL_IPS])
     with DnsServer(resolver) as dns, short_tmpdir() as directory:
-        config = fault_config(
-            directory,
-            backends_dns=f"vllm.test:{port}",
-            dns_nameserver=f"127.0.0.1:{dns.port}",
-        )
-        async with running_sidecar(config) as client:
+        async with running_sidecar(dns.sidecar_config(directory, port)) as client:
             await wait_state(client.stub, health_pod, "serving")
             await dns.wait_queries(4)  # two more polls: each refused record is warned once
             assert set(await backend_states(client.stub)) == {health_pod}

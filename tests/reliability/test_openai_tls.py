@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
 from prefix_sidecar_tools.harness import free_port
 
-StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
+from tests.fake_pod import StartPod
+
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
 
 

@@ -12,23 +12,21 @@ import logging
 import os
 import signal
 import stat
-import subprocess
-import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from aiohttp import web
-from prefix_sidecar_tools.harness import free_port
+from prefix_sidecar_tools.harness import child_env, free_port
 
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from tests.cli import run_cli, start_cli
+from tests.fake_pod import Handler, StartPod
 
-REPO = Path(__file__).resolve().parents[2]
-StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
 
 
@@ -69,11 +67,10 @@ async def test_socket_group_and_mode_are_configurable(
 def test_unknown_socket_group_is_a_clear_start_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'socket_group' names no group on this host"):
         build_config({"listen": f"unix://{tmp_path}/s.sock", "socket_group": "no-such-grp-42"})
-    result = subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "serve", "--listen", f"unix://{tmp_path}/s.sock",
-         "--backend", "http://127.0.0.1:1", "--set", "socket_group=no-such-grp-42"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    listen, backend = f"unix://{tmp_path}/s.sock", "http://127.0.0.1:1"
+    result = run_cli(
+        "serve", "--listen", listen, "--backend", backend, "--set", "socket_group=no-such-grp-42"
+    )
     assert result.returncode == 2
     assert "socket_group" in result.stderr and "no-such-grp-42" in result.stderr
     assert not (tmp_path / "s.sock").exists()
@@ -103,11 +100,9 @@ async def test_tcp_listener_is_off_by_default(fake_pod: StartPod, tmp_path: Path
     """A real `serve` process with the default config listens on its unix socket only."""
     pod = await fake_pod()
     sock = tmp_path / "s.sock"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prefix_sidecar.cli", "serve", "--listen", f"unix://{sock}",
-        "--backend", pod.url, env={**os.environ, "PYTHONPATH": str(REPO)},
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    process = await start_cli(
+        "serve", "--listen", f"unix://{sock}", "--backend", pod.url, stderr=asyncio.subprocess.PIPE
+    )
     try:
         async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
             await asyncio.wait_for(channel.channel_ready(), 20)
@@ -241,14 +236,20 @@ async def test_api_key_not_in_serve_stderr_or_printed_config(
 ) -> None:
     pod = await fake_pod()
     sock = tmp_path / "s.sock"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFIX_SIDECAR_API_KEY": SECRET}
-    argv = [sys.executable, "-m", "prefix_sidecar.cli", "serve", "--listen", f"unix://{sock}",
-            "--backend", pod.url, "--set", "log_level=debug"]  # fmt: skip
-    printed = subprocess.run([*argv, "--print-config"], capture_output=True, text=True, env=env,
-                             timeout=60)  # fmt: skip
-    assert printed.returncode == 0 and "api_key_env" in printed.stdout
+    env = child_env(PREFIX_SIDECAR_API_KEY=SECRET)
+    serve = [
+        "serve",
+        "--listen",
+        f"unix://{sock}",
+        "--backend",
+        pod.url,
+        "--set",
+        "log_level=debug",
+    ]
+    printed = run_cli(*serve, "--print-config", env=env)
+    assert printed.returncode == 0 and "api_key_file" in printed.stdout
     assert SECRET not in printed.stdout + printed.stderr
-    process = await asyncio.create_subprocess_exec(*argv, env=env, stderr=asyncio.subprocess.PIPE)
+    process = await start_cli(*serve, env=env, stderr=asyncio.subprocess.PIPE)
     try:
         async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
             await asyncio.wait_for(channel.channel_ready(), 20)
@@ -317,17 +318,30 @@ async def test_size_limits(fake_pod: StartPod, start_sidecar: StartSidecar) -> N
 # --- no prompt text in logs above DEBUG --------------------------------------------------------
 
 
-async def test_prompt_and_prefix_text_never_logged_above_debug(
-    fake_pod: StartPod, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
-) -> None:
-    marker = "MARKER" + uuid.uuid4().hex
-    caplog.set_level(logging.DEBUG)
+def echoing_the_prompt(status: int) -> Handler:
+    """A pod whose error repeats the prompt, as some servers' validation errors do."""
 
-    async def echo_prompt_and_fail(request: web.Request) -> web.Response:
-        """A pod whose error repeats the prompt, as some servers' validation errors do."""
+    async def echo(request: web.Request) -> web.Response:
         body = await request.text()
-        return web.json_response({"error": {"message": f"cannot serve {body}"}}, status=503)
+        return web.json_response({"error": {"message": f"cannot serve {body}"}}, status=status)
 
+    return echo
+
+
+def lines_above_debug(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+
+
+@pytest.fixture
+def marker(caplog: pytest.LogCaptureFixture) -> str:
+    """A text no other test sends, to look for in the log; everything is logged from DEBUG."""
+    caplog.set_level(logging.DEBUG)
+    return "MARKER" + uuid.uuid4().hex
+
+
+async def test_prompt_and_prefix_text_never_logged_above_debug(
+    fake_pod: StartPod, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture, marker: str
+) -> None:
     pod = await fake_pod()
     async with start_sidecar([pod.url]) as (_, stub):
         prefix = await stub.RegisterPrefix(
@@ -349,29 +363,22 @@ async def test_prompt_and_prefix_text_never_logged_above_debug(
         ]  # fmt: skip
         statuses = [await status_of(call) for call in calls]
         assert statuses[:5] == ["OK"] * 5 and "OK" not in statuses[5:], statuses
-        pod.handler = echo_prompt_and_fail
+        pod.handler = echoing_the_prompt(503)
         assert await status_of(stub.Complete(m.CompleteRequest(input=marker))) == "UNAVAILABLE"
-    above_debug = [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+    above_debug = lines_above_debug(caplog)
     assert any("Complete" in line for line in above_debug), "request lines must be logged"
     leaks = [line for line in above_debug if marker in line]
     assert not leaks, f"prompt text logged above DEBUG: {leaks}"
 
 
 async def test_prefix_text_not_logged_when_a_prewarm_fails(
-    fake_pod: StartPod, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture
+    fake_pod: StartPod, start_sidecar: StartSidecar, caplog: pytest.LogCaptureFixture, marker: str
 ) -> None:
-    marker = "MARKER" + uuid.uuid4().hex
-    caplog.set_level(logging.DEBUG)
-
-    async def echo_prompt_and_refuse(request: web.Request) -> web.Response:
-        body = await request.text()
-        return web.json_response({"error": {"message": f"cannot serve {body}"}}, status=400)
-
     pod = await fake_pod()
     async with start_sidecar([pod.url]) as (_, stub):
-        pod.handler = echo_prompt_and_refuse
+        pod.handler = echoing_the_prompt(400)
         request = router_pb2.RegisterPrefixRequest(name="rules", text=marker, prewarm=True)
         reply = await stub.RegisterPrefix(request)
         assert reply.prewarm and reply.prewarm[-1].state == router_pb2.PrewarmEvent.FAILED
-    leaks = [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
-    assert not [line for line in leaks if marker in line], leaks
+    above_debug = lines_above_debug(caplog)
+    assert not [line for line in above_debug if marker in line], above_debug

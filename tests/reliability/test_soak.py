@@ -10,15 +10,12 @@ dominated by allocator noise (the long soak checks it).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import run_cli
+
 REPORT_KEYS = {
     "concurrency",
     "seconds",
@@ -41,15 +38,7 @@ REPORT_KEYS = {
 
 
 def _soak(*args: str, timeout: float = 90) -> tuple[int, dict[str, Any], str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "soak", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=REPO,
-    )
+    done = run_cli("bench", "soak", *args, "--json", timeout=timeout)
     try:
         report = json.loads(done.stdout)
     except ValueError:
@@ -93,23 +82,6 @@ def test_soak_with_registered_prefixes() -> None:
 
 
 def test_soak_refuses_bad_arguments() -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prefix_sidecar.cli",
-            "bench",
-            "soak",
-            "--seconds",
-            "5",
-            "--warmup",
-            "9",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=env,
-    )
+    done = run_cli("bench", "soak", "--seconds", "5", "--warmup", "9", timeout=30)
     assert done.returncode == 2
     assert "--warmup must be >= 0 and shorter than --seconds" in done.stderr

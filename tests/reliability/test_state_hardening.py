@@ -25,9 +25,8 @@ from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from tests.fake_pod import StartPod, ok_stream, sse_ok, text_event
 from tests.server.conftest import cli_sidecar, free_port, running_sidecar, sidecar_config
-
-StartPod = Callable[..., Awaitable[Any]]  # conftest fake_pod -> FakePod
 
 # Series labelled by pod (prefix_sidecar_home_prefix_tokens is computed at scrape time from
 # the current ring, so it is bounded by construction).
@@ -45,28 +44,6 @@ PER_PREFIX = (
     "prefix_sidecar_cached_tokens",
     "prefix_sidecar_completion_tokens",
 )
-
-
-def sse(text: str, done: bool = True) -> bytes:
-    """One text event; with `done`, a stop event, usage (3 prompt tokens) and [DONE]."""
-    events: list[dict[str, Any]] = [
-        {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
-    ]
-    if done:
-        events += [
-            {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
-            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
-        ]
-    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
-    return body + (b"data: [DONE]\n\n" if done else b"")
-
-
-async def ok_stream(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    await response.write(sse("hello"))
-    await response.write_eof()
-    return response
 
 
 def write_backends(path: Path, urls: list[str]) -> None:
@@ -263,9 +240,9 @@ async def test_a_stream_on_a_departed_pod_leaves_no_series(
     async def slow(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(sse("one", done=False))
+        await response.write(text_event("one"))
         await release.wait()
-        await response.write(sse("two"))
+        await response.write(sse_ok("two"))
         await response.write_eof()
         return response
 
@@ -399,8 +376,8 @@ async def fleets() -> AsyncIterator[tuple[str, str, str]]:
 
 
 async def test_a_wedged_pod_does_not_hold_back_a_healthy_joiner(tmp_path: Path) -> None:
-    """A wedged pod joins with 8 prefixes to warm (more than prewarm_concurrency 4, timeout
-    10 s), then a healthy pod joins: the healthy one serves within its own warm time + 2 s
+    """A wedged pod joins with 8 prefixes to warm (more than prewarm.CONCURRENCY, 4 in flight
+    per pod), then a healthy pod joins: the healthy one serves within its own warm time + 2 s
     instead of waiting for the wedged pod's timeouts (10 s and more before the fix)."""
     async with fleets() as (base, wedged, healthy):
         backends = tmp_path / "backends.json"
@@ -411,8 +388,6 @@ async def test_a_wedged_pod_does_not_hold_back_a_healthy_joiner(tmp_path: Path) 
             backends_file=str(backends),
             replicas=3,  # every prefix is home on every pod: 8 pairs per joiner
             health_interval_s=0.1,
-            prewarm_timeout_s=10.0,
-            prewarm_concurrency=4,
         )
         async with running_sidecar(config) as (_, stub):
             await _wait_state(stub, base, "serving")

@@ -7,14 +7,19 @@ import importlib
 import os
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from prefix_sidecar.config import build_config
+from prefix_sidecar.config import FIELDS, build_config
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member
 from prefix_sidecar.prefixes import PrefixStore
-from prefix_sidecar.routing.router import Router
+from prefix_sidecar.routing.policy import make_policy
+from prefix_sidecar.routing.router import DEFAULT_POLICY, Router, RouterSettings, settings
+
+# The Router's own settings that are no config field (the routing modules' constants).
+SETTINGS = set(RouterSettings.__annotations__) - set(FIELDS)
 
 NO_EXTENSIONS = bool(os.environ.get("SIDECAR_NO_EXTENSIONS"))
 
@@ -50,9 +55,14 @@ MakeRouter = Callable[..., Router]
 
 @pytest.fixture
 def make_router() -> MakeRouter:
-    """The sidecar's router for this pool and store: the config's settings, any overridden."""
+    """The sidecar's router for this pool and store: the config's settings and the routing
+    constants, any overridden: a config field by its name, one of the Router's own settings
+    (`organic_home_spread`, `route_window_bytes`, ...) by its keyword, `policy` by name."""
 
-    def make(pool: BackendPool, store: PrefixStore, **overrides: object) -> Router:
-        return Router.from_config(pool, store, build_config(overrides))
+    def make(pool: BackendPool, store: PrefixStore, **overrides: Any) -> Router:
+        policy = overrides.pop("policy", DEFAULT_POLICY)
+        own = {name: overrides.pop(name) for name in list(overrides) if name in SETTINGS}
+        config = build_config(overrides)
+        return Router(pool, store, make_policy(policy, config), **{**settings(config), **own})
 
     return make

@@ -76,6 +76,20 @@ def route(router: Router, messages: list[tuple[str, str]], chat: bool) -> str:
     return decision.backend
 
 
+def later_turns_pods(
+    router: Router, sessions: list[list[list[tuple[str, str]]]], chat: bool
+) -> dict[int, set[str]]:
+    """Session index -> the pods its turns after the first went to, the sessions' turns
+    routed interleaved, as concurrent chats arrive."""
+    where: dict[int, set[str]] = {i: set() for i in range(len(sessions))}
+    for turn in range(max(map(len, sessions))):
+        for i, session in enumerate(sessions):
+            backend = route(router, session[turn], chat)
+            if turn:
+                where[i].add(backend)
+    return where
+
+
 @pytest.mark.parametrize("hash_table", ["ring", "maglev"])
 @pytest.mark.parametrize("chat", [False, True], ids=["prompt", "chat"])
 def test_a_sessions_turns_land_on_one_pod_and_sessions_spread(
@@ -88,13 +102,7 @@ def test_a_sessions_turns_land_on_one_pod_and_sessions_spread(
     traffic = Traffic(1, 3)
     for _ in range(120):  # one-shot questions: the branch point and the share are learnt
         route(router, traffic.one_shot(0), chat)
-    sessions = [traffic.session(0, 6) for _ in range(24)]
-    where: dict[int, set[str]] = {i: set() for i in range(len(sessions))}
-    for turn in range(6):
-        for i, session in enumerate(sessions):
-            backend = route(router, session[turn], chat)
-            if turn:
-                where[i].add(backend)
+    where = later_turns_pods(router, [traffic.session(0, 6) for _ in range(24)], chat)
     assert all(len(pods_used) == 1 for pods_used in where.values()), where
     assert len(set.union(*where.values())) >= 4  # share ~1: the home set is most of the fleet
 

@@ -16,7 +16,7 @@ from prefix_sidecar.routing.anchors import BLOCK_BYTES, AnchorTable
 from prefix_sidecar.routing.start_balance import DECAY, StartBalancer
 
 from .conftest import MakeRouter, pods, serving_pool
-from .test_organic import Traffic, prose, render, route
+from .test_organic import Traffic, later_turns_pods, prose, render, route
 
 
 def learnt(chat: bool) -> tuple[organic.OrganicRouter, Traffic]:
@@ -96,14 +96,7 @@ def test_starts_even_out_the_home_set_and_later_turns_keep_their_pod(
         sent: Counter[str] = Counter()
         for _ in range(400):
             sent[route(router, traffic.one_shot(0), chat)] += 1
-        sessions = [traffic.session(0, 4) for _ in range(16)]
-        later: dict[int, set[str]] = {i: set() for i in range(len(sessions))}
-        for turn in range(4):
-            for i, session in enumerate(sessions):
-                backend = route(router, session[turn], chat)
-                if turn:
-                    later[i].add(backend)
-        return sent, later
+        return sent, later_turns_pods(router, [traffic.session(0, 4) for _ in range(16)], chat)
 
     balanced, later = run(True)
     hashed, _ = run(False)

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefix_sidecar.config import ConfigError, build_config
+from prefix_sidecar.config import build_config
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.routing.consistent_hash import ConsistentHash
 from prefix_sidecar.routing.least_loaded import LeastLoaded
 from prefix_sidecar.routing.pick import Branch, Pick
@@ -20,6 +22,7 @@ from prefix_sidecar.routing.policy import POLICIES, make_policy
 from prefix_sidecar.routing.prefix_affinity import PrefixAffinity
 from prefix_sidecar.routing.random_pick import RandomPick
 from prefix_sidecar.routing.round_robin import RoundRobin
+from prefix_sidecar.routing.router import DEFAULT_POLICY, Router
 from prefix_sidecar.routing.table import RoutingTable
 
 from .conftest import pods
@@ -45,7 +48,7 @@ def test_branch_values_are_the_wire_and_metric_words() -> None:
     assert "branch=%s" % Branch.RING_HIT == "branch=ring_hit"  # noqa: UP031 - the log's form
 
 
-def test_one_registry_names_every_policy_for_the_factory_and_the_config() -> None:
+def test_one_registry_names_every_policy_for_the_factory_and_the_router() -> None:
     assert POLICIES == (
         "prefix_affinity",
         "consistent_hash",
@@ -58,10 +61,14 @@ def test_one_registry_names_every_policy_for_the_factory_and_the_config() -> Non
     assert kinds == [PrefixAffinity, ConsistentHash, RoundRobin, RandomPick, LeastLoaded]
     with pytest.raises(ValueError, match="unknown routing policy 'nope'; choose one of prefix_"):
         make_policy("nope", config)
-    for name in POLICIES:
-        assert build_config({"policy": name}).policy == name
-    with pytest.raises(ConfigError, match="policy"):
-        build_config({"policy": "nope"})
+    # Production picks prefix_affinity; a benchmark names a baseline (no config field).
+    assert DEFAULT_POLICY == "prefix_affinity"
+    router = Router.from_config(BackendPool(), PrefixStore(), config)
+    assert isinstance(router.policy, PrefixAffinity)
+    baseline = Router.from_config(BackendPool(), PrefixStore(), config, "round_robin")
+    assert isinstance(baseline.policy, RoundRobin)
+    with pytest.raises(ValueError, match="unknown routing policy 'nope'"):
+        Router.from_config(BackendPool(), PrefixStore(), config, "nope")
 
 
 def test_bounded_load_settings_reach_prefix_affinity_only() -> None:

@@ -41,7 +41,6 @@ def sidecar_config(tmp_path: Path, backends: list[str], **values: Any) -> Config
         "file_interval_s": 0.1,
         "grace_s": 2.0,
         "first_token_timeout_s": 5.0,
-        "prewarm_backoff_s": 0.05,
     }
     merged.update(values)
     return build_config(merged)

@@ -70,17 +70,17 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.yaml"
     config.write_text(
         "backends: [http://10.0.0.1:8000, {url: http://10.0.0.2:8000, weight: 2}]\n"
-        "replicas: 2\nload_factor: 1.5\nroute_window_bytes: 100\nhealth_path: /v1/models\n",
+        "replicas: 2\nload_factor: 1.5\nmax_attempts: 4\nhealth_path: /v1/models\n",
         encoding="utf-8",
     )
     result = serve(
         "--config",
         str(config),
         "--set",
-        "route_window_bytes=300",
+        "max_attempts=6",
         "--print-config",
         PREFIX_SIDECAR_LOAD_FACTOR="1.75",
-        PREFIX_SIDECAR_ROUTE_WINDOW_BYTES="200",
+        PREFIX_SIDECAR_MAX_ATTEMPTS="5",
         PREFIX_SIDECAR_API_KEY="sk-do-not-print-me",
     )
     assert result.returncode == 0, result.stderr
@@ -88,7 +88,7 @@ def test_file_then_env_then_flags(tmp_path: Path) -> None:
     assert merged["backends"] == [["http://10.0.0.1:8000", 1], ["http://10.0.0.2:8000", 2]]
     assert merged["replicas"] == 2  # file
     assert merged["load_factor"] == 1.75  # env over file
-    assert merged["route_window_bytes"] == 300  # flag over env
+    assert merged["max_attempts"] == 6  # flag over env
     assert merged["health_path"] == "/v1/models"
     assert "sk-do-not-print-me" not in result.stdout + result.stderr
 
@@ -114,13 +114,12 @@ async def test_prefixes_from_flags_and_settings_from_env_reach_the_running_sidec
         f"script={script}",
     ]
     async with (
-        cli_sidecar(tmp_path, args, PREFIX_SIDECAR_ROUTE_WINDOW_BYTES="16") as sidecar,
+        cli_sidecar(tmp_path, args, PREFIX_SIDECAR_REPLICAS="2") as sidecar,
         grpc.aio.insecure_channel(sidecar.target) as channel,
     ):
         stub = router_pb2_grpc.RouterStub(channel)
         await wait_serving(stub, pods, timeout=10.0)
         listed = await stub.ListPrefixes(router_pb2.ListPrefixesRequest())
-        route = await stub.Route(router_pb2.RouteRequest(prompt="0123456789abcdefXYZ"))
         stats = await asyncio.gather(*(get_stats(url) for url in pods))
 
     prefixes: dict[str, Any] = {p.name: p for p in listed.prefixes}
@@ -130,8 +129,9 @@ async def test_prefixes_from_flags_and_settings_from_env_reach_the_running_sidec
     assert prefixes["rules"].bytes == len(text.encode())
     key = _core.route_key(text.encode())
     assert list(prefixes["rules"].backends) == owner_ring(pods).preference(key, 2)
-    assert prefixes["script"].replicas == 1
-    assert route.route_key == _core.route_key(b"0123456789abcdef")  # the env's window
+    assert prefixes["script"].replicas == 2  # the env's default replicas
+    script_key = _core.route_key(script.read_text(encoding="utf-8").encode())
+    assert list(prefixes["script"].backends) == owner_ring(pods).preference(script_key, 2)
     # Loaded at start, so warmed before the pods served: each home pod prefilled it.
     warmed = {url for url, s in zip(pods, stats, strict=True) if s["requests"]}
     homes = set(prefixes["rules"].backends) | set(prefixes["script"].backends)

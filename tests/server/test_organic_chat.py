@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from prefix_sidecar_tools.emulator import run_emulator
 from prefix_sidecar_tools.emulator.protocol import render_chat
 
+from prefix_sidecar.routing import organic
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar.v1 import router_pb2
 
@@ -102,16 +104,18 @@ async def _grpc_sessions(tmp_path: Path, follow: bool, raw: bool = False) -> dic
     Complete RPC, each request the conversation rendered in ChatML)."""
     send = _grpc_complete if raw else _grpc_chat
     async with six_pods() as pods:
-        config = sidecar_config(tmp_path, pods, organic_follow_sessions=follow)
-        async with running_sidecar(config) as (_, stub):
-            rng = random.Random(1)
-            for _ in range(50):  # one-shot questions: the tenant's share and branch are learnt
-                await send(stub, pods, [("system", SYSTEM), ("user", prose(rng, 80))])
-            where: dict[int, list[str]] = {i: [] for i in range(SESSIONS)}
-            flows = sessions(2)
-            for turn in range(TURNS):  # interleaved, as concurrent users would send them
-                for i, flow in enumerate(flows):
-                    where[i].append(await send(stub, pods, flow[turn]))
+        config = sidecar_config(tmp_path, pods)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(organic, "FOLLOW_SESSIONS", follow)  # read as the sidecar starts
+            async with running_sidecar(config) as (_, stub):
+                rng = random.Random(1)
+                for _ in range(50):  # one-shot questions: the tenant's share and branch are learnt
+                    await send(stub, pods, [("system", SYSTEM), ("user", prose(rng, 80))])
+                where: dict[int, list[str]] = {i: [] for i in range(SESSIONS)}
+                flows = sessions(2)
+                for turn in range(TURNS):  # interleaved, as concurrent users would send them
+                    for i, flow in enumerate(flows):
+                        where[i].append(await send(stub, pods, flow[turn]))
     return where
 
 

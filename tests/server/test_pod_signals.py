@@ -1,6 +1,6 @@
 """The pod signals wired into a running Sidecar against emulated pods on 127.0.0.1: loads
 reach the pool from the pods' own gauges, the KV budget follows the pods' cache config,
-prefixes are counted by the pod's tokenizer, and `load_signals: false` turns it all off."""
+prefixes are counted by the pod's tokenizer, and `load_signals: false` turns the readings off."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import pytest
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 from prefix_sidecar_tools.emulator.tokenizer import count_tokens
 
+from prefix_sidecar.membership.load_signals import poller, rules
 from prefix_sidecar.server.app import Sidecar
 
 from .conftest import sidecar_config, wait_for
@@ -22,8 +24,15 @@ from .conftest import sidecar_config, wait_for
 FAST = EmulatorConfig(time_scale=1000.0)
 # A pod that runs one request at a time, 100 tokens in 0.5 s real: easy to keep busy.
 ONE_AT_A_TIME = dataclasses.replace(FAST, max_running=1, decode_tps=20.0, time_scale=10.0)
-# The sidecar reads every pod every ~0.05 s and forgets a reading after 0.5 s.
-FAST_READINGS = {"load_poll_interval_s": 0.05, "load_poll_sample": 2, "load_signal_max_age_s": 0.5}
+
+
+@pytest.fixture
+def fast_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar reads every pod every ~0.05 s and forgets a reading after 0.5 s (the
+    constants are read when a Sidecar is built)."""
+    monkeypatch.setattr(poller, "POLL_INTERVAL_S", 0.05)
+    monkeypatch.setattr(poller, "POLL_SAMPLE", 2)
+    monkeypatch.setattr(rules, "MAX_AGE_S", 0.5)
 
 
 @contextlib.asynccontextmanager
@@ -43,18 +52,15 @@ async def _someone_elses_requests(pod: str, count: int = 3) -> AsyncIterator[Non
                 response.release()
 
 
-async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Path) -> None:
+async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(
+    tmp_path: Path, fast_readings: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rules, "REPORT_SATURATION", True)
     big = dataclasses.replace(FAST, kv_tokens=320_000)
     small = dataclasses.replace(ONE_AT_A_TIME, kv_tokens=160_000)
     text = "compliance rules. " * 500
     async with run_emulator(big) as a, run_emulator(small) as b:
-        config = sidecar_config(
-            tmp_path,
-            [a, b],
-            **FAST_READINGS,
-            home_kv_fraction=0.5,
-            load_report_saturation=True,
-        )
+        config = sidecar_config(tmp_path, [a, b])
         async with Sidecar(config) as sidecar:
             sidecar.store.register("rules", text)
             entry = sidecar.store.by_name("rules")
@@ -83,15 +89,18 @@ async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(tmp_path: Pa
             )
 
 
-async def test_signals_off_asks_nothing(tmp_path: Path) -> None:
+async def test_signals_off_reads_no_load(tmp_path: Path) -> None:
+    """`load_signals: false`: no header asked, no polls, no readings; a prefix is still
+    counted by the pod's tokenizer (the placement's size, not a load signal)."""
     async with run_emulator(FAST) as a:
-        config = sidecar_config(tmp_path, [a], load_signals=False, tokenize_path="")
+        config = sidecar_config(tmp_path, [a], load_signals=False)
         async with Sidecar(config) as sidecar:
             sidecar.store.register("rules", "some rules " * 100)
+            entry = sidecar.store.by_name("rules")
+            await wait_for(lambda: entry.tokens > 0, what="the prefix's token count")
             await asyncio.sleep(0.3)
-            assert sidecar.signals is None and sidecar.poller is None and sidecar.sizer is None
+            assert sidecar.signals is None and sidecar.poller is None
             assert sidecar.pool.backends[a].reported_load is None
-            assert sidecar.store.by_name("rules").tokens == 0
 
 
 def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -> None:
@@ -124,11 +133,14 @@ def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -
         assert v == 8 or v <= cap(v - 1), (v, rest)  # one less would still fit
 
 
-async def test_the_fleet_view_sees_another_callers_load_and_exports_it(tmp_path: Path) -> None:
-    """load_fleet_view: a pod busy with someone else's requests reaches the pool and the
-    metrics at its running + waiting; with none of our own read yet, own counts pick."""
+async def test_the_fleet_view_sees_another_callers_load_and_exports_it(
+    tmp_path: Path, fast_readings: None
+) -> None:
+    """The fleet view (rules.FLEET_VIEW, the default): a pod busy with someone else's
+    requests reaches the pool and the metrics at its running + waiting; with none of our own
+    read yet, own counts pick."""
     async with run_emulator(FAST) as a, run_emulator(ONE_AT_A_TIME) as b:
-        config = sidecar_config(tmp_path, [a, b], **FAST_READINGS, load_fleet_view=True)
+        config = sidecar_config(tmp_path, [a, b])
         async with Sidecar(config) as sidecar:
             async with _someone_elses_requests(b):
                 await wait_for(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from prefix_sidecar_tools.cost import CostParams, daily_cost
+
+from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,13 +56,8 @@ def test_negative_param_rejected() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "cost", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    return run_cli(
+        "cost", *args, timeout=30, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     )
 
 

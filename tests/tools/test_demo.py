@@ -8,22 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli import run_cli
 
 
 def test_demo_quick_report_is_well_formed(tmp_path: Path) -> None:
     report_path = tmp_path / "demo.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "demo", "--quick", "--json", str(report_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    done = run_cli("demo", "--quick", "--json", str(report_path), timeout=90)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     for text in ("prewarm, live", "WARMED", "summary", "sidecar", "round-robin", "yuan/day"):
@@ -46,12 +38,6 @@ def test_demo_quick_report_is_well_formed(tmp_path: Path) -> None:
 
 
 def test_demo_rejects_bad_flags() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "demo", "--kv-tokens", "1000"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = run_cli("demo", "--kv-tokens", "1000", timeout=30)
     assert done.returncode == 2
     assert "--kv-tokens" in done.stderr

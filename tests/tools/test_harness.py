@@ -15,12 +15,14 @@ import pytest
 from prefix_sidecar_tools.harness import (
     SidecarProcess,
     child_env,
+    group_running,
     guarded,
     python_command,
     spawn,
     spawn_blocking,
     terminate,
     terminate_blocking,
+    terminate_group,
 )
 
 IGNORES_SIGTERM = (
@@ -109,6 +111,33 @@ async def test_terminate_sigterms_then_kills() -> None:
     assert await asyncio.wait_for(stubborn.stdout.readline(), 20) == b"ready\n"
     assert await terminate(stubborn, grace=0.3) == -signal.SIGKILL
     assert await terminate(stubborn, grace=0.3) == -signal.SIGKILL  # again: no error
+
+
+# A leader that forks a worker and prints the worker's pid; `ignore` makes both ignore SIGTERM.
+FORKS_A_WORKER = (
+    "import os, signal, sys, time\n"
+    "if sys.argv[1] == 'ignore':\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "if os.fork() == 0:\n"
+    "    time.sleep(60)\n"
+    "    os._exit(0)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize(("mode", "code"), [("obey", -signal.SIGTERM), ("ignore", -signal.SIGKILL)])
+async def test_terminate_group_ends_the_leader_and_what_it_forked(mode: str, code: int) -> None:
+    leader = await spawn(
+        python_command("-c", FORKS_A_WORKER, mode),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert leader.stdout is not None
+    assert await asyncio.wait_for(leader.stdout.readline(), 20) == b"ready\n"
+    assert group_running(leader.pid)
+    assert await terminate_group(leader, grace=1.0) == code
+    assert not group_running(leader.pid)  # the forked worker went too
 
 
 def test_child_env_puts_this_checkout_first_and_can_drop_settings(

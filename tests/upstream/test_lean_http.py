@@ -1,6 +1,6 @@
-"""The HTTP front's lean pod client against real sockets on 127.0.0.1: an aiohttp pod for
-the framings and keep-alive, and raw asyncio servers writing the bytes a broken or hostile
-pod would."""
+"""The pod client for `http://` pods (UpstreamClient.post over llhttp) against real sockets
+on 127.0.0.1: an aiohttp pod for the framings and keep-alive, and raw asyncio servers
+writing the bytes a broken or hostile pod would."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from prefix_sidecar.upstream.lean_http import MAX_HEAD, LeanAnswer, LeanHTTP, PodHTTPError
+from prefix_sidecar.upstream.answer import PodAnswer
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar.upstream.pod_connection import MAX_HEAD, PodHTTPError
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -63,7 +66,7 @@ async def raw_pod(handler: RawHandler) -> AsyncIterator[str]:
         server.close()
 
 
-async def read_all(answer: LeanAnswer) -> bytes:
+async def read_all(answer: PodAnswer) -> bytes:
     parts = []
     while data := await answer.read():
         parts.append(data)
@@ -78,8 +81,17 @@ async def request_head(reader: asyncio.StreamReader) -> int:
     return length
 
 
-def client() -> LeanHTTP:
-    return LeanHTTP(connect_timeout_s=2.0, per_backend=8)
+async def answered_ok(lean: UpstreamClient, pod: str, times: int, pause_s: float = 0.0) -> None:
+    """`times` requests one after another, each answered "ok", read whole and closed."""
+    for _ in range(times):
+        answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+        assert await read_all(answer) == b"ok"
+        answer.close()
+        await asyncio.sleep(pause_s)
+
+
+def client() -> UpstreamClient:
+    return UpstreamClient(connect_timeout_s=2.0, per_backend_connections=8)
 
 
 async def test_each_framing_is_read_whole_and_a_finished_connection_is_reused() -> None:
@@ -94,20 +106,21 @@ async def test_each_framing_is_read_whole_and_a_finished_connection_is_reused() 
         assert await read_all(answer) == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
         answer.close()
         assert seen[0] is seen[1], "the second request did not reuse the connection"
-    lean.close()
+    await lean.close()
 
 
 async def test_an_answer_left_unread_closes_its_connection() -> None:
     lean = client()
     async with aiohttp_pod() as (pod, seen):
-        answer = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
+        answer = await lean.post(pod, "/whole", b"y" * 900_000, {}, timeout_s=5)
         assert await answer.read()
+        assert not answer.done
         answer.close()  # not read to its end: the connection is not reused
         again = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
         await read_all(again)
         again.close()
         assert seen[0] is not seen[1]
-    lean.close()
+    await lean.close()
 
 
 async def test_an_answer_delimited_by_the_connections_end() -> None:
@@ -120,7 +133,7 @@ async def test_an_answer_delimited_by_the_connections_end() -> None:
         answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
         assert await read_all(answer) == b'{"a": 1}'
         answer.close()
-    lean.close()
+    await lean.close()
 
 
 async def test_a_stale_idle_connection_is_replaced_without_an_error() -> None:
@@ -136,25 +149,33 @@ async def test_a_stale_idle_connection_is_replaced_without_an_error() -> None:
 
     lean = client()
     async with raw_pod(handler) as pod:
-        for _ in range(3):
-            answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
-            assert await read_all(answer) == b"ok"
-            answer.close()
-            await asyncio.sleep(0.05)
+        await answered_ok(lean, pod, 3, pause_s=0.05)
     assert connections == 3
-    lean.close()
+    await lean.close()
 
 
 @pytest.mark.parametrize(
     ("answer", "match"),
     [
         (b"HTTP/1.1 200 OK\r\nX: " + b"a" * (MAX_HEAD + 10) + b"\r\n\r\n", "over"),
-        (b"SSH-2.0-OpenSSH\r\n\r\n", "status line"),
-        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "malformed"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "Content-Length"),
+        (b"HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n", "not a valid HTTP status"),
+        (b"HTTP/1.1 600 Beyond\r\nContent-Length: 0\r\n\r\n", "not a valid HTTP status"),
+        (b"HTTP/2.0 200 OK\r\nContent-Length: 0\r\n\r\n", "not an HTTP/1.1 answer"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc", "Transfer-Encoding"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "Transfer-Encoding"),
+        (b"HTTP/1.1 101 Switching\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", "switched"),
+        (b"HTTP/1.1 103 Early Hints\r\n\r\n" * 5, "interim"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * (MAX_HEAD // 6 + 1) + b"\r\n", "over"),
     ],
 )
 async def test_a_bad_head_is_an_error_and_bounded(answer: bytes, match: str) -> None:
+    """llhttp's rules, and those kept on top of it: statuses 100-599, HTTP/1.0 and 1.1 only,
+    chunked as the only Transfer-Encoding, no protocol switch, at most MAX_INTERIM 1xx,
+    headers within MAX_HEAD however they are split. Each is a pod failure."""
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await request_head(reader)
         writer.write(answer)
@@ -163,16 +184,17 @@ async def test_a_bad_head_is_an_error_and_bounded(answer: bytes, match: str) -> 
 
     lean = client()
     async with raw_pod(handler) as pod:
-        with pytest.raises(PodHTTPError, match=match):
+        with pytest.raises(UpstreamError, match=match) as caught:
             await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
-    lean.close()
+    assert caught.value.retryable and caught.value.connection_failure
+    await lean.close()
 
 
 @pytest.mark.parametrize(
     ("body", "match"),
     [
-        (b"zz\r\ndata\r\n", "framing"),  # not a chunk size
-        (b"5\r\ndata: 1\r\n", "framing"),  # the chunk is longer than it said
+        (b"zz\r\ndata\r\n", "malformed"),  # not a chunk size
+        (b"5\r\ndata: 1\r\n", "malformed"),  # the chunk is longer than it said
         (b"10\r\nshort", "closed"),  # cut mid-chunk
     ],
 )
@@ -187,7 +209,19 @@ async def test_broken_chunked_framing_is_an_error(body: bytes, match: str) -> No
         with pytest.raises(PodHTTPError, match=match):
             await read_all(answer)
         answer.close()
-    lean.close()
+    await lean.close()
+
+
+async def test_a_pod_that_never_answers_is_a_pod_failure_at_the_deadline() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        await asyncio.sleep(5)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        with pytest.raises(UpstreamError, match="timeout expired before the answer"):
+            await asyncio.wait_for(lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=0.3), 3)
+    await lean.close()
 
 
 async def test_a_stalled_answer_ends_at_the_deadline() -> None:
@@ -204,17 +238,17 @@ async def test_a_stalled_answer_ends_at_the_deadline() -> None:
         with pytest.raises(PodHTTPError, match="timeout"):
             await asyncio.wait_for(answer.read(), 3)
         answer.close()
-    lean.close()
+    await lean.close()
 
 
 async def test_a_refused_connection_is_a_connection_failure() -> None:
     lean = client()
     async with raw_pod(request_head) as pod:  # type: ignore[arg-type]
         pass  # closed: nothing listens there now
-    with pytest.raises(PodHTTPError) as caught:
+    with pytest.raises(UpstreamError) as caught:
         await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
     assert caught.value.connection_failure
-    lean.close()
+    await lean.close()
 
 
 async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_once() -> None:
@@ -230,16 +264,13 @@ async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_on
 
     lean = client()
     async with raw_pod(handler) as pod:
-        for _ in range(2):
-            answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
-            assert await read_all(answer) == b"ok"
-            answer.close()
+        await answered_ok(lean, pod, 2)
     assert connections == 2  # the second request went again on a new connection
-    lean.close()
+    await lean.close()
 
 
 async def test_answers_open_to_one_pod_are_bounded() -> None:
-    lean = LeanHTTP(connect_timeout_s=2.0, per_backend=1)
+    lean = UpstreamClient(connect_timeout_s=2.0, per_backend_connections=1)
     async with aiohttp_pod() as (pod, seen):
         first = await lean.post(pod, "/whole", b"", {}, timeout_s=5)
         second = asyncio.ensure_future(lean.post(pod, "/whole", b"", {}, timeout_s=5))
@@ -251,7 +282,7 @@ async def test_answers_open_to_one_pod_are_bounded() -> None:
         await read_all(answer)
         answer.close()
         assert seen[0] is seen[1]  # and took its connection
-    lean.close()
+    await lean.close()
 
 
 async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
@@ -266,7 +297,7 @@ async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
         answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
         assert answer.status == 200 and await read_all(answer) == b"ok"
         answer.close()
-    lean.close()
+    await lean.close()
 
 
 async def test_a_header_latin1_cannot_hold_is_sent_replaced_not_raised() -> None:
@@ -286,4 +317,64 @@ async def test_a_header_latin1_cannot_hold_is_sent_replaced_not_raised() -> None
         assert answer.status == 401
         answer.close()
     assert b"Authorization: Bearer k??\r\n" in got[0]
-    lean.close()
+    await lean.close()
+
+
+async def test_trailers_are_bounded_like_headers() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+        for _ in range(MAX_HEAD // 1000 + 2):
+            writer.write(b"X-T: " + b"t" * 1000 + b"\r\n")
+            await writer.drain()
+        await asyncio.sleep(1)
+
+    lean = client()
+    async with raw_pod(handler) as pod:
+        answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
+        with pytest.raises(PodHTTPError, match="over"):
+            await read_all(answer)
+        answer.close()
+    await lean.close()
+
+
+async def test_bytes_after_the_answer_close_the_connection_and_are_counted() -> None:
+    """Bytes the pod sends past an answer, in the same read or later while the connection
+    is idle, are never read as the next answer: the connection closes, counted once."""
+    unasked: list[str] = []
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            await request_head(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await asyncio.sleep(0.1)  # the answer is read and closed before this comes
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nstolen")
+            await writer.drain()
+
+    lean = UpstreamClient(on_unasked=unasked.append)
+    async with raw_pod(handler) as pod:
+        await answered_ok(lean, pod, 3, pause_s=0.3)
+    assert connections == 3 and unasked == [pod, pod]  # the last one is still idle
+    assert lean.lean.unasked_closed == 2
+    await lean.close()
+
+
+async def test_both_fronts_share_one_connection_budget_per_pod() -> None:
+    """per_backend_connections holds across both fronts: a gRPC stream open to the pod
+    (open) makes the HTTP front's request (post) wait until the stream is closed."""
+    lean = UpstreamClient(connect_timeout_s=2.0, per_backend_connections=1)
+    async with aiohttp_pod() as (pod, seen):
+        stream = await lean.open(pod, "/chunked", b"{}", timeout_s=5, chat=False)
+        waiting = asyncio.ensure_future(lean.post(pod, "/whole", b"", {}, timeout_s=5))
+        await asyncio.sleep(0.2)
+        assert not waiting.done() and len(seen) == 1
+        stream.close()
+        answer = await asyncio.wait_for(waiting, 5)
+        await read_all(answer)
+        answer.close()
+        assert len(seen) == 2
+    await lean.close()

@@ -10,8 +10,9 @@ from aiohttp import web
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 from prefix_sidecar.membership.load_signals import LoadSignals, PodReport
+from prefix_sidecar.upstream.answer import PodAnswer
 from prefix_sidecar.upstream.client import UpstreamClient
-from prefix_sidecar.upstream.lean_http import LeanAnswer, PodHTTPError
+from prefix_sidecar.upstream.errors import UpstreamError
 
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2, "stream": True}).encode()
 
@@ -107,7 +108,7 @@ async def test_hostile_header_is_refused_and_the_request_still_succeeds() -> Non
     assert loads == {url: 9}
 
 
-async def _read_whole(answer: LeanAnswer) -> bytes:
+async def _read_whole(answer: PodAnswer) -> bytes:
     parts = []
     while data := await answer.read():
         parts.append(data)
@@ -116,8 +117,8 @@ async def _read_whole(answer: LeanAnswer) -> bytes:
 
 
 async def test_the_http_fronts_requests_ask_and_hand_over_too() -> None:
-    """The HTTP front sends its own header set through post() (https:// pods) and
-    post_lean() (http:// pods, the lean client): both ask for the report and hand it on."""
+    """The HTTP front sends its own header set through post(): it asks for the report and
+    hands it on."""
     recorder = Recorder()
     client = UpstreamClient(load_observer=recorder)
     plain = UpstreamClient()
@@ -125,16 +126,12 @@ async def test_the_http_fronts_requests_ask_and_hand_over_too() -> None:
     body = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()  # vLLM: not streamed
     try:
         async with run_emulator(EmulatorConfig(time_scale=1000.0)) as url:
-            answer = await client.post_lean(
-                url, "/v1/completions", body, front_headers, timeout_s=5.0
-            )
-            assert answer.status == 200 and b"choices" in await _read_whole(answer)
-            response = await client.post(url, "/v1/completions", body, front_headers, timeout_s=5.0)
-            assert response.status == 200 and b"choices" in await response.read()
-            response.release()
-            answer = await plain.post_lean(
-                url, "/v1/completions", body, front_headers, timeout_s=5.0
-            )
+            for _ in range(2):  # a new connection, then the kept one
+                answer = await client.post(
+                    url, "/v1/completions", body, front_headers, timeout_s=5.0
+                )
+                assert answer.status == 200 and b"choices" in await _read_whole(answer)
+            answer = await plain.post(url, "/v1/completions", body, front_headers, timeout_s=5.0)
             await _read_whole(answer)
             assert "endpoint-load-metrics" not in answer.headers  # nobody asked
     finally:
@@ -170,12 +167,12 @@ async def test_the_lean_client_bounds_a_hostile_header() -> None:
     signals.set_members([url, "http://127.0.0.1:9"])
     client = UpstreamClient(load_observer=signals)
     try:
-        answer = await client.post_lean(url, "/v1/completions?size=4000", b"{}", {}, timeout_s=5)
+        answer = await client.post(url, "/v1/completions?size=4000", b"{}", {}, timeout_s=5)
         assert answer.status == 200
         await _read_whole(answer)
         assert signals.headers_refused == 1 and loads == {}
-        with pytest.raises(PodHTTPError, match="headers are over"):
-            await client.post_lean(url, "/v1/completions?size=200000", b"{}", {}, timeout_s=5)
+        with pytest.raises(UpstreamError, match="headers are over"):
+            await client.post(url, "/v1/completions?size=200000", b"{}", {}, timeout_s=5)
     finally:
         await client.close()
         await runner.cleanup()

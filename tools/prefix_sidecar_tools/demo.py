@@ -25,17 +25,14 @@ from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.cost import CostParams, daily_cost
 from prefix_sidecar_tools.emulator import EmulatorFleet
 from prefix_sidecar_tools.percentile import percentile
-from prefix_sidecar_tools.report import add_json_option, run_and_report
+from prefix_sidecar_tools.report import add_command, add_json_option, run_and_report
 from prefix_sidecar_tools.workload.scenario import PolicyRun, route_timings, run_policy
 from prefix_sidecar_tools.workload.stats import summarize
 from prefix_sidecar_tools.workload.trace import (
-    INPUT_TOKENS,
-    home_kv_budget,
     mega_sale_pod,
     mega_sale_prefixes,
     poisson_trace,
-    size_replicas,
-    warm_capacity,
+    size_fleet,
 )
 
 STATE = router_pb2.PrewarmEvent.State
@@ -90,9 +87,8 @@ async def _demo(args: argparse.Namespace, out: Printer) -> dict[str, Any]:
             f"{config.prefill_tps:,.0f} tok/s, one prefill at a time"
         )
         prefixes = mega_sale_prefixes(args.prefixes, seed=args.seed)
-        capacity = warm_capacity(config.prefill_tps, config.prefill_overhead_s, INPUT_TOKENS)
-        replicas = size_replicas(prefixes, args.rate, args.pods, capacity)
-        budget = home_kv_budget(config, args.rate, args.pods, args.max_tokens)
+        sizing = size_fleet(config, prefixes, args.rate, args.pods, args.max_tokens)
+        replicas, budget = sizing.replicas, sizing.budget
         trace = poisson_trace(prefixes, args.requests, args.rate, seed=args.seed)
         out(f"[2/4] mega-sale prefixes (replicas sized for {args.rate:g} req/s):")
         for prefix, count in zip(prefixes, replicas, strict=True):
@@ -219,13 +215,11 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SUMMARY = "emulated fleet + sidecar: prewarm, mega-sale workload, sidecar vs round-robin"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "demo",
-        help="emulated fleet + sidecar: prewarm, mega-sale workload, sidecar vs round-robin",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(subparsers, "demo", SUMMARY, __doc__)
     parser.add_argument("--pods", type=int, default=4, help="emulated pods (4)")
     parser.add_argument("--prefixes", type=int, default=8, help="prefixes, Zipf popular (8)")
     parser.add_argument("--requests", type=int, default=360, help="merchant queries (360)")

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from prefix_sidecar.lifecycle import AsyncService
-from prefix_sidecar_tools import PACKAGE_ROOT
+from prefix_sidecar_tools import IMPORT_ROOTS
+from prefix_sidecar_tools.tuned import serve_settings
 
 # argv after the code: the parent's pid, then the command to exec. If the parent died before
 # prctl, the signal would never come: exit instead.
@@ -41,6 +42,7 @@ ORPHAN_GUARD = (
     "    sys.exit(1)\n"
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
+KILLED_WITHIN_S = 2.0  # how long SIGKILLed processes may take to go
 STDERR = "-"  # a log_path that means: the child writes to our stderr
 SERVE = ("-m", "prefix_sidecar.cli")
 
@@ -66,10 +68,11 @@ def python_command(*args: str) -> list[str]:
 
 
 def child_env(clean: bool = False, **extra: str) -> dict[str, str]:
-    """Our environment with this checkout first on PYTHONPATH, so a child imports the same
-    code as its parent. `clean` drops PREFIX_SIDECAR_* settings leaking in from ours."""
+    """Our environment with this checkout's runtime and tooling first on PYTHONPATH, so a
+    child imports the same code as its parent. `clean` drops PREFIX_SIDECAR_* settings
+    leaking in from ours."""
     env = {k: v for k, v in os.environ.items() if not (clean and k.startswith("PREFIX_SIDECAR_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*IMPORT_ROOTS, env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
 
@@ -105,6 +108,44 @@ async def terminate(process: asyncio.subprocess.Process, grace: float) -> int:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         return await process.wait()
+
+
+def group_running(pgid: int) -> bool:
+    """True while a process of group `pgid` runs. Zombies do not count: a worker whose
+    parent is gone waits to be reaped by init, which may take its time."""
+    if sys.platform != "linux":
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+async def terminate_group(process: asyncio.subprocess.Process, grace: float) -> int:
+    """`terminate` for a child spawned with `start_new_session=True` and everything it
+    started: SIGTERM to its process group, wait up to `grace` s for the whole group to go,
+    then SIGKILL what is left. For engines that fork workers (vLLM's EngineCore), which a
+    signal to the leader alone can orphan. Returns the leader's exit code."""
+    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, KILLED_WITHIN_S)):
+        deadline = time.monotonic() + wait_s
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), wait_s)
+        while group_running(process.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if process.returncode is not None and not group_running(process.pid):
+            break
+    return await process.wait()
 
 
 def terminate_blocking(process: subprocess.Popen[Any], grace: float) -> int:
@@ -287,13 +328,13 @@ class SidecarProcesses(AsyncService):
 
     async def start(self) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="prefix-sidecar-bench-")
-        args = [arg for url in self.backends for arg in ("--backend", url)]
-        for name, value in {"policy": self.policy, **self.settings}.items():
-            args += ["--set", f"{name}={value}"]
+        settings, launcher = serve_settings({"policy": self.policy, **self.settings})
+        args = [*(arg for url in self.backends for arg in ("--backend", url)), *settings]
         self.sidecars = [
             SidecarProcess(
                 f"{self._dir.name}/sidecar-{i}.sock",
                 args,
+                launcher=launcher,
                 log_path=self.stderr_path or STDERR,
                 start_timeout=self.start_timeout_s,
                 backends_serving=len(self.backends),
@@ -321,6 +362,7 @@ __all__ = [
     "SidecarProcess",
     "SidecarProcesses",
     "child_env",
+    "group_running",
     "guarded",
     "python_command",
     "serve_command",
@@ -328,4 +370,5 @@ __all__ = [
     "spawn_blocking",
     "terminate",
     "terminate_blocking",
+    "terminate_group",
 ]

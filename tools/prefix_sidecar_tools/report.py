@@ -1,5 +1,6 @@
-"""The tail every bench, the demo and the attack share: the `--json` option, running the
-measurement, printing its table, writing its JSON, and the "targets ... MET" lines."""
+"""What every bench, the demo, the planner and the attack share: the subcommand itself (its
+module docstring as --help), the `--json` option, running the measurement, printing its
+table, writing its JSON, and the "targets ... MET" lines."""
 
 from __future__ import annotations
 
@@ -12,6 +13,17 @@ from typing import Any
 
 Report = dict[str, Any]
 TO_STDOUT = "-"
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction, name: str, summary: str, doc: str | None
+) -> argparse.ArgumentParser:
+    """The `NAME` subcommand: `summary` in the parent's list, `doc` (the module docstring)
+    as its --help, laid out as written, since the docstrings are tables and lists."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=summary, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return parser
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:

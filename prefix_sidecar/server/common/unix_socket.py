@@ -132,3 +132,34 @@ def remove_own_socket(path: str, identity: SocketIdentity | None) -> None:
     with contextlib.suppress(FileNotFoundError):
         if socket_identity(path) == identity:
             os.unlink(path)
+
+
+class SocketFile:
+    """One listener's socket file from start to exit: the path made safe to bind (`prepare`),
+    the file created no more open than `mode` (bind inside `creating`, then `bound`), its
+    mode and group set (`secure`), and on exit removed only if it is still ours (`remove`)."""
+
+    def __init__(self, path: str, mode: int, group: str) -> None:
+        self.path = path
+        self.mode = mode
+        self.group = group
+        self.identity: SocketIdentity | None = None
+
+    def prepare(self) -> None:
+        prepare_socket_path(self.path)
+
+    @contextlib.contextmanager
+    def creating(self) -> Iterator[None]:
+        with restrictive_umask(self.mode):
+            yield
+
+    def bound(self) -> None:
+        """Remember the file just bound, right after bind."""
+        self.identity = socket_identity(self.path)
+
+    def secure(self) -> None:
+        apply_socket_permissions(self.path, self.mode, self.group)
+
+    def remove(self) -> None:
+        remove_own_socket(self.path, self.identity)
+        self.identity = None

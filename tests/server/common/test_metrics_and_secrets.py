@@ -15,7 +15,6 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_sidecar.v1 import router_pb2
-
 from tests.server.conftest import collect, free_port, running_sidecar, sidecar_config, wait_serving
 
 SECRET = "sk-prod-7c1e5b2a9d-do-not-log"

@@ -25,8 +25,14 @@ from prefix_sidecar_tools.emulator import run_emulator
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.server.common.unix_socket import SocketInUse
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
-
-from tests.server.conftest import FAST, free_port, health_status, running_sidecar, sidecar_config, socket_path
+from tests.server.conftest import (
+    FAST,
+    free_port,
+    health_status,
+    running_sidecar,
+    sidecar_config,
+    socket_path,
+)
 
 
 def mode_of(path: str) -> int:

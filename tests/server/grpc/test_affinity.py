@@ -11,10 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from prefix_sidecar import _core
+from prefix_sidecar.routing import router as router_module
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
-
 from tests.server.conftest import (
     collect,
     owner_ring,
@@ -103,8 +105,11 @@ async def test_unregistered_prompt_routes_on_its_first_window_bytes(
     assert len(backends) > 1
 
 
-async def test_route_window_bytes_is_configurable(tmp_path: Path, pods: list[str]) -> None:
-    config = sidecar_config(tmp_path, pods, route_window_bytes=16)
+async def test_the_route_window_is_the_routers_constant(
+    tmp_path: Path, pods: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(router_module, "ROUTE_WINDOW_BYTES", 16)  # read when the sidecar starts
+    config = sidecar_config(tmp_path, pods)
     async with running_sidecar(config) as (_, stub):
         prompt = "0123456789abcdef" + "different tails do not matter"
         reply = await stub.Route(router_pb2.RouteRequest(prompt=prompt))

@@ -13,7 +13,6 @@ from prefix_sidecar_tools.emulator import set_faults
 
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
-
 from tests.server.conftest import (
     backend_states,
     collect,

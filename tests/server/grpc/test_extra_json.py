@@ -1,14 +1,11 @@
 """extra_json and raw_events over real gRPC to a real sidecar and a recording pod on
-127.0.0.1: extra members reach the pod byte for byte, a bad extra_json is refused with a
-status that says what to fix, and raw_events returns the pod's event JSON unchanged."""
+127.0.0.1 (tests/fake_pod.py): extra members reach the pod byte for byte, a bad extra_json
+is refused with a status that says what to fix, and raw_events returns the pod's event JSON
+unchanged."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from prefix_sidecar.v1 import router_pb2
-
+from tests.fake_pod import Handler, recording_pod, respond, sse
 from tests.server.conftest import collect, running_sidecar, sidecar_config
 from tests.upstream.test_chunks import joined_events
 
@@ -54,46 +51,15 @@ COMPLETION_EVENTS = [
 ]
 
 
-@dataclass
-class Pod:
-    """Answers chat with `events` and completions with COMPLETION_EVENTS (JSON texts);
-    records each body."""
+def answering(chat_events: list[str]) -> Handler:
+    """A pod's answer: chat with `chat_events`, completions with COMPLETION_EVENTS (JSON
+    texts, sent as they are)."""
 
-    url: str = ""
-    events: list[str] = field(default_factory=lambda: list(CHAT_EVENTS))
-    bodies: list[bytes] = field(default_factory=list)
-
-
-@contextlib.asynccontextmanager
-async def recording_pod() -> AsyncIterator[Pod]:
-    pod = Pod()
-
-    async def inference(request: web.Request) -> web.StreamResponse:
-        pod.bodies.append(await request.read())
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
+    async def answer(request: web.Request) -> web.StreamResponse:
         chat = request.path.endswith("/chat/completions")
-        for event in pod.events if chat else COMPLETION_EVENTS:
-            await response.write(b"data: " + event.encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+        return await respond(sse(*(chat_events if chat else COMPLETION_EVENTS)))(request)
 
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_post("/v1/completions", inference)
-    app.router.add_post("/v1/chat/completions", inference)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        pod.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        yield pod
-    finally:
-        await asyncio.wait_for(runner.cleanup(), 5)
+    return answer
 
 
 def request_for(rpc: str, prefix: dict[str, Any], **fields: Any) -> Any:
@@ -113,7 +79,7 @@ async def test_extra_json_members_reach_the_pod_byte_for_byte(
     tmp_path: Path, rpc: str, registered: bool
 ) -> None:
     async with (
-        recording_pod() as pod,
+        recording_pod(answering(CHAT_EVENTS)) as pod,
         running_sidecar(sidecar_config(tmp_path, [pod.url], model="cfg")) as (_, stub),
     ):
         prefix: dict[str, str] = {}
@@ -141,7 +107,7 @@ async def test_a_model_or_sampling_key_in_extra_json_is_used_when_the_field_is_u
 ) -> None:
     extra = '{"model": "other", "temperature": 0.0, "stop": ["\\n"]}'
     async with (
-        recording_pod() as pod,
+        recording_pod(answering(CHAT_EVENTS)) as pod,
         running_sidecar(sidecar_config(tmp_path, [pod.url], model="cfg")) as (_, stub),
     ):
         await call(stub, rpc, request_for(rpc, {}, extra_json=extra))
@@ -177,7 +143,7 @@ async def test_a_bad_extra_json_is_invalid_argument_saying_what_to_fix(
     ]
     refused: list[tuple[grpc.StatusCode, str]] = []
     async with (
-        recording_pod() as pod,
+        recording_pod(answering(CHAT_EVENTS)) as pod,
         running_sidecar(sidecar_config(tmp_path, [pod.url], max_input_bytes=4096)) as (_, stub),
     ):
         for extra, _ in cases:
@@ -193,7 +159,7 @@ async def test_a_bad_extra_json_is_invalid_argument_saying_what_to_fix(
 @pytest.mark.parametrize("rpc", ["Complete", "Chat"])
 async def test_raw_events_return_the_pods_event_json_unchanged(tmp_path: Path, rpc: str) -> None:
     async with (
-        recording_pod() as pod,
+        recording_pod(answering(CHAT_EVENTS)) as pod,
         running_sidecar(sidecar_config(tmp_path, [pod.url])) as (_, stub),
     ):
         raw = await call(stub, rpc, request_for(rpc, {}, raw_events=True))
@@ -213,15 +179,16 @@ async def test_a_huge_raw_event_is_split_under_the_message_limit(tmp_path: Path)
     )
     events = [CHAT_EVENTS[0], '{"choices":[{"index":0,"delta":{"content":"a"}}]}', huge]
     async with (
-        recording_pod() as pod,
+        recording_pod(answering(CHAT_EVENTS)) as pod,
         running_sidecar(sidecar_config(tmp_path, [pod.url], max_message_bytes=limit)) as (
             _,
             stub,
         ),
     ):
-        pod.events = [*events, CHAT_EVENTS[-2], CHAT_EVENTS[-1]]
+        events = [*events, CHAT_EVENTS[-2], CHAT_EVENTS[-1]]
+        pod.handler = answering(events)
         chunks = await call(stub, "Chat", request_for("Chat", {}, raw_events=True))
-    assert joined_events(chunks) == pod.events
+    assert joined_events(chunks) == events
     assert "".join(c.text for c in chunks) == "a" + "\u4e2d" * 60_000
     assert len(chunks) > 6 and all(c.ByteSize() <= limit for c in chunks)
     assert any(c.event_continues for c in chunks)
@@ -235,14 +202,15 @@ async def test_raw_events_held_before_the_first_token_are_bounded(tmp_path: Path
         f'{{"choices":[{{"index":0,"delta":{{"role":"assistant"}}}}],"i":{i}}}' for i in range(3000)
     ]
     async with (
-        recording_pod() as pod,
+        recording_pod(answering(CHAT_EVENTS)) as pod,
         running_sidecar(sidecar_config(tmp_path, [pod.url], max_message_bytes=limit)) as (
             _,
             stub,
         ),
     ):
-        pod.events = [*filler, *CHAT_EVENTS[3:]]
+        events = [*filler, *CHAT_EVENTS[3:]]
+        pod.handler = answering(events)
         chunks = await call(stub, "Chat", request_for("Chat", {}, raw_events=True))
-    assert joined_events(chunks) == pod.events
+    assert joined_events(chunks) == events
     assert len(chunks) > 2 and all(c.ByteSize() <= limit for c in chunks)
     assert not chunks[0].text  # sent before any text arrived

@@ -20,8 +20,14 @@ from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulato
 
 from prefix_sidecar import _core
 from prefix_sidecar.v1 import router_pb2
-
-from tests.server.conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config, wait_for
+from tests.server.conftest import (
+    FAST,
+    collect,
+    owner_ring,
+    running_sidecar,
+    sidecar_config,
+    wait_for,
+)
 
 
 def prefix_owned_by(pods: list[str], owner: str) -> str:

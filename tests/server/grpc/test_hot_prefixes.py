@@ -17,7 +17,6 @@ from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator, set_faul
 from prefix_sidecar import _core
 from prefix_sidecar.server.app import Sidecar, serve
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
-
 from tests.server.conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config
 
 RULES = "Cross-store discount priority: platform coupon first, then store coupon. " * 100
@@ -74,7 +73,7 @@ async def test_concurrent_streams_spread_as_the_contract_pick_says(
 async def test_prewarm_retries_with_backoff_and_reports_each_state(
     tmp_path: Path, pods: list[str]
 ) -> None:
-    config = sidecar_config(tmp_path, pods, prewarm_attempts=3)
+    config = sidecar_config(tmp_path, pods)  # three attempts (prewarm.ATTEMPTS)
     async with running_sidecar(config) as (_, stub):
         prefix = await stub.RegisterPrefix(router_pb2.RegisterPrefixRequest(name="r", text=RULES))
         owner = prefix.backends[0]

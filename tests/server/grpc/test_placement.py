@@ -15,9 +15,9 @@ from prefix_sidecar_tools.emulator import run_emulator
 
 from prefix_sidecar import _core
 from prefix_sidecar.config import ConfigError, build_config
+from prefix_sidecar.routing import placement
 from prefix_sidecar.routing.placement import Placed, place
 from prefix_sidecar.v1 import router_pb2
-
 from tests.server.conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config
 
 TOKENS = 1_000  # each prefix: 4,000 bytes, 1,000 tokens at 4 bytes per token
@@ -63,7 +63,7 @@ async def test_the_budget_spreads_prefixes_and_everything_follows_it(tmp_path: P
                 for t, i in zip(texts, ids, strict=True)
             ],
             BUDGET,
-            config.home_balance_factor,
+            placement.HOME_BALANCE_FACTOR,
         )
         homed = dict.fromkeys(pods, 0)
         for prefix_id in ids:
@@ -109,8 +109,6 @@ async def test_without_a_budget_homes_are_the_rings_first_owners(tmp_path: Path)
     [
         ({"home_kv_budget_tokens": -1}, "home_kv_budget_tokens"),
         ({"home_kv_budget_tokens": "lots"}, "home_kv_budget_tokens"),
-        ({"bytes_per_token": 0}, "bytes_per_token"),
-        ({"home_balance_factor": 0.5}, "home_balance_factor"),
     ],
 )
 def test_bad_budget_settings_are_refused_by_name(values: dict[str, object], message: str) -> None:
@@ -120,5 +118,4 @@ def test_bad_budget_settings_are_refused_by_name(values: dict[str, object], mess
 
 def test_the_budget_is_off_by_default() -> None:
     config = build_config({})
-    assert config.home_kv_budget_tokens == 0 and config.bytes_per_token == 4.0
-    assert config.home_balance_factor == 0.0
+    assert config.home_kv_budget_tokens == 0

@@ -3,20 +3,16 @@ and pass the caller's trace headers (traceparent, x-request-id) to the pod and t
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
 
 from prefix_sidecar.v1 import router_pb2
-
+from tests.fake_pod import answer_with, recording_pod
 from tests.server.conftest import collect, running_sidecar, sidecar_config
 
 RULES = "Platform compliance rule: no absolute claims in promotion copy. " * 400  # ~26 KB
@@ -108,45 +104,6 @@ async def test_chat_sends_the_prefix_as_the_system_message(tmp_path: Path) -> No
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-@contextlib.asynccontextmanager
-async def recording_pod() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
-    """A pod on 127.0.0.1 that answers every inference with one token and records each
-    request's headers (lower-cased names)."""
-    seen: list[dict[str, str]] = []
-
-    async def inference(request: web.Request) -> web.StreamResponse:
-        seen.append({key.lower(): value for key, value in request.headers.items()})
-        await request.read()
-        chat = request.path.endswith("/chat/completions")
-        piece = {"delta": {"content": "ok"}} if chat else {"text": "ok"}
-        events = [
-            {"choices": [{"index": 0, **piece, "finish_reason": "stop"}]},
-            {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1}},
-        ]
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for event in events:
-            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_post("/v1/completions", inference)
-    app.router.add_post("/v1/chat/completions", inference)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}", seen
-    finally:
-        await asyncio.wait_for(runner.cleanup(), 5)
-
-
 def call(stub: Any, rpc: str, metadata: tuple[tuple[str, str], ...]) -> Any:
     if rpc == "Chat":
         chat = router_pb2.ChatRequest(messages=[router_pb2.ChatMessage(role="user", content="q")])
@@ -165,15 +122,15 @@ async def test_trace_headers_from_the_callers_metadata_reach_the_pod_and_the_log
     caplog.set_level(logging.INFO, logger="sidecar.requests")
     metadata = (("traceparent", TRACEPARENT), ("x-request-id", "order-7f3a"))
     async with (
-        recording_pod() as (pod, seen),
-        running_sidecar(sidecar_config(tmp_path, [pod])) as (_, stub),
+        recording_pod(answer_with("ok")) as pod,
+        running_sidecar(sidecar_config(tmp_path, [pod.url])) as (_, stub),
     ):
         chunks = await collect(call(stub, rpc, metadata))
         plain = await collect(call(stub, rpc, ()))
     assert "".join(c.text for c in chunks) == "ok" and plain
-    assert seen[0]["traceparent"] == TRACEPARENT
-    assert seen[0]["x-request-id"] == "order-7f3a"
-    assert "traceparent" not in seen[1] and "x-request-id" not in seen[1]
+    assert pod.headers[0]["traceparent"] == TRACEPARENT
+    assert pod.headers[0]["x-request-id"] == "order-7f3a"
+    assert "traceparent" not in pod.headers[1] and "x-request-id" not in pod.headers[1]
     traced, untraced = request_lines(caplog, rpc)
     assert traced.endswith(f"traceparent={TRACEPARENT} request_id=order-7f3a"), traced
     assert untraced.endswith("traceparent=- request_id=-"), untraced
@@ -188,14 +145,14 @@ async def test_malformed_trace_headers_are_dropped_and_the_call_still_succeeds(
         ("x-request-id", "two words status=OK"),  # would forge a field in the log line
     )
     async with (
-        recording_pod() as (pod, seen),
-        running_sidecar(sidecar_config(tmp_path, [pod])) as (_, stub),
+        recording_pod(answer_with("ok")) as pod,
+        running_sidecar(sidecar_config(tmp_path, [pod.url])) as (_, stub),
     ):
         chunks = await collect(call(stub, "Complete", metadata))
         long_id = await collect(call(stub, "Complete", (("x-request-id", "r" * 129),)))
     assert chunks[-1].finish_reason == "stop" and long_id
-    assert all("traceparent" not in headers for headers in seen)
-    assert all("x-request-id" not in headers for headers in seen)
+    assert all("traceparent" not in headers for headers in pod.headers)
+    assert all("x-request-id" not in headers for headers in pod.headers)
     lines = request_lines(caplog, "Complete")
     assert len(lines) == 2
     assert all(line.endswith("traceparent=- request_id=-") for line in lines), lines

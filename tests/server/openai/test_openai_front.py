@@ -26,8 +26,14 @@ from prefix_sidecar_tools.harness import SidecarProcess
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER, BRANCH_HEADER
-
-from tests.server.conftest import FAST, cli_env, free_port, running_sidecar, sidecar_config, socket_path
+from tests.server.conftest import (
+    FAST,
+    cli_env,
+    free_port,
+    running_sidecar,
+    sidecar_config,
+    socket_path,
+)
 
 KEY = "sk-configured-0123456789"
 CALLER_KEY = "sk-caller-9876543210"

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.cli import run_cli
+
 IMPLEMENTATIONS = ["cython", "python", "uhashring", "note"]
 
 pytestmark = pytest.mark.skipif(
@@ -28,15 +29,7 @@ SCALE = "10,100,400"  # the scaling part, kept small here: the default goes to 5
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "core", "--quick", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli("bench", "core", "--quick", *args, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import argparse
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,17 +22,11 @@ from prefix_sidecar_tools.bench.fleet import (
     split_name,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.cli import run_cli
 
 
 def _bench(*args: str, timeout: float = 80) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "fleet", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli("bench", "fleet", *args, timeout=timeout)
 
 
 def test_quick_fleet_report_is_well_formed(tmp_path: Path) -> None:

@@ -8,34 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from prefix_sidecar_tools.bench.hop import MODES, PATHS
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.cli import run_cli
 
 
 def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
     report_path = tmp_path / "hop.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prefix_sidecar.cli",
-            "bench",
-            "hop",
-            "--quick",
-            "--json",
-            str(report_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("bench", "hop", "--quick", "--json", str(report_path))
     assert done.returncode == 0, done.stderr
     report = json.loads(report_path.read_text())
     assert set(report["latency"]) == set(MODES)
@@ -68,12 +51,6 @@ def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
     [("--iterations", "0"), ("--callers", "0"), ("--throughput-seconds", "0")],
 )
 def test_bad_options_are_refused(option: str, value: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "hop", option, value],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = run_cli("bench", "hop", option, value, timeout=30)
     assert done.returncode == 2
     assert option in done.stderr

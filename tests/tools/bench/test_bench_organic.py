@@ -40,6 +40,7 @@ from prefix_sidecar_tools.emulator import EmulatorConfig
 from prefix_sidecar_tools.emulator.app import run_emulator
 
 from prefix_sidecar import _core
+from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 64  # bytes of one 16-token block at 4 bytes per token
@@ -405,13 +406,7 @@ def test_decision_histogram_percentiles_are_bucket_bounds() -> None:
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "prefix_sidecar.cli", "bench", "organic", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli("bench", "organic", *args, timeout=timeout)
 
 
 def _quick(

@@ -12,9 +12,17 @@ import aiohttp
 import pytest
 from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, Faults, get_stats
 
+from tests.cli import start_cli
+
 from .conftest import post, prompt_of_tokens
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+async def emulate(*args: str) -> asyncio.subprocess.Process:
+    """`prefix-sidecar emulate ARGS`, its stdout and stderr piped."""
+    pipe = asyncio.subprocess.PIPE
+    return await start_cli("emulate", *args, stdout=pipe, stderr=pipe)
 
 
 async def is_answering(session: aiohttp.ClientSession, url: str) -> bool:
@@ -68,22 +76,7 @@ async def test_fleet_reports_a_port_in_use() -> None:
 
 
 async def test_emulate_command_starts_and_stops_cleanly(session: aiohttp.ClientSession) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "prefix_sidecar.cli",
-        "emulate",
-        "--pods",
-        "2",
-        "--base-port",
-        "0",
-        "--time-scale",
-        "100",
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await emulate("--pods", "2", "--base-port", "0", "--time-scale", "100")
     try:
         assert proc.stdout is not None
         line = b""
@@ -105,20 +98,7 @@ async def test_emulate_command_starts_and_stops_cleanly(session: aiohttp.ClientS
 
 
 async def test_emulate_command_rejects_bad_flags() -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "prefix_sidecar.cli",
-        "emulate",
-        "--pods",
-        "2",
-        "--decode-tps",
-        "0",
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await emulate("--pods", "2", "--decode-tps", "0")
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"decode_tps must be > 0" in err

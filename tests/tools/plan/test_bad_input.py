@@ -8,7 +8,7 @@ import pytest
 from prefix_sidecar_tools.plan.capacity import SIDECAR, Unreachable, plan_column
 from prefix_sidecar_tools.plan.scenario import Prefix, Scenario, ScenarioError, Traffic, validate
 
-from tests.tools.plan.conftest import run_cli
+from tests.cli import run_cli
 
 
 def test_shares_not_summing_to_one_exit_2() -> None:

@@ -9,7 +9,7 @@ from prefix_sidecar_tools.emulator import EmulatorConfig
 from prefix_sidecar_tools.plan.emulator_model import pod_from_emulator, pod_from_emulator_flags
 from prefix_sidecar_tools.plan.scenario import ScenarioError
 
-from tests.tools.plan.conftest import run_cli
+from tests.cli import run_cli
 
 
 def test_every_timing_field_is_the_emulators() -> None:

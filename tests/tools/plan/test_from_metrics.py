@@ -15,7 +15,7 @@ from prefix_sidecar_tools.plan.from_metrics import MetricsError, fetch, hit_rate
 from prefix_sidecar_tools.plan.scenario import Prefix, Scenario, Traffic
 
 from prefix_sidecar.metrics import Metrics
-from tests.tools.plan.conftest import run_cli
+from tests.cli import run_cli
 
 
 def sidecar_metrics_text() -> bytes:

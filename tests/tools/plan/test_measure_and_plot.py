@@ -11,7 +11,7 @@ import pytest
 from prefix_sidecar_tools.plan.measure import measure
 from prefix_sidecar_tools.plan.scenario import Pod, Prefix, Scenario, ScenarioError, Traffic
 
-from tests.tools.plan.conftest import run_cli
+from tests.cli import run_cli
 
 MIX = (
     Prefix("rules", 8_000, 0.6),

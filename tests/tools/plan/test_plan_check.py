@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.plan.conftest import run_cli
+from tests.cli import run_cli
 
 
 @pytest.mark.slow  # ~45 s: five fleet runs

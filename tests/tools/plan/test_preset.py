@@ -8,7 +8,7 @@ import pytest
 from prefix_sidecar_tools.plan.cli import plan
 from prefix_sidecar_tools.plan.presets import NOTE, NOTE_TABLE
 
-from tests.tools.plan.conftest import run_cli
+from tests.cli import run_cli
 
 
 @pytest.fixture(scope="module")

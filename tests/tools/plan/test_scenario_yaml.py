@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prefix_sidecar_tools.plan.scenario import Scenario, ScenarioError, load_yaml, validate
 
-from tests.tools.plan.conftest import run_cli
+from tests.cli import run_cli
 
 SCENARIO = """
 name: double-11

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prefix_sidecar_tools.realengine.gguf_model import write_model
-from prefix_sidecar_tools.realengine.pods import LlamaFleet, llama_cpp_available, parse_prompt_evals
+from prefix_sidecar_tools.realengine.pods import LlamaFleet, parse_prompt_evals
 from prefix_sidecar_tools.realengine.workload import (
     affinity,
     build_requests,
@@ -23,20 +22,12 @@ from prefix_sidecar_tools.realengine.workload import (
     summarize,
 )
 
-needs_llama = pytest.mark.skipif(
-    not llama_cpp_available(),
-    reason="llama-cpp-python[server] not installed (see docs/real-engine.md)",
-)
+from tests.tools.realengine.conftest import needs_llama
 
 PODS = 3
 ROUNDS = 10
 PREFIX_WORDS = 2000
 SUFFIX_BOUND = 64  # a suffix is 16 words + " query": far below this many tokens
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
 
 
 @pytest.mark.real_engine

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prefix_sidecar_tools.realengine.gguf_model import write_model
-from prefix_sidecar_tools.realengine.pods import LlamaFleet, PromptEval, llama_cpp_available
+from prefix_sidecar_tools.realengine.pods import LlamaFleet, PromptEval
 from prefix_sidecar_tools.realengine.workload import (
     build_requests,
     evaluated_by_pod,
@@ -29,11 +28,7 @@ from prefix_sidecar_tools.realengine.workload import (
     summarize,
 )
 
-needs_llama = pytest.mark.skipif(
-    not llama_cpp_available(),
-    reason="llama-cpp-python[server] is not installed, so there is no llama.cpp pod to run "
-    "(see docs/real-engine.md, Install)",
-)
+from tests.tools.realengine.conftest import needs_llama
 
 PODS = 4
 PREFIXES = 4
@@ -41,11 +36,6 @@ ROUNDS = 10
 PREFIX_WORDS = 2000
 SUFFIX_BOUND = 64  # a suffix is " query" + 16 words: far below this many tokens
 COLD = 1500  # a record evaluating more than this many tokens evaluated a whole prefix
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
 
 
 def reuse(evals: dict[str, list[PromptEval]]) -> tuple[int, int, float]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefix_sidecar_tools.attack.pods import RAW_MODES
 from prefix_sidecar_tools.bench.soak import MB, fd_count, rss_bytes
 from prefix_sidecar_tools.harness import (
     SERVE,
@@ -48,14 +49,12 @@ RSS_BACK_WAIT_S = 13.0
 # calls during the attack shed (it was 0.5 of the answered count, i.e. a third of the calls,
 # which a busy 2-core box crossed: 5 shed of 13).
 SHED_PROBE_SHARE = 0.5
-MESSAGE_LIMIT = (
-    8 * 1024 * 1024
-)  # the sidecar's max_message_bytes (its default); the huge event is 2x
+MESSAGE_LIMIT = 8 * 1024 * 1024  # max_message_bytes (the default); the huge event is 2x
 # A body at the limit may not hold the loop (issue 27, defect 2): another caller's slowest
 # call during it, where one such body held the loop 0.84-1.0 s before.
 STALL_PROBE_MAX_MS = 250.0
 # What an HTTP caller's scenario may add to the sidecar's log (asyncio wrote a traceback per
-# failed accept: 29 MB in 12 s at nofile 1,024).
+# failed accept: 266 MB in ~110 s at nofile 1,024).
 LOG_GROWTH_BYTES = 64 * 1024
 # `--sidecar-nofile`: the fresh sidecar starts under this RLIMIT_NOFILE (systemd's default
 # soft limit is 1,024), the way issue 27 found the HTTP front without a connection cap.
@@ -64,13 +63,18 @@ NOFILE_LAUNCHER = (
     "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))\n"
     "os.execv(sys.executable, [sys.executable, '-m', 'prefix_sidecar.cli', *sys.argv[3:]])\n"
 )
+# The pods that break HTTP (issue 27), all members at once, and the callers sent to each.
+BROKEN_MODES = tuple(mode for mode in RAW_MODES if mode != "good")
+BROKEN_CALLERS = 6  # in a row, so a kept-alive connection carries the next caller's request
 
 
 @dataclass
 class Scenario:
     name: str
-    kind: str  # "socket", "pod", or "http" (the HTTP front's callers: http_callers.py)
-    attack: str  # an abuse.py or http_callers.py attack, or "stream_callers" (a hostile pod)
+    kind: str  # "socket", "pod", "broken_pods" (every RAW_MODES pod at once) or "http"
+    # an abuse.py attack, "stream_callers" against a hostile pod, pod_callers, or an
+    # http_callers.py attack (the HTTP front's hostile callers)
+    attack: str
     options: dict[str, Any]
     pod: str = ""  # the hostile pod's mode
     expect: str = ""  # what else must hold, checked in `_extra_checks`
@@ -78,7 +82,8 @@ class Scenario:
 
 
 def scenarios(short: bool) -> list[Scenario]:
-    """The socket-level abuse and the misbehaving pods of issue 11; `short` is the CI size."""
+    """The socket-level abuse and the misbehaving pods of issue 11, and the pods that break
+    HTTP of issue 27; `short` is the CI size."""
     secs = 3.0 if short else 15.0
     return [
         Scenario("garbage", "socket", "garbage", {"connections": 20 if short else 200}),
@@ -128,6 +133,13 @@ def scenarios(short: bool) -> list[Scenario]:
             "no_recorder_hits",
         ),
         Scenario("wedge", "pod", "stream_callers", {"count": 4, "seconds": secs}, "wedge"),
+        Scenario(
+            "broken_pods",
+            "broken_pods",
+            "pod_callers",
+            {"count": 2 if short else BROKEN_CALLERS},
+            expect="own_answers",
+        ),
         *http_scenarios(short),
     ]
 
@@ -217,12 +229,16 @@ def _stats(latencies: list[float]) -> dict[str, float]:
 
 
 async def _run_attack(name: str, socket_path: str, options: dict[str, Any]) -> dict[str, Any]:
-    """One attack in its own process; `socket_path` "" for an HTTP front's caller."""
-    if socket_path:
-        argv = ["-m", "prefix_sidecar_tools.attack.abuse", name, socket_path, json.dumps(options)]
+    if name == "pod_callers":
+        argv = ["prefix_sidecar_tools.attack.pod_callers", socket_path]
+    elif not socket_path:  # an HTTP front's caller: its address is in the options
+        argv = ["prefix_sidecar_tools.attack.http_callers", name]
     else:
-        argv = ["-m", "prefix_sidecar_tools.attack.http_callers", name, json.dumps(options)]
-    process = await spawn(python_command(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        argv = ["prefix_sidecar_tools.attack.abuse", name, socket_path]
+    process = await spawn(
+        python_command("-m", *argv, json.dumps(options)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
     try:
         out, err = await asyncio.wait_for(process.communicate(), 300)
     except TimeoutError:
@@ -245,7 +261,8 @@ class Harness:
         self.pods: dict[str, str] = {}
         self.healthy = ""
         self.sidecar: SidecarProcess | None = None
-        self.http = ""  # the sidecar's OpenAI HTTP front, HOST:PORT
+        self.http_url = ""  # the sidecar's HTTP front
+        self.metrics_url = ""
 
     def start_pods(self) -> None:
         emulator = spawn_blocking(
@@ -266,7 +283,7 @@ class Harness:
         )  # fmt: skip
         self.processes.append(hostile)
         assert hostile.stdout is not None
-        while len(self.pods) < 6:
+        while len(self.pods) < 6 + len(RAW_MODES):
             words = hostile.stdout.readline().decode().split()
             if len(words) != 3 or words[0] != "READY":
                 raise RuntimeError(f"the hostile pods did not start (said {words!r})")
@@ -283,12 +300,17 @@ class Harness:
             "file_interval_s": 0.2,
             "health_interval_s": 0.2,
             "first_token_timeout_s": 3,
+            # broken_pods: a request may meet every broken pod before the healthy one.
+            "max_attempts": len(RAW_MODES) + 1,
             "max_message_bytes": MESSAGE_LIMIT,
             "grace_s": 1,
             "log_level": "warning",
         }
-        self.http = f"127.0.0.1:{free_port()}"
-        args = ["--backends-file", self.backends_file, "--openai-listen", self.http]
+        http_port, metrics_port = free_port(), free_port()
+        self.http_url = f"http://127.0.0.1:{http_port}"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        args = ["--backends-file", self.backends_file, "--openai-listen", f"127.0.0.1:{http_port}"]
+        args += ["--set", f"metrics_port={metrics_port}", "--set", "metrics_host=127.0.0.1"]
         for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         launcher: tuple[str, ...] = SERVE
@@ -399,7 +421,7 @@ async def _scenario(
     probe.route_only = scenario.kind == "http"
     if scenario.kind == "http":
         target = ""
-        attack_options["http"] = harness.http
+        attack_options["http"] = harness.http_url.removeprefix("http://")
     if scenario.kind == "pod":
         hostile = harness.pods[scenario.pod]
         members.add(hostile)
@@ -411,6 +433,9 @@ async def _scenario(
         # now that the hostile one is a member too (pod ports, so ring places, vary by run).
         probe.prompt = await _prompt_for(stub, harness.healthy, f"probe-{scenario.name}")
         probe.running.set()
+    if scenario.kind == "broken_pods":
+        attack_options = await _broken_pods_in(harness, stub, probe, scenario.options["count"])
+        members = {harness.healthy, *(harness.pods[mode] for mode in BROKEN_MODES)}
     hits_before = await _recorder_hits(harness.pods["recorder"])
     log_before = os.path.getsize(harness.sidecar.log_path)
     # before: 1 s of probing
@@ -423,7 +448,9 @@ async def _scenario(
     result = await _run_attack(scenario.attack, target, attack_options)
     answered = probe.answered
     during_lat, during_err = probe.reset()
-    if scenario.kind == "pod":
+    if scenario.kind == "broken_pods":
+        result["failovers"] = await _failovers_by_mode(harness)
+    if scenario.kind != "socket":
         harness.set_members([harness.healthy])
         with contextlib.suppress(RuntimeError):
             await _wait_members(stub, {harness.healthy})
@@ -489,6 +516,39 @@ async def _scenario(
     return row
 
 
+async def _broken_pods_in(harness: Harness, stub: Any, probe: Probe, count: int) -> dict[str, Any]:
+    """Make every broken pod a member beside the healthy one; the pod_callers options: for
+    each, `count` prompts that route to it first."""
+    members = {harness.healthy, *(harness.pods[mode] for mode in BROKEN_MODES)}
+    probe.running.clear()
+    harness.set_members(sorted(members))
+    await _wait_members(stub, members)
+    prompts = {
+        mode: [await _prompt_for(stub, harness.pods[mode], f"{mode} {n}") for n in range(count)]
+        for mode in BROKEN_MODES
+    }
+    probe.prompt = await _prompt_for(stub, harness.healthy, "probe-broken-pods")
+    probe.running.set()
+    pods = {mode: harness.pods[mode] for mode in BROKEN_MODES}
+    return {"http_url": harness.http_url, "prompts": prompts, "pods": pods}
+
+
+async def _failovers_by_mode(harness: Harness) -> dict[str, float]:
+    """Each broken pod's failovers (both fronts, any reason), from the sidecar's /metrics."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(harness.metrics_url) as response:
+        text = await response.text()
+    modes = {url: mode for mode, url in harness.pods.items() if mode in BROKEN_MODES}
+    found = dict.fromkeys(BROKEN_MODES, 0.0)
+    for line in text.splitlines():
+        if line.startswith("prefix_sidecar_failovers_total{"):
+            backend = line.split('backend="', 1)[1].split('"', 1)[0]
+            if backend in modes:
+                found[modes[backend]] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
 async def _settled_rss(pid: int, target: float, wait_s: float = RSS_BACK_WAIT_S) -> int:
     """The RSS once it is back under `target`, or after `wait_s` (freed memory is trimmed
     periodically, not at once)."""
@@ -518,6 +578,18 @@ async def _extra_checks(
         return {"callers_ok": bool(statuses) and all(s == "OK" for s in statuses)}
     if scenario.expect == "no_hang":
         return {"callers_ended": len(statuses) == scenario.options["count"]}
+    if scenario.expect == "own_answers":  # every caller its own answer, from the healthy pod
+        return {
+            "no_caller_affected": result.get("affected") == 0,
+            "no_broken_answer_accepted": result.get("accepted") == 0,
+            "no_caller_failed": result.get("failed") == 0 and not result.get("errors"),
+            # The unasked pod's first answer is right: only its connection goes.
+            "every_broken_pod_failed_over": all(
+                moved
+                for mode, moved in result.get("failovers", {"": 0}).items()
+                if mode != "unasked"
+            ),
+        }
     return {}
 
 

@@ -37,3 +37,17 @@ def non_negative(name: str) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def whole_numbers(name: str) -> Callable[[str], list[int]]:
+    """Comma-separated integers, e.g. "1,4"."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            return [int(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} wants comma-separated whole numbers, got {text!r}"
+            ) from None
+
+    return parse

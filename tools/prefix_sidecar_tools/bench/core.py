@@ -36,6 +36,7 @@ from prefix_sidecar_tools.bench.baselines import (
 )
 from prefix_sidecar_tools.bench.core_organic import organic_decisions, render_organic
 from prefix_sidecar_tools.report import (
+    add_command,
     add_json_option,
     progress_printer,
     run_and_report,
@@ -356,6 +357,7 @@ def router_paths(count: int, timer: Timer, seed: int) -> dict[str, float]:
     from prefix_sidecar.prefixes import PrefixStore
     from prefix_sidecar.routing.policy import make_policy
     from prefix_sidecar.routing.router import Router
+    from prefix_sidecar.routing.router import settings as router_settings
 
     config = build_config({})
     pool = BackendPool(warm_before_serve=False)
@@ -363,25 +365,12 @@ def router_paths(count: int, timer: Timer, seed: int) -> dict[str, float]:
     for url in pod_names(ROUTER_PODS):
         pool.set_health(url, True)
     store = PrefixStore()
-    settings = {
-        "route_window_bytes": config.route_window_bytes,
-        "default_replicas": config.replicas,
-        "max_attempts": config.max_attempts,
-        "home_kv_budget_tokens": 0,
-        "home_balance_factor": 0.0,
-        "bytes_per_token": config.bytes_per_token,
-        # The window route: what the one-call path serves (organic has its own section).
-        "unregistered_routing": "window",
-        "organic_home_spread": config.organic_home_spread,
-        "organic_session_spread": config.organic_session_spread,
-        "organic_table_blocks": config.organic_table_blocks,
-        "organic_load_cap_floor": config.organic_load_cap_floor,
-        "organic_balance_starts": config.organic_balance_starts,
-    }
+    # The window route: what the one-call path serves (organic has its own section).
+    settings = router_settings(build_config({"unregistered_routing": "window"}))
     policy = make_policy("prefix_affinity", config)
     routers = {
-        "one_call": Router(pool, store, policy, **settings),  # type: ignore[arg-type]
-        "three_calls": Router(pool, store, _SelectOnly(policy), **settings),  # type: ignore[arg-type]
+        "one_call": Router(pool, store, policy, **settings),
+        "three_calls": Router(pool, store, _SelectOnly(policy), **settings),
     }
     rng = random.Random(seed)
     prompts = [f"user {rng.randrange(10**9)} asks where order {i} is. " * 3 for i in range(count)]
@@ -612,13 +601,11 @@ def _pod_counts(text: str) -> list[int]:
     return counts
 
 
+SUMMARY = "routing core vs uhashring and docs/mission.md's router: ns/decision, balance, churn"
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "core",
-        help="routing core vs uhashring and docs/mission.md's router: ns/decision, balance, churn",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(bench_subparsers, "core", SUMMARY, __doc__)
     parser.add_argument("--quick", action="store_true", help="small reps, 8 and 100 pods only")
     parser.add_argument("--pods", type=_pod_counts, help="pod counts, e.g. 8,100,1000")
     parser.add_argument(

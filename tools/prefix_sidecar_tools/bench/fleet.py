@@ -36,6 +36,7 @@ from prefix_sidecar.membership.load_signals import MetricsError, fetch_metrics
 from prefix_sidecar_tools.bench.argtypes import positive
 from prefix_sidecar_tools.emulator import EmulatorFleet
 from prefix_sidecar_tools.report import (
+    add_command,
     add_json_option,
     progress_printer,
     run_and_report,
@@ -46,12 +47,10 @@ from prefix_sidecar_tools.workload.scenario import run_policy
 from prefix_sidecar_tools.workload.stats import hit_rate, summarize, ttft_samples_ms
 from prefix_sidecar_tools.workload.trace import (
     INPUT_TOKENS,
-    home_kv_budget,
     mega_sale_pod,
     mega_sale_prefixes,
     poisson_trace,
-    size_replicas,
-    warm_capacity,
+    size_fleet,
 )
 
 BASELINES = ("round_robin", "random", "least_loaded", "consistent_hash")
@@ -224,13 +223,9 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         zipf=args.zipf,
         seed=args.seed,
     )
-    capacity = warm_capacity(config.prefill_tps, config.prefill_overhead_s, INPUT_TOKENS)
-    replicas = size_replicas(prefixes, args.rate, args.pods, capacity)
-    budget = (
-        home_kv_budget(config, args.rate, args.pods, args.max_tokens)
-        if args.home_budget is None
-        else args.home_budget
-    )
+    sizing = size_fleet(config, prefixes, args.rate, args.pods, args.max_tokens)
+    capacity, replicas = sizing.capacity, sizing.replicas
+    budget = sizing.budget if args.home_budget is None else args.home_budget
     requests = max(1, round(args.rate * args.duration))
     trace = poisson_trace(prefixes, requests, args.rate, input_tokens=INPUT_TOKENS, seed=args.seed)
     tokens = [p.tokens for p in prefixes]
@@ -453,13 +448,11 @@ def _counts(text: str) -> tuple[int, ...]:
     return tuple(parse(part) for part in text.split(",") if part.strip())
 
 
+SUMMARY = "routing policies side by side on one emulated fleet: hit rate, TTFT, load, cost"
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "fleet",
-        help="routing policies side by side on one emulated fleet: hit rate, TTFT, load, cost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(bench_subparsers, "fleet", SUMMARY, __doc__)
     add = parser.add_argument
     add("--pods", type=positive(int, "--pods"), default=4, help="emulated pods (4)")
     add("--prefixes", type=positive(int, "--prefixes"), default=10, help="prefixes (10)")

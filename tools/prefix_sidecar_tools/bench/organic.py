@@ -69,7 +69,12 @@ from prefix_sidecar_tools.bench.organic_report import (
 )
 from prefix_sidecar_tools.bench.organic_trace import CLASSES, OrganicTrace, TraceParams, build_trace
 from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, reset_cache
-from prefix_sidecar_tools.report import add_json_option, progress_printer, run_and_report
+from prefix_sidecar_tools.report import (
+    add_command,
+    add_json_option,
+    progress_printer,
+    run_and_report,
+)
 from prefix_sidecar_tools.workload.driver import CHANNEL_OPTIONS
 
 SCHEME_SETTING = "unregistered_routing"  # the routing helper's flag; "window" = today's key
@@ -355,13 +360,11 @@ def _ceiling(trace: OrganicTrace, ceilings: list[Ceiling], measure_after: float)
     return {"hit_rate": rate(None), "classes": {kind: rate(kind) for kind in CLASSES}}
 
 
+SUMMARY = "unregistered organic traffic: every policy as a fraction of the oracle ceiling"
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "organic",
-        help="unregistered organic traffic: every policy as a fraction of the oracle ceiling",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(bench_subparsers, "organic", SUMMARY, __doc__)
     add = parser.add_argument
     add("--pods", type=positive(int, "--pods"), default=4)
     add(

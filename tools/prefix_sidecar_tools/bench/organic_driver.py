@@ -34,7 +34,8 @@ from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.bench.organic_radix import CacheAwareRouter
 from prefix_sidecar_tools.bench.organic_trace import OrganicRequest, OrganicTrace, router_of
 from prefix_sidecar_tools.harness import STDERR, SidecarProcess, free_port
-from prefix_sidecar_tools.workload.driver import TIMEOUT, read_stream
+from prefix_sidecar_tools.tuned import serve_settings
+from prefix_sidecar_tools.workload.driver import TIMEOUT, StreamRecord, read_stream
 
 PATHS = ("grpc-complete", "grpc-chat", "http-complete", "http-chat")
 STREAM_TIMEOUT = "STREAM_TIMEOUT"  # the first token came, the end did not
@@ -43,22 +44,13 @@ BACKEND_HEADER = "x-prefix-sidecar-backend"
 
 
 @dataclass
-class Result:
+class Result(StreamRecord):
+    """One request of the organic trace: its class and the sidecar it went through (-1: none,
+    the central router)."""
+
     seq: int
     kind: str
-    sidecar: int = -1  # -1: no sidecar (the central router)
-    backend: str = ""
-    sent_at: float = math.nan  # real seconds since the run started
-    ttft_s: float = math.nan  # real seconds
-    total_s: float = math.nan
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
+    sidecar: int = -1
 
 
 Sender = Callable[[OrganicRequest, Result], Awaitable[None]]
@@ -85,9 +77,10 @@ class SidecarGroup(AsyncService):
         self.http_ports = [free_port() for _ in range(count)] if http_front else []
         self.sidecars: list[SidecarProcess] = []
         base = [arg for url in self.backends for arg in ("--backend", url)]
-        settings = {"health_interval_s": 0.5, "log_level": "warning", **settings}
-        for name, value in settings.items():
-            base += ["--set", f"{name}={value}"]
+        flags, launcher = serve_settings(
+            {"health_interval_s": 0.5, "log_level": "warning", **settings}
+        )
+        base += flags
         for i in range(count):
             args = [*base, "--set", f"metrics_port={self.metrics_ports[i]}"]
             if http_front:
@@ -97,6 +90,7 @@ class SidecarGroup(AsyncService):
                     f"{socket_dir}/organic-{i}.sock",
                     args,
                     log_path=STDERR,
+                    launcher=launcher,
                     start_timeout=30.0,
                     backends_serving=len(self.backends),
                 )

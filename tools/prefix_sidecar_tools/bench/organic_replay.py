@@ -34,7 +34,7 @@ from prefix_sidecar import _core
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.chat_templates import turn_marks
 from prefix_sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
-from prefix_sidecar_tools.bench.argtypes import non_negative, positive
+from prefix_sidecar_tools.bench.argtypes import non_negative, positive, whole_numbers
 from prefix_sidecar_tools.bench.organic_oracle import oracle
 from prefix_sidecar_tools.bench.organic_trace import (
     CLASSES,
@@ -247,17 +247,32 @@ def against_report(path: str) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sidecars", default="1,4", help="comma-separated K (1,4)")
-    parser.add_argument("--rings", type=int, default=12, help="rings (pod port sets) per seed")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated trace seeds")
-    parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument(
+def sweep_parser(doc: str, *, seeds: str, rings: int, against: str) -> argparse.ArgumentParser:
+    """The options of every offline model of bench organic's trace (this replay and the
+    TTFT model): which trace seeds, how many rings of pod ports per seed, K sidecars, the
+    pods, the modelled seconds flows start in, or a bench organic report to read instead."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add = parser.add_argument
+    add("--seeds", type=whole_numbers("--seeds"), default=seeds, help=f"comma-separated ({seeds})")
+    add("--rings", type=positive(int, "--rings"), default=rings, help=f"rings per seed ({rings})")
+    add("--sidecars", type=whole_numbers("--sidecars"), default="1,4", help="sidecars K (1,4)")
+    add("--pods", type=positive(int, "--pods"), default=4)
+    add(
         "--duration",
         type=positive(float, "--duration"),
         default=45.0,
-        help="modelled seconds flows start in (45)",
+        help="modelled seconds flows start in (45, as bench organic)",
+    )
+    add("--against", metavar="REPORT.json", help=against)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = sweep_parser(
+        __doc__,
+        seeds="0,1,2",
+        rings=12,
+        against="replay a bench organic --json report's organic runs on its own pods instead",
     )
     parser.add_argument(
         "--measure-after",
@@ -271,22 +286,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="every request of a flow through one sidecar (default: each request to a "
         "random one, as bench organic sends them)",
     )
-    parser.add_argument(
-        "--against",
-        metavar="REPORT.json",
-        help="replay a bench organic --json report's organic runs on its own pods instead",
-    )
     args = parser.parse_args(argv)
     if args.against:
         print("\n".join(against_report(args.against)))
         return 0
     if args.measure_after >= args.duration:
         parser.error("--measure-after must be < --duration")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    for sidecars in (int(k) for k in args.sidecars.split(",")):
+    for sidecars in args.sidecars:
         for chat in (False, True):
             results = sweep(
-                seeds,
+                args.seeds,
                 args.rings,
                 sidecars,
                 chat,

@@ -29,7 +29,6 @@ real run: its p99 beside the bench's, on the run's own pods.
 
 from __future__ import annotations
 
-import argparse
 import array
 import heapq
 import math
@@ -42,7 +41,12 @@ from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.organic import OrganicRouter
 from prefix_sidecar_tools.bench.argtypes import positive
 from prefix_sidecar_tools.bench.organic_oracle import oracle
-from prefix_sidecar_tools.bench.organic_replay import organic_keys, read_report, ring_of
+from prefix_sidecar_tools.bench.organic_replay import (
+    organic_keys,
+    read_report,
+    ring_of,
+    sweep_parser,
+)
 from prefix_sidecar_tools.bench.organic_trace import (
     OrganicRequest,
     OrganicTrace,
@@ -288,33 +292,24 @@ def against_report(path: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", default="0,1,2,3,4,5", help="comma-separated trace seeds")
-    parser.add_argument("--rings", type=positive(int, "--rings"), default=8, help="rings per seed")
-    parser.add_argument("--sidecars", default="1,4", help="comma-separated K (1,4)")
-    parser.add_argument("--pods", type=positive(int, "--pods"), default=4)
+    parser = sweep_parser(
+        __doc__,
+        seeds="0,1,2,3,4,5",
+        rings=8,
+        against="the model beside a bench organic --json report",
+    )
     parser.add_argument(
         "--load",
         type=positive(float, "--load"),
         default=1.0,
         help="the trace's flow rates times this (1: bench organic's defaults)",
     )
-    parser.add_argument(
-        "--duration",
-        type=positive(float, "--duration"),
-        default=45.0,
-        help="modelled seconds flows start in (45, as bench organic)",
-    )
     parser.add_argument("--paths", default="raw,chat", help="raw (Complete), chat (Chat), or both")
-    parser.add_argument(
-        "--against", metavar="REPORT.json", help="the model beside a bench organic --json report"
-    )
     args = parser.parse_args(argv)
     if args.against:
         print("\n".join(against_report(args.against)))
         return 0
-    seeds = [int(s) for s in args.seeds.split(",")]
-    counts = [int(k) for k in args.sidecars.split(",")]
+    seeds, counts = args.seeds, args.sidecars
     for path in args.paths.split(","):
         if path not in ("raw", "chat"):
             parser.error(f"--paths: {path!r} is neither raw nor chat")

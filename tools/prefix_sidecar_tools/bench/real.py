@@ -62,6 +62,7 @@ from prefix_sidecar_tools.realengine.workload import (
     suffix_text,
     summarize,
 )
+from prefix_sidecar_tools.report import add_command
 
 RouteFactory = Callable[[LlamaFleet, Sequence[Request], int], AbstractAsyncContextManager[SendFn]]
 
@@ -114,13 +115,11 @@ def workload_prefixes(requests: Sequence[Request]) -> list[str]:
     return [texts[i] for i in sorted(texts)]
 
 
+SUMMARY = "TTFT on real llama.cpp pods: round-robin vs affinity vs the sidecar"
+
+
 def register_real(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "real",
-        help="TTFT on real llama.cpp pods: round-robin vs affinity vs the sidecar",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(bench_subparsers, "real", SUMMARY, __doc__)
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--prefixes", type=int, default=4, help="distinct shared prefixes")
     parser.add_argument("--rounds", type=int, default=25, help="requests per prefix")

@@ -37,7 +37,12 @@ from typing import Any
 
 from prefix_sidecar_tools.harness import SERVE, SidecarProcess
 from prefix_sidecar_tools.percentile import percentile
-from prefix_sidecar_tools.report import add_json_option, progress_printer, run_and_report
+from prefix_sidecar_tools.report import (
+    add_command,
+    add_json_option,
+    progress_printer,
+    run_and_report,
+)
 
 MB = 1024 * 1024
 IDLE_RSS_LIMIT_MB = 80.0
@@ -503,13 +508,11 @@ def render(report: dict[str, Any]) -> str:
 # --- command line --------------------------------------------------------------------------
 
 
+SUMMARY = "N concurrent streams through a real sidecar process: errors, TTFT, RSS, fds"
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "soak",
-        help="N concurrent streams through a real sidecar process: errors, TTFT, RSS, fds",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(bench_subparsers, "soak", SUMMARY, __doc__)
     defaults = SoakOptions()
     add = parser.add_argument
     add("--concurrency", type=_positive_int, default=defaults.concurrency)

@@ -100,24 +100,19 @@ class PodMetrics:
         ):
             gauge = Gauge(name, text, labels, registry=self.registry)
             gauge.labels(model).set_function(read)
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            labels,
-            registry=self.registry,
-        ).labels(model)
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits",
-            "Prompt tokens found in the prefix cache.",
-            labels,
-            registry=self.registry,
-        ).labels(model)
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prompt tokens processed.", labels, registry=self.registry
-        ).labels(model)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Tokens generated.", labels, registry=self.registry
-        ).labels(model)
+
+        def model_counter(name: str, text: str) -> Counter:
+            """A counter of this pod's model (vLLM labels every series by model_name)."""
+            return Counter(name, text, labels, registry=self.registry).labels(model)
+
+        self.prefix_queries = model_counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_hits = model_counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."
+        )
+        self.prompt_tokens = model_counter("vllm:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = model_counter("vllm:generation_tokens", "Tokens generated.")
         self.request_success = Counter(
             "vllm:request_success",
             "Requests finished, by finish reason.",

@@ -63,7 +63,6 @@ class FuzzTarget:
         settings_ = {
             "health_interval_s": 0.5,
             "first_token_timeout_s": 5,
-            "prewarm_backoff_s": 0.05,
             "grace_s": 1,
             "max_prefixes": 100_000,
             "max_prefix_bytes": self.limits.max_prefix_bytes,

@@ -29,7 +29,12 @@ from prefix_sidecar_tools.plan import fleet_sim
 from prefix_sidecar_tools.plan.capacity import SIDECAR, service_mix
 from prefix_sidecar_tools.plan.emulator_model import pod_from_emulator
 from prefix_sidecar_tools.plan.scenario import Prefix, Routing, Scenario, Traffic
-from prefix_sidecar_tools.report import add_json_option, progress_printer, run_and_report
+from prefix_sidecar_tools.report import (
+    add_command,
+    add_json_option,
+    progress_printer,
+    run_and_report,
+)
 
 POLICIES = ("round_robin", "prefix_affinity")
 TOLERANCE = 0.25
@@ -301,13 +306,11 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SUMMARY = "the planner's prediction against bench fleet: round-robin and sidecar, two loads"
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "plan-check",
-        help="the planner's prediction against bench fleet: round-robin and sidecar, two loads",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(bench_subparsers, "plan-check", SUMMARY, __doc__)
     add = parser.add_argument
     add("--pods", type=int, default=3)
     add("--prefixes", type=int, default=3)

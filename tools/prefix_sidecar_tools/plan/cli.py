@@ -24,6 +24,7 @@ from prefix_sidecar_tools.plan.scenario import (
     load_yaml,
     validate,
 )
+from prefix_sidecar_tools.report import add_command
 
 # flag -> (section, field, type, help)
 _FLAGS: list[tuple[str, str, str, type, str]] = [
@@ -66,13 +67,11 @@ def _prefix(text: str) -> Prefix:
         ) from None
 
 
+SUMMARY = "GPUs, TTFT and yuan/day for your traffic: no cache vs the sidecar"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "plan",
-        help="GPUs, TTFT and yuan/day for your traffic: no cache vs the sidecar",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(subparsers, "plan", SUMMARY, __doc__)
     add = parser.add_argument
     add("--preset", choices=sorted(PRESETS), help="a whole scenario (note: docs/mission.md's)")
     add("--scenario", metavar="FILE", help="a YAML scenario (docs/plan.md); flags override it")

@@ -28,7 +28,9 @@ from prefix_sidecar.config import build_config
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
+from prefix_sidecar.routing.policy import make_policy
 from prefix_sidecar.routing.router import Router
+from prefix_sidecar.routing.router import settings as router_settings
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.plan.scenario import Scenario, ScenarioError
 
@@ -100,10 +102,14 @@ def build_router(
         store.register(p.name, text, min(pods, replicas.get(p.name, 1)))[0]
         for p, text in zip(prefixes, texts, strict=True)
     ]
-    settings: dict[str, object] = {"policy": policy, "load_factor": LOAD_FACTOR}
+    fields: dict[str, object] = {"load_factor": LOAD_FACTOR}
     if policy == "prefix_affinity":
-        settings.update(home_kv_budget_tokens=budget, home_balance_factor=1.1)
-    router = Router.from_config(pool, store, build_config(overrides=settings))
+        fields["home_kv_budget_tokens"] = budget
+    config = build_config(overrides=fields)
+    settings = router_settings(config)
+    if policy == "prefix_affinity":
+        settings["home_balance_factor"] = 1.1  # as bench fleet runs the sidecar
+    router = Router(pool, store, make_policy(policy, config), **settings)
     return router, pool, urls, entries
 
 

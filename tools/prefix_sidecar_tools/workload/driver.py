@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
@@ -26,15 +26,18 @@ CHANNEL_OPTIONS = [
 ]
 
 
-@dataclass
-class Outcome:
-    seq: int
-    prefix: int
-    sidecar: int
-    sent_at: float = math.nan  # real seconds since the run started (scheduled)
+@dataclass(kw_only=True)
+class StreamRecord:
+    """What read_stream fills in about one request: where it went, its times and tokens, or
+    why it failed. The benches' records (Outcome here, the organic bench's Result) add what
+    they sent; these fields are keywords, after theirs."""
+
+    # Real seconds: since the run started; from the send (for Outcome, the scheduled one,
+    # so a saturated fleet shows its queueing) to the first and to the last chunk.
+    sent_at: float = math.nan
     backend: str = ""
-    ttft_s: float = math.nan  # real seconds, scheduled send -> first chunk
-    total_s: float = math.nan  # real seconds, scheduled send -> last chunk
+    ttft_s: float = math.nan
+    total_s: float = math.nan
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -43,6 +46,15 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not self.error
+
+
+@dataclass
+class Outcome(StreamRecord):
+    """One request of the fleet bench's trace: its prefix and the sidecar it went through."""
+
+    seq: int
+    prefix: int
+    sidecar: int
 
 
 TIMEOUT = "TTFT_TIMEOUT"  # no first token within the caller's patience
@@ -76,18 +88,6 @@ async def _one(
     call = stub.Complete(request)
     first_s = max(0.001, first_token_timeout_s - (time.perf_counter() - scheduled))
     await read_stream(call, outcome, scheduled, first_s)
-
-
-class StreamRecord(Protocol):
-    """What read_stream fills in (Outcome here, the organic bench's Result)."""
-
-    backend: str
-    ttft_s: float
-    total_s: float
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    error: str
 
 
 async def read_stream(

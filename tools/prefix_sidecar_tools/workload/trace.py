@@ -164,3 +164,25 @@ def mega_sale_pod(time_scale: float, kv_tokens: int, max_tokens: int) -> Emulato
         decode_tps=35.0 * max_tokens / ANSWER_TOKENS,
         max_running=256,
     )
+
+
+@dataclass(frozen=True)
+class FleetSizing:
+    """What a run on emulated pods derives from the pod and the traffic before it starts."""
+
+    capacity: float  # warm requests per modelled second one pod prefills
+    replicas: list[int]  # per prefix
+    budget: int  # the sidecar's home_kv_budget_tokens
+
+
+def size_fleet(
+    pod: EmulatorConfig, prefixes: list[PrefixDef], rate: float, pods: int, max_tokens: int
+) -> FleetSizing:
+    """The warm capacity, the replicas and the KV budget for `rate` requests per modelled
+    second over `pods` pods like `pod`: the sizing the fleet bench and the demo share."""
+    capacity = warm_capacity(pod.prefill_tps, pod.prefill_overhead_s, INPUT_TOKENS)
+    return FleetSizing(
+        capacity=capacity,
+        replicas=size_replicas(prefixes, rate, pods, capacity),
+        budget=home_kv_budget(pod, rate, pods, max_tokens),
+    )

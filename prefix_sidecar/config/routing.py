@@ -1,0 +1,70 @@
+"""How a request picks its pod: the route-key scheme, the replicas per prefix, bounded load,
+the KV budget of homed prefixes, the hash table and the failover depth.
+
+Only what an operator sets is here. The organic scheme's spreads and floors, the pods' load
+rules and the placement's balance are named constants of their modules, each with the
+measurement that chose it (routing/organic.py, membership/load_signals/, routing/placement.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefix_sidecar._core_py import HASH_TABLES
+from prefix_sidecar.config.checks import AT_LEAST_ONE
+from prefix_sidecar.fields import at_least, one_of, setting
+
+UNREGISTERED_ROUTING = ("organic", "window")
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    """The pick and what it reads."""
+
+    # How an unregistered prompt or chat routes (docs/organic-routing.md, routing contract 9):
+    # organic keys a chat by its system and first user message and a raw prompt by learnt
+    # anchors, spreading a tenant's sessions over a home set sized by its share; window is
+    # the original key of the first 4 KB (a chat's first message).
+    unregistered_routing: str = setting(
+        "organic",
+        "organic (learnt anchors, chat structure) or window (key of the first bytes); the "
+        "key-less baseline policies (round_robin, random, least_loaded) compute no organic keys",
+        check=one_of(UNREGISTERED_ROUTING),
+    )
+    replicas: int = setting(1, "pods per prefix (R of the routing contract)", check=AT_LEAST_ONE)
+    load_factor: float = setting(
+        1.25, "bounded-load factor c: a pod's cap is c x its fair share", check=at_least(1.0)
+    )
+    # The floor under every pod's bounded-load cap (routing contract v1, pick's min_cap). A vLLM
+    # pod batches dozens of requests, so below ~8 in flight spilling a prefix to a cold pod
+    # costs a full prefill for nothing; at low traffic the proportional cap alone is 1-2
+    # streams. 0 gives the pure contract formula.
+    load_cap_floor: int = setting(
+        8,
+        "the floor under every pod's cap (min_cap); 0 = none",
+        check=at_least(0, " (0 = no floor)"),
+    )
+    # The most prefix KV tokens one pod (per unit of weight) is home to (routing contract
+    # section 6). Set it to the pods' KV cache size minus what in-flight requests need; 0
+    # takes half the pods' smallest reported KV (docs/load-signals.md), or, with none
+    # reported, keeps the ring's plain placement.
+    home_kv_budget_tokens: int = setting(
+        0,
+        "most prefix KV tokens a pod is home to, per unit of weight; 0 = plain ring",
+        check=at_least(0, " (0 = plain ring placement)"),
+    )
+    # The pods' own load and KV (docs/load-signals.md): every request asks for vLLM's ORCA
+    # load header, a few pods per interval are asked for /metrics, and the pick counts every
+    # sidecar's requests while the reading is fresh. Off: each sidecar sees its own only.
+    load_signals: bool = setting(True, "read the pods' load and KV (ORCA header, /metrics polls)")
+    # Routing contract section 8: the Maglev table moves a few more keys when a pod leaves
+    # but its lookup is one modulo and its balance is near exact. Every sidecar of a fleet
+    # must use the same table.
+    hash_table: str = setting(
+        "ring",
+        "the routing table: ring (contract 3) or maglev (contract 8)",
+        check=one_of(HASH_TABLES),
+    )
+    max_attempts: int = setting(
+        3, "pods a request may try before its first token", check=AT_LEAST_ONE
+    )

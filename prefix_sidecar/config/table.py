@@ -1,0 +1,46 @@
+"""`Config`: every setting of a sidecar, one frozen dataclass made of the subsystems' groups.
+
+Each group (listen, membership, routing, startup, upstream, operations) declares its fields
+with `setting()` in its own module; `Config` inherits them all, so a component reads one
+flat `config.field` and the table (`FIELDS`, in this order: docs/api.md's configuration
+table) is every group's fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefix_sidecar import fields
+from prefix_sidecar.config.listen import ListenSettings, check_listeners
+from prefix_sidecar.config.membership import MembershipSettings
+from prefix_sidecar.config.operations import OperationsSettings
+from prefix_sidecar.config.routing import RoutingSettings
+from prefix_sidecar.config.startup import StartupSettings, check_prefixes
+from prefix_sidecar.config.upstream import UpstreamSettings
+
+
+# A dataclass lists its bases' fields from the last base to the first: this order puts the
+# listeners first and the operations last.
+@dataclass(frozen=True)
+class Config(
+    OperationsSettings,
+    UpstreamSettings,
+    StartupSettings,
+    RoutingSettings,
+    MembershipSettings,
+    ListenSettings,
+):
+    """Every setting of a sidecar; see docs/api.md's configuration table (made from this)."""
+
+
+DEFAULTS = Config()  # the defaults components take when built without a Config
+FIELDS = fields.table(Config)
+
+
+def validate(config: Config) -> Config:
+    """Every field's own check, then the rules across fields; the first failure raises
+    ConfigError naming its field."""
+    fields.validate(config, lambda name, reason: f"config field {name!r} {reason}")
+    check_listeners(config)
+    check_prefixes(config)
+    return config

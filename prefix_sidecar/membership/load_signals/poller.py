@@ -1,0 +1,130 @@
+"""Asking the pods for /metrics where the traffic has not told us their load lately.
+
+`MetricsPoller` asks a few pods per interval, bounded in time and bytes, and hands each
+parsed page to `LoadSignals`; the ORCA header on the traffic is free, the polls are the
+cost: POLL_SAMPLE / POLL_INTERVAL_S requests per second per sidecar, whatever the fleet
+size (arithmetic in docs/load-signals.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import aiohttp
+
+from prefix_sidecar.membership.load_signals.parse import MAX_METRICS_BYTES, PodReport, parse_metrics
+from prefix_sidecar.membership.load_signals.rules import LoadSignals
+from prefix_sidecar.upstream.capped import read_capped
+
+logger = logging.getLogger(__name__)
+
+# Every ~0.5 s (x U(0.5, 1.5)) ask 2 pods, each poll within 0.5 s: at most 4 polls per second
+# per sidecar, 16 per pod at 1,000 sidecars x 250 pods, 1/60 of the health checks' count
+# (docs/load-signals.md, "Arithmetic"); the pods a sidecar picks among stay 1-2 s fresh, within
+# MAX_AGE_S. Pods that report on streams are never stale, so they are not polled at all.
+POLL_INTERVAL_S = 0.5
+POLL_SAMPLE = 2
+POLL_TIMEOUT_S = 0.5
+
+
+class MetricsError(Exception):
+    pass
+
+
+async def fetch_metrics(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout_s: float,
+    max_bytes: int = MAX_METRICS_BYTES,
+    path: str = "/metrics",
+) -> PodReport:
+    """GET the pod's /metrics: bounded in time and bytes, no redirect; parsed."""
+    try:
+        async with session.get(
+            url + path,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            allow_redirects=False,
+            headers={"Accept": "text/plain"},
+        ) as response:
+            if response.status != 200:
+                raise MetricsError(f"{url}{path}: HTTP {response.status}")
+            body = await read_capped(response, max_bytes)
+            if body is None:
+                raise MetricsError(f"{url}{path}: more than {max_bytes} bytes")
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise MetricsError(f"{url}{path}: {exc.__class__.__name__}") from None
+    text = body.decode("utf-8", "replace")
+    # Parsing ~100 KiB takes ~1 ms; a page at the byte limit, ~5 ms: within one loop step.
+    return parse_metrics(text)
+
+
+class MetricsPoller:
+    """Every ~interval_s (jittered +-50 %, so a thousand sidecars do not poll in step) ask
+    at most `sample` pods for /metrics, chosen among the ones not heard from for
+    refresh_after_s: first those this sidecar sent requests to lately (it is about to pick
+    among them), then the rest, at random. Cost per sidecar: sample / interval_s requests
+    per second, whatever the fleet size (arithmetic in docs/load-signals.md)."""
+
+    def __init__(
+        self,
+        signals: LoadSignals,
+        session: aiohttp.ClientSession,
+        *,
+        interval_s: float = POLL_INTERVAL_S,
+        sample: int = POLL_SAMPLE,
+        timeout_s: float = POLL_TIMEOUT_S,
+        refresh_after_s: float | None = None,
+        max_bytes: int = MAX_METRICS_BYTES,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.signals = signals
+        self.session = session
+        self.interval_s = interval_s
+        self.sample = sample
+        self.timeout_s = timeout_s
+        self.refresh_after_s = (
+            refresh_after_s if refresh_after_s is not None else signals.rule.max_age_s / 2
+        )
+        self.max_bytes = max_bytes
+        self.rng = rng or random.Random()
+        self.polls = 0
+        self.failures = 0
+
+    def choose(self) -> list[str]:
+        stale = self.signals.stale(self.refresh_after_s)
+        recent = self.signals.rule.max_age_s
+        now = self.signals.now()
+        busy = [url for url in stale if self.signals.pods[url].sent_at >= now - recent]
+        rest = [url for url in stale if self.signals.pods[url].sent_at < now - recent]
+        self.rng.shuffle(busy)
+        self.rng.shuffle(rest)
+        return (busy + rest)[: self.sample]
+
+    async def poll_once(self) -> None:
+        chosen = self.choose()
+        if chosen:
+            await asyncio.gather(*(self._poll(url) for url in chosen))
+        self.signals.expire()
+
+    async def _poll(self, url: str) -> None:
+        self.polls += 1
+        pod = self.signals.pods.get(url)
+        if pod is not None:
+            pod.asked_at = self.signals.now()  # a failing pod is not asked again at once
+        try:
+            report = await fetch_metrics(
+                self.session, url, timeout_s=self.timeout_s, max_bytes=self.max_bytes
+            )
+        except MetricsError as exc:
+            self.failures += 1
+            logger.debug("load poll failed: %s", exc)
+            return
+        self.signals.observe(url, report)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s * self.rng.uniform(0.5, 1.5))
+            await self.poll_once()

@@ -1,0 +1,190 @@
+"""From a checked request to a routing decision, and for Complete and Chat to the body the
+pod gets: one `Planner` answers every RPC's "which prefix, which pod, what is sent".
+
+Each step that can refuse raises RpcAbort with the status a client can branch on: an
+unknown prefix is NOT_FOUND, no pod to route to is UNAVAILABLE, a bad field is
+INVALID_ARGUMENT (from validation.py). The order is fixed: the prefix and the input are
+checked, the call is routed, and then the sampling fields and extra_json are checked as the
+body is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from prefix_sidecar.abort import RpcAbort, invalid_argument
+from prefix_sidecar.config import Config
+from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
+from prefix_sidecar.routing.router import Decision, NoBackendError, Router
+from prefix_sidecar.server.grpc.validation import (
+    chat_messages,
+    extra_members,
+    sampling_params,
+    text_field,
+)
+from prefix_sidecar.upstream.body import SplicedBody, chat_body, completion_body, escape
+from prefix_sidecar.v1 import router_pb2
+
+# What a pod's body is built from: sampling params, model, extra_json members.
+BodyOf = Callable[[dict[str, object], str, bytes], SplicedBody]
+
+
+@dataclass(frozen=True)
+class UpstreamPlan:
+    """A validated, routed streaming call: where it goes and what is sent."""
+
+    decision: Decision
+    entry: PrefixEntry | None
+    path: str
+    body: SplicedBody
+    chat: bool
+    named: str = ""  # the prefix_name the caller sent, if any
+    raw_events: bool = False  # the caller wants each pod event's JSON in Chunk.events
+
+    @property
+    def prefix_label(self) -> str:
+        """Usage is labelled with the name the caller used, else the entry's display name."""
+        if self.named:
+            return self.named
+        return self.entry.name if self.entry is not None else "-"
+
+
+@dataclass(frozen=True)
+class StreamingRpc:
+    """What differs between Complete and Chat once the request is checked."""
+
+    name: str
+    path: str
+    chat: bool
+
+
+COMPLETE = StreamingRpc("Complete", "/v1/completions", chat=False)
+CHAT = StreamingRpc("Chat", "/v1/chat/completions", chat=True)
+
+
+class Planner:
+    def __init__(self, config: Config, store: PrefixStore, router: Router) -> None:
+        self.config = config
+        self.store = store
+        self.router = router
+
+    def decide(self, decide: Callable[[], Decision]) -> Decision:
+        try:
+            return decide()
+        except NoBackendError as exc:
+            raise RpcAbort(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+
+    def by_id(self, prefix_id: str) -> PrefixEntry:
+        try:
+            return self.store.get(prefix_id)
+        except PrefixNotFound as exc:
+            raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+
+    def by_name(self, name: str) -> PrefixEntry:
+        try:
+            return self.store.by_name(name)
+        except PrefixNotFound as exc:
+            raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+
+    def route(self, request: router_pb2.RouteRequest) -> Decision:
+        """The Route RPC's decision: by prefix id, by prefix name, or by a whole prompt."""
+        which = request.WhichOneof("target")
+        if which == "prefix_id":
+            return self.decide(lambda: self.router.for_prefix(self.by_id(request.prefix_id)))
+        if which == "prefix_name":
+            return self.decide(lambda: self.router.for_prefix(self.by_name(request.prefix_name)))
+        if which == "prompt":
+            prompt = text_field(
+                request.prompt,
+                "prompt",
+                self.config.max_prefix_bytes + self.config.max_input_bytes,
+                "config max_prefix_bytes + max_input_bytes",
+            )
+            return self.decide(lambda: self.router.for_prompt(prompt))
+        raise invalid_argument("set one of prefix_id, prefix_name or prompt")
+
+    def completion(self, request: router_pb2.CompleteRequest) -> UpstreamPlan:
+        prefix, decision, entry = self._resolve_prefix(request)
+        user_input = text_field(request.input, "input", self.config.max_input_bytes)
+        if decision is None and not user_input:
+            raise invalid_argument(
+                "no prefix and an empty input: set prefix_id, prefix_name or "
+                "prefix_text, or send the whole prompt in input"
+            )
+        return self._plan(
+            COMPLETE,
+            request,
+            (decision, entry),
+            lambda: self.router.for_prompt(user_input),
+            lambda params, model, extra: completion_body(prefix, user_input, params, model, extra),
+        )
+
+    def chat(self, request: router_pb2.ChatRequest) -> UpstreamPlan:
+        prefix, decision, entry = self._resolve_prefix(request)
+        messages = chat_messages(request.messages, self.config.max_input_bytes)
+        if not messages:
+            raise invalid_argument(
+                "messages is empty: send at least one message"
+                + (" after the prefix" if decision is not None else "")
+            )
+        return self._plan(
+            CHAT,
+            request,
+            (decision, entry),
+            lambda: self.router.for_chat([(m["role"], m["content"]) for m in messages]),
+            lambda params, model, extra: chat_body(prefix, messages, params, model, extra),
+        )
+
+    def _plan(
+        self,
+        rpc: StreamingRpc,
+        request: Any,
+        by_prefix: tuple[Decision | None, PrefixEntry | None],
+        by_prompt: Callable[[], Decision],
+        body_of: BodyOf,
+    ) -> UpstreamPlan:
+        """Route by the prompt when no prefix routed the call, then build the pod's body."""
+        decision, entry = by_prefix
+        if decision is None:
+            decision = self.decide(by_prompt)
+            entry = decision.prefix
+        params, model, extra = self._body_fields(rpc.name, request)
+        return UpstreamPlan(
+            decision,
+            entry,
+            rpc.path,
+            body_of(params, model, extra),
+            chat=rpc.chat,
+            named=request.prefix_name,
+            raw_events=request.raw_events,
+        )
+
+    def _resolve_prefix(self, request: Any) -> tuple[bytes, Decision | None, PrefixEntry | None]:
+        """(escaped prefix bytes, decision if routed by prefix, entry) for Complete/Chat."""
+        which = request.WhichOneof("prefix")
+        if which == "prefix_id":
+            entry = self.by_id(request.prefix_id)
+        elif which == "prefix_name":
+            entry = self.by_name(request.prefix_name)
+        elif which == "prefix_text":
+            text = text_field(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
+            if not text:
+                return b"", None, None
+            decision = self.decide(lambda: self.router.for_prefix_text(text))
+            prefix = decision.prefix.json_bytes if decision.prefix is not None else escape(text)
+            return prefix, decision, decision.prefix
+        else:
+            return b"", None, None
+        return entry.json_bytes, self.decide(lambda: self.router.for_prefix(entry)), entry
+
+    def _body_fields(self, rpc: str, request: Any) -> tuple[dict[str, object], str, bytes]:
+        """(sampling params, model, extra_json members) for the pod's body. A model in
+        extra_json replaces the configured default."""
+        params = sampling_params(request)
+        extra, keys = extra_members(request, rpc, params, self.config.max_input_bytes)
+        model = request.model or ("" if "model" in keys else self.config.model)
+        return params, model, extra

@@ -1,0 +1,115 @@
+"""Complete and Chat on the wire: plan the call, relay the pod's stream to the caller with
+its trace headers, and record the outcome (request_log.py), whatever ends the call.
+
+A coroutine that sends with context.write, not an async generator: every generator layer
+between grpc and the relay is resumed for each chunk, the first token's included. A caller
+that leaves, or a server that stops, ends the call as a cancellation with the caller's
+status, never as an error of ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from prefix_sidecar.abort import RpcAbort
+from prefix_sidecar.metrics import FRONT_GRPC, Metrics
+from prefix_sidecar.server.common.request_log import record_outcome
+from prefix_sidecar.server.common.trace_context import TraceContext
+from prefix_sidecar.server.grpc.early_headers import EarlyHeaders
+from prefix_sidecar.server.grpc.plan import UpstreamPlan
+from prefix_sidecar.upstream import caller
+from prefix_sidecar.upstream.relay import Relay, RelayOutcome
+
+logger = logging.getLogger("sidecar.requests")
+
+
+async def stream_reply(
+    rpc: str,
+    plan: Callable[[Any], UpstreamPlan],
+    request: Any,
+    context: grpc.aio.ServicerContext,
+    relay: Relay,
+    metrics: Metrics,
+) -> None:
+    """Validate and route (plan), relay the pod's stream with the caller's trace
+    headers, and log/measure the outcome."""
+    started = time.perf_counter()
+    outcome = RelayOutcome()
+    branch = prefix_label = ""
+    writing = False
+    headers: EarlyHeaders | None = None
+    trace = TraceContext.from_metadata(context.invocation_metadata())
+    caller.watch(context)
+    try:
+        upstream = plan(request)
+        branch = upstream.decision.branch
+        prefix_label = upstream.prefix_label
+        decision_ns = upstream.decision.decision_ns
+        metrics.child(metrics.decision, FRONT_GRPC, rpc).observe(decision_ns / 1e9)
+        headers = EarlyHeaders(context)
+        chunks = relay.stream(
+            upstream.decision.preference,
+            upstream.path,
+            upstream.body,
+            chat=upstream.chat,
+            raw_events=upstream.raw_events,
+            time_remaining=context.time_remaining,
+            outcome=outcome,
+            on_accepted=headers.send,
+            headers=trace.http_headers(),
+            forced_first=upstream.decision.forced,
+        )
+        # aclosing: however the call ends, the relay's cleanup (pod connection, in-flight
+        # count) runs now, not when the abandoned generator is collected.
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                if headers.pending:
+                    await headers.settle()
+                writing = True
+                await context.write(chunk)
+                writing = False
+    except RpcAbort as exc:
+        outcome.status = exc.code.name
+        if headers is not None:
+            await headers.settle()
+        await _abort(context, exc.code, exc.message, outcome)
+    except asyncio.CancelledError:
+        # grpc cancels the task when the caller cancels or its deadline ends.
+        outcome.status = caller.ended_status(context)
+        raise
+    except Exception as exc:
+        if writing:
+            # The call ended under us: the caller went away, or the server is stopping.
+            outcome.status = caller.ended_status(context)
+            if isinstance(exc, grpc.aio.InternalError):
+                # Core failed the write: a cancelled call, not an error of ours. grpc
+                # logs a cancel at DEBUG, a failed batch as ERROR with a traceback.
+                raise asyncio.CancelledError from None
+            raise
+        outcome.status = "INTERNAL"
+        logger.exception("%s failed unexpectedly", rpc)
+        if headers is not None:
+            await headers.settle()
+        await _abort(context, grpc.StatusCode.INTERNAL, f"{rpc}: internal error", outcome)
+    finally:
+        record_outcome(
+            metrics, rpc, prefix_label, branch, outcome, started, trace, front=FRONT_GRPC
+        )
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, outcome: RelayOutcome
+) -> None:
+    """End a stream with a status; a caller already gone cannot get one (see stream_reply)."""
+    try:
+        await context.abort(code, message)
+    except grpc.aio.InternalError:
+        outcome.status = caller.ended_status(context)
+        raise asyncio.CancelledError from None

@@ -1,0 +1,118 @@
+"""`prefix-sidecar vllm-fleet`: start N real vLLM pods on 127.0.0.1 and serve until told.
+
+Builds the tiny model once (into .artifacts/vllm-tiny/), starts the pods from the vLLM venv
+(`make vllm-venv`), one core each in turn, and prints one URL per line, then
+`PODS url1,url2,...` for scripts. Stops every pod and its workers on Ctrl-C, SIGTERM or the
+end of stdin (so a script that pipes into it and exits takes the fleet with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from prefix_sidecar_tools.vllm.fleet import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_KV_BYTES,
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MODEL_DIR,
+    VllmFleet,
+    VllmUnavailable,
+    ensure_tiny_model,
+    require_vllm_python,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "vllm-fleet",
+        help="run a fleet of real vLLM pods (CPU, tiny model)",
+        description="Start N real vLLM pods on 127.0.0.1 from the vLLM venv (make vllm-venv).",
+    )
+    parser.add_argument("--pods", type=int, default=2, help="number of pods (2)")
+    parser.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=DEFAULT_KV_BYTES,
+        help=f"KV cache per pod in bytes; 2,048 a token ({DEFAULT_KV_BYTES})",
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, help="context length"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"KV block size in tokens, a multiple of 32 ({DEFAULT_BLOCK_SIZE})",
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=DEFAULT_MODEL_DIR,
+        help="where the tiny model is built and cached",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pods < 1:
+        print("prefix-sidecar vllm-fleet: error: --pods must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        python = require_vllm_python()
+        model = ensure_tiny_model(python, args.model_dir)
+        fleet = VllmFleet(
+            model,
+            args.pods,
+            python=python,
+            kv_cache_bytes=args.kv_cache_bytes,
+            max_model_len=args.max_model_len,
+            block_size=args.block_size,
+        )
+        return asyncio.run(_serve(fleet))
+    except (VllmUnavailable, ValueError, RuntimeError, TimeoutError) as exc:
+        print(f"prefix-sidecar vllm-fleet: {exc}", file=sys.stderr)
+        return 1
+
+
+def _set_at_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """Read stdin to its end, then set `stop`. A daemon thread, not the loop's executor:
+    a blocked read must not hold up the exit after Ctrl-C."""
+    while sys.stdin.buffer.read(65536):
+        pass
+    loop.call_soon_threadsafe(stop.set)
+
+
+async def _serve(fleet: VllmFleet) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    started = time.monotonic()
+    async with fleet:
+        print(
+            f"{len(fleet.pods)} vLLM pods ready in {time.monotonic() - started:.1f} s, "
+            f"model {fleet.model!r}",
+            file=sys.stderr,
+        )
+        for url in fleet.urls:
+            print(url)
+        print("PODS " + ",".join(fleet.urls), flush=True)
+        threading.Thread(target=_set_at_eof, args=(loop, stop), daemon=True).start()
+        reported: set[str] = set()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                for pod in fleet.pods:
+                    exited = pod.process is not None and pod.process.returncode is not None
+                    if exited and pod.url not in reported:
+                        reported.add(pod.url)
+                        print(f"pod {pod.url} exited", file=sys.stderr, flush=True)
+        print("stopping pods", file=sys.stderr, flush=True)
+    return 0
