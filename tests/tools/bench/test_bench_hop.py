@@ -11,17 +11,17 @@ import math
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.bench.hop import MODES, PATHS
+from prefix_sidecar_tools.bench.hop import FRAME_MODES, MODES, PATHS
 
 from tests.cli import run_cli
 
 
 def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
     report_path = tmp_path / "hop.json"
-    done = run_cli("bench", "hop", "--quick", "--json", str(report_path))
+    done = run_cli("bench", "hop", "--quick", "--frame-ab", "--json", str(report_path))
     assert done.returncode == 0, done.stderr
     report = json.loads(report_path.read_text())
-    assert set(report["latency"]) == set(MODES)
+    assert set(report["latency"]) == {*MODES, *FRAME_MODES}
     for mode, stats in report["latency"].items():
         assert stats["n"] == 30, mode
         assert 0 < stats["p50_us"] <= stats["p99_us"], mode
@@ -29,7 +29,7 @@ def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
     for name, value in report["ratios"].items():
         assert math.isfinite(value) and value > 0, name
     assert math.isfinite(report["sidecar_overhead_ms"]["p50"])
-    assert set(report["http_overhead_ms"]) == {"http", "proxy", "raw"}
+    assert set(report["http_overhead_ms"]) == {"http", "proxy", "raw", *FRAME_MODES}
     assert all(math.isfinite(v["p50"]) for v in report["http_overhead_ms"].values())
     assert set(report["throughput"]) == set(PATHS) == {"grpc", "http", "proxy"}
     for path, rate in report["throughput"].items():
@@ -40,9 +40,11 @@ def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
     assert wire["thin"] < 2_000 < 240_000 < wire["fat"]
     breakdown = report["route_breakdown_us"]
     assert len(breakdown) >= 6 and all(v > 0 for v in breakdown.values())
-    assert [isinstance(t["met"], bool) for t in report["targets"]] == [True, True, True]
+    assert [isinstance(t["met"], bool) for t in report["targets"]] == [True] * 4
     assert "HTTP front TTFT overhead" in report["targets"][2]["name"]
-    for text in ("Route / echo", "targets", "OpenAI HTTP front", "bare aiohttp proxy", "req/s"):
+    assert "below the bare aiohttp proxy's" in report["targets"][3]["name"]
+    texts = ("Route / echo", "targets", "OpenAI HTTP front", "bare aiohttp proxy", "req/s")
+    for text in (*texts, "server frame A/B", "aiohttp's low-level server"):
         assert text in done.stdout, text
 
 
