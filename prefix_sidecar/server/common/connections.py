@@ -110,8 +110,11 @@ class AcceptLog:
 def install_accept_log(loop: asyncio.AbstractEventLoop) -> AcceptLog:
     """Route asyncio's per-attempt "socket.accept() out of system resource" tracebacks
     through an AcceptLog; every other context goes where it went before."""
-    accept_log = AcceptLog(logger)
     previous = loop.get_exception_handler()
+    installed = getattr(previous, "accept_log", None)
+    if isinstance(installed, AcceptLog):
+        return installed  # once per loop (a sidecar restarted in the same loop)
+    accept_log = AcceptLog(logger)
 
     def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if context.get("message") == _ACCEPT_FAILED:
@@ -121,5 +124,6 @@ def install_accept_log(loop: asyncio.AbstractEventLoop) -> AcceptLog:
         else:
             loop.default_exception_handler(context)
 
+    handle.accept_log = accept_log  # type: ignore[attr-defined]
     loop.set_exception_handler(handle)
     return accept_log

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import gc
 import json
 import json.scanner
 import re
@@ -75,6 +76,7 @@ _CONTAINER = re.compile(_nested(_NESTED))
 # Array elements, each followed by its comma: containers as above, strings, other scalars.
 _RUN = re.compile(rf'(?>[ \t\n\r]*+(?>{_nested(_NESTED)}|[^,\[\]{{}}" \t\n\r]++)[ \t\n\r]*+,)++')
 _WS = re.compile(r"[ \t\n\r]*")
+_walking = 0  # walks under way while the collector is held off (by them)
 _scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # typeshed: the class, not a decoder
 
 
@@ -160,15 +162,28 @@ async def _token_prompt(raw: bytes, steps: _Steps, head_chars: int) -> FrontRequ
 
 
 async def loads_in_steps(raw: bytes, steps: _Steps | None = None) -> Any:
-    """json.loads(raw), in steps of the loop; FrontError 400 when it is not JSON."""
+    """json.loads(raw), in steps of the loop; FrontError 400 when it is not JSON. The
+    collector is held off meanwhile: a full collection would walk the growing tree (270k
+    messages: 10-60 ms a pass, on the loop), which reference counting frees once read."""
+    global _walking
     steps = steps or _Steps()
     text = await _decode(raw, steps)
+    if not _walking and gc.isenabled():
+        gc.disable()
+        _walking = 1
+    elif _walking:
+        _walking += 1
     try:
         return await _walk(text, steps)
     except RecursionError:
         raise too_deep() from None
     except json.JSONDecodeError as exc:
         raise bad_request(f"the body is not valid JSON: {str(exc)[:QUOTE_CHARS]}") from None
+    finally:
+        if _walking:
+            _walking -= 1
+            if not _walking:
+                gc.enable()
 
 
 async def _decode(raw: bytes, steps: _Steps) -> str:
