@@ -145,8 +145,9 @@ def test_child_env_puts_this_checkout_first_and_can_drop_settings(
 ) -> None:
     monkeypatch.setenv("PREFIX_SIDECAR_LOG_LEVEL", "debug")
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
-    root = str(Path(__file__).resolve().parents[2])
-    assert child_env()["PYTHONPATH"] == os.pathsep.join([root, "/elsewhere"])
+    root = Path(__file__).resolve().parents[2]
+    expected = [str(root), str(root / "tools"), "/elsewhere"]  # the runtime's, the tooling's
+    assert child_env()["PYTHONPATH"] == os.pathsep.join(expected)
     assert child_env()["PREFIX_SIDECAR_LOG_LEVEL"] == "debug"
     clean = child_env(clean=True, EXTRA="1")
     assert "PREFIX_SIDECAR_LOG_LEVEL" not in clean and clean["EXTRA"] == "1"
