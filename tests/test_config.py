@@ -11,13 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefix_sidecar_tools.emulator.config import (
-    EmulatorConfig,
-    Faults,
-    add_config_arguments,
-    config_from_args,
-    config_to_argv,
-)
 
 from prefix_sidecar import _core_py, fields, prewarm
 from prefix_sidecar.config import (
@@ -41,6 +34,13 @@ from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
 from prefix_sidecar.routing import anchors, organic, placement, router
 from prefix_sidecar.upstream.tokenize import PrefixSizer
+from prefix_sidecar_tools.emulator.config import (
+    EmulatorConfig,
+    Faults,
+    add_config_arguments,
+    config_from_args,
+    config_to_argv,
+)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 

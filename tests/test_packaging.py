@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
 from prefix_sidecar_tools.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

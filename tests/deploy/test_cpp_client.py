@@ -72,11 +72,10 @@ def cpp_client() -> Path:
 @contextlib.asynccontextmanager
 async def sidecar_with_pods(socket_path: Path) -> AsyncIterator[tuple[str, list[str]]]:
     """PODS emulated pods + one in-process sidecar on `socket_path`; yields (target, urls)."""
-    from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
-
     from prefix_sidecar.config import build_config
     from prefix_sidecar.server.app import Sidecar
     from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+    from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
     async with contextlib.AsyncExitStack() as stack:
         pod_config = EmulatorConfig(time_scale=20)

@@ -18,9 +18,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools import inject
 
 from prefix_sidecar import cli
+from prefix_sidecar_tools import inject
 
 from .conftest import ROOT
 

@@ -38,6 +38,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+
 from prefix_sidecar_tools import inject
 from prefix_sidecar_tools.harness import free_port
 

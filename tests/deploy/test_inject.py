@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from prefix_sidecar_tools import inject
 
+from prefix_sidecar_tools import inject
 from tests.cli import run_cli
 
 from .conftest import validate_k8s

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from prefix_sidecar_tools import inject
 
 from .conftest import K8S_DIR, load_all, validate_k8s

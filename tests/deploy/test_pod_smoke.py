@@ -27,8 +27,8 @@ import pytest
 import yaml
 from dnslib import AAAA, QTYPE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
-from prefix_sidecar_tools import inject
 
+from prefix_sidecar_tools import inject
 from tests.cli import start_cli
 
 from .conftest import K8S_DIR, load_all
@@ -113,9 +113,8 @@ def http_get(url: str) -> tuple[int, str]:
 async def test_the_caller_pod_starts_discovers_prewarms_serves_and_drains(
     tmp_path: Path, dns_port: int
 ) -> None:
-    from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
-
     from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+    from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
     sidecar, data = caller_objects()
     config_dir, socket_dir = tmp_path / "etc", tmp_path / "run"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefix_sidecar_tools.fuzz import Fuzzer, FuzzTarget
 
+from prefix_sidecar_tools.fuzz import Fuzzer, FuzzTarget
 from tests.fake_pod import FakePod, Handler, ok_stream, recording_pod
 from tests.server.conftest import running_sidecar, sidecar_config
 

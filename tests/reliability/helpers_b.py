@@ -25,11 +25,11 @@ import pytest
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prefix_sidecar_tools.emulator import EmulatorConfig
 
 from prefix_sidecar.config import Config, build_config
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorConfig
 
 # 20x real time: a 200-token answer streams for ~0.3 s, long enough to cut it midway.
 FAULT_PODS = EmulatorConfig(time_scale=20.0, max_running=256)

@@ -13,9 +13,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.harness import child_env
 
 from prefix_sidecar import cli
+from prefix_sidecar_tools.harness import child_env
 from tests.cli import run_cli
 
 # (field, bad value as given to --set). Each must fail naming the field.

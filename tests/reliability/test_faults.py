@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.emulator import EmulatorFleet, Faults, get_stats, set_faults
 
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import EmulatorFleet, Faults, get_stats, set_faults
 from tests.reliability.helpers_b import (
     FAULT_PODS,
     PREFIX_TOKENS,

@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.fuzz import RPCS, Fuzzer, over_max_message, split
 
+from prefix_sidecar_tools.fuzz import RPCS, Fuzzer, over_max_message, split
 from tests.cli import run_cli
 
 CI_CASES = 10_000

@@ -17,9 +17,9 @@ import grpc
 import pytest
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator, set_faults
 
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator, set_faults
 from tests.fake_pod import REQUEST, Handler, StartPod, complete, event, respond, text_event
 
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]

@@ -20,14 +20,14 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from prefix_sidecar_tools.bench import fastpod
-from prefix_sidecar_tools.harness import SidecarProcess
-from prefix_sidecar_tools.percentile import percentile
 
 from prefix_sidecar.membership.health import HealthMonitor, MemberStatus
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.bench import fastpod
+from prefix_sidecar_tools.harness import SidecarProcess
+from prefix_sidecar_tools.percentile import percentile
 from tests.fake_pod import REQUEST, Handler, StartPod, complete, event, respond, text_event
 from tests.reliability.helpers_b import short_tmpdir
 

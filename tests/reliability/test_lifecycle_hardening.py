@@ -28,6 +28,8 @@ from pathlib import Path
 import grpc
 import pytest
 from aiohttp import web
+
+from prefix_sidecar.v1 import router_pb2_grpc
 from prefix_sidecar_tools.emulator import EmulatorFleet
 from prefix_sidecar_tools.harness import (
     SidecarProcess,
@@ -36,8 +38,6 @@ from prefix_sidecar_tools.harness import (
     python_command,
     spawn_blocking,
 )
-
-from prefix_sidecar.v1 import router_pb2_grpc
 from tests.fake_pod import event, recording_pod
 from tests.reliability.helpers_b import (
     FAULT_PODS,

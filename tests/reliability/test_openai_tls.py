@@ -9,8 +9,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prefix_sidecar_tools.harness import free_port
 
+from prefix_sidecar_tools.harness import free_port
 from tests.fake_pod import StartPod
 
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]

@@ -20,10 +20,10 @@ from typing import Any
 import grpc
 import pytest
 from aiohttp import web
-from prefix_sidecar_tools.harness import child_env, free_port
 
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.harness import child_env, free_port
 from tests.cli import run_cli, start_cli
 from tests.fake_pod import Handler, StartPod
 

@@ -18,10 +18,10 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prefix_sidecar_tools.emulator import EmulatorFleet, Faults
-from prefix_sidecar_tools.harness import SidecarProcess
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorFleet, Faults
+from prefix_sidecar_tools.harness import SidecarProcess
 from tests.reliability.helpers_b import (
     FAULT_PODS,
     StreamResult,

@@ -21,10 +21,10 @@ import aiohttp
 import grpc
 import pytest
 from aiohttp import web
-from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
 from tests.fake_pod import StartPod, ok_stream, sse_ok, text_event
 from tests.server.conftest import cli_sidecar, free_port, running_sidecar, sidecar_config
 

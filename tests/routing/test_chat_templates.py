@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.emulator.protocol import render_chat
 
 from prefix_sidecar.routing.chat_templates import (
     NOT_FOLLOWED,
@@ -19,6 +18,7 @@ from prefix_sidecar.routing.chat_templates import (
     turn_marks_escaped,
 )
 from prefix_sidecar.routing.session_follow import NO_MARK
+from prefix_sidecar_tools.emulator.protocol import render_chat
 
 GOLDEN = Path(__file__).resolve().parents[1] / "core" / "golden.json"
 

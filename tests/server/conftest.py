@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
-from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
 
 from prefix_sidecar import _core
 from prefix_sidecar.config import Config, build_config
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
+from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
 
 # Functional tests: 1000x faster than real time, every stage still modelled.
 FAST = EmulatorConfig(time_scale=1000.0)

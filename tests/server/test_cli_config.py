@@ -11,10 +11,10 @@ from typing import Any
 
 import grpc
 import pytest
-from prefix_sidecar_tools.emulator import get_stats
 
 from prefix_sidecar import _core
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import get_stats
 
 from .conftest import CLI, cli_env, cli_sidecar, owner_ring, wait_serving
 

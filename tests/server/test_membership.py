@@ -11,10 +11,10 @@ from typing import Any
 
 import grpc
 import pytest
-from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator, set_faults
 
 from prefix_sidecar import _core
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator, set_faults
 from tests.membership.conftest import DnsFixture, EditableResolver
 
 from .conftest import (

@@ -21,12 +21,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prefix_sidecar_tools.emulator import run_emulator
-from prefix_sidecar_tools.emulator.protocol import render_chat
 
 from prefix_sidecar.routing import organic
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import run_emulator
+from prefix_sidecar_tools.emulator.protocol import render_chat
 
 from .conftest import FAST, collect, free_port, requests_per_pod, running_sidecar, sidecar_config
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
-from prefix_sidecar_tools.emulator.tokenizer import count_tokens
 
 from prefix_sidecar.membership.load_signals import poller, rules
 from prefix_sidecar.server.app import Sidecar
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
+from prefix_sidecar_tools.emulator.tokenizer import count_tokens
 
 from .conftest import sidecar_config, wait_for
 

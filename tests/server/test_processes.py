@@ -14,11 +14,11 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
 
 from prefix_sidecar import _core
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
 
 from .conftest import FAST, cli_sidecar, owner_ring, sidecar_config, wait_for, wait_serving
 

@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.cost import CostParams, daily_cost
 
+from prefix_sidecar_tools.cost import CostParams, daily_cost
 from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from prefix_sidecar_tools.harness import (
     SidecarProcess,
     child_env,

@@ -6,6 +6,7 @@ import math
 import random
 
 import pytest
+
 from prefix_sidecar_tools.percentile import percentile
 
 

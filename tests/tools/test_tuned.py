@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from prefix_sidecar_tools import tuned
 
 from prefix_sidecar.config import FIELDS, REMOVED_FIELDS
 from prefix_sidecar.membership.load_signals import poller
 from prefix_sidecar.routing import organic
+from prefix_sidecar_tools import tuned
 
 
 def test_every_tunable_names_an_existing_constant_and_a_former_field() -> None:

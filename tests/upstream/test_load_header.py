@@ -7,12 +7,12 @@ import json
 
 import pytest
 from aiohttp import web
-from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 from prefix_sidecar.membership.load_signals import LoadSignals, PodReport
 from prefix_sidecar.upstream.answer import PodAnswer
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2, "stream": True}).encode()
 

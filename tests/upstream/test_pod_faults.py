@@ -14,13 +14,13 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from prefix_sidecar_tools.attack.pods import RAW_MODES, UNASKED_TEXT, raw_pod
-from prefix_sidecar_tools.harness import free_port
 
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.attack.pods import RAW_MODES, UNASKED_TEXT, raw_pod
+from prefix_sidecar_tools.harness import free_port
 from tests.server.conftest import running_sidecar, sidecar_config
 
 CALLERS = 12  # with two pods, the broken one is some caller's first choice (1 - 2**-12)

@@ -11,11 +11,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
-from prefix_sidecar_tools.emulator.tokenizer import count_tokens as emulator_count
 
 from prefix_sidecar.prefixes import PrefixError, PrefixStore
 from prefix_sidecar.upstream.tokenize import PrefixSizer, TokenizeError, count_tokens, read_count
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
+from prefix_sidecar_tools.emulator.tokenizer import count_tokens as emulator_count
 
 
 class Tokenizer:

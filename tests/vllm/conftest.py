@@ -21,10 +21,10 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
-from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
-from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
+from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
 
 PODS = 2
 # Seconds: a pod's start (the fleet fixture runs inside the first test's timeout) and a

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 import aiohttp
-from prefix_sidecar_tools.harness import child_env, python_command, spawn, terminate
 
+from prefix_sidecar_tools.harness import child_env, python_command, spawn, terminate
 from tests.vllm.conftest import VLLM_TESTS, processes_within
 
 pytestmark = VLLM_TESTS

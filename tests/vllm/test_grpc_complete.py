@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+
+from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.reports import (
     cache_counters,
@@ -22,8 +24,6 @@ from prefix_sidecar_tools.vllm.reports import (
     whole_blocks,
 )
 from prefix_sidecar_tools.vllm.tiny_model import document
-
-from prefix_sidecar.v1 import router_pb2
 from tests.vllm.conftest import VLLM_TESTS, complete_usage, register_prewarmed, router_stub
 
 pytestmark = VLLM_TESTS

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import openai
+
+from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.reports import whole_blocks
 from prefix_sidecar_tools.vllm.tiny_model import document
-
-from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from tests.vllm.conftest import VLLM_TESTS, serving_sidecar
 
 pytestmark = VLLM_TESTS

@@ -6,9 +6,6 @@ the pod says by another road (its flags, reports.tokenize)."""
 from __future__ import annotations
 
 import aiohttp
-from prefix_sidecar_tools.vllm.fleet import VllmFleet
-from prefix_sidecar_tools.vllm.reports import tokenize
-from prefix_sidecar_tools.vllm.tiny_model import document
 
 from prefix_sidecar.membership.load_signals import (
     FORMAT_HEADER,
@@ -17,6 +14,9 @@ from prefix_sidecar.membership.load_signals import (
     parse_load_header,
 )
 from prefix_sidecar.upstream.tokenize import count_tokens
+from prefix_sidecar_tools.vllm.fleet import VllmFleet
+from prefix_sidecar_tools.vllm.reports import tokenize
+from prefix_sidecar_tools.vllm.tiny_model import document
 from tests.vllm.conftest import VLLM_TESTS
 
 pytestmark = VLLM_TESTS

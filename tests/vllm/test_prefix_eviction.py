@@ -15,6 +15,7 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.reports import (
     cache_counters,
@@ -24,7 +25,6 @@ from prefix_sidecar_tools.vllm.reports import (
     whole_blocks,
 )
 from prefix_sidecar_tools.vllm.tiny_model import document
-
 from tests.vllm.conftest import VLLM_TESTS, complete_usage, register_prewarmed, router_stub
 
 pytestmark = VLLM_TESTS

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from prefix_sidecar_tools.vllm import tiny_model
 from prefix_sidecar_tools.vllm.fleet import MAX_TMPDIR_CHARS, VllmFleet, VllmPod
 from prefix_sidecar_tools.vllm.reports import (

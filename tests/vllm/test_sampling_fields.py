@@ -13,10 +13,10 @@ from typing import Any
 import aiohttp
 import grpc
 import openai
-from prefix_sidecar_tools.vllm.fleet import VllmFleet
 
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from tests.vllm.conftest import VLLM_TESTS, serving_sidecar
 
 pytestmark = VLLM_TESTS

@@ -11,6 +11,7 @@ asserted: that is the measurement.
 from __future__ import annotations
 
 import aiohttp
+
 from prefix_sidecar_tools.vllm.boundary import (
     HEADER,
     JOINS,
@@ -20,7 +21,6 @@ from prefix_sidecar_tools.vllm.boundary import (
 )
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.reports import whole_blocks
-
 from tests.vllm.conftest import VLLM_TESTS
 
 pytestmark = VLLM_TESTS

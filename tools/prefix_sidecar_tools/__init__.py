@@ -18,8 +18,7 @@ import prefix_sidecar
 # wherever) the packages are installed.
 IMPORT_ROOTS = tuple(
     dict.fromkeys(
-        str(Path(folder).resolve().parent)
-        for folder in (*prefix_sidecar.__path__, *__path__)
+        str(Path(folder).resolve().parent) for folder in (*prefix_sidecar.__path__, *__path__)
     )
 )
 # The checkout's root when the tooling runs from one (tools/prefix_sidecar_tools): where the

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import ClientSession, web
-from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 from prefix_sidecar.membership.load_signals import (
     LoadSignals,
@@ -18,6 +17,7 @@ from prefix_sidecar.membership.load_signals import (
 )
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 VLLM_TEXT = "TEXT named_metrics.kv_cache_usage_perc=0.42, named_metrics.num_requests_waiting=3.0"
 VLLM_JSON = 'JSON {"named_metrics": {"kv_cache_usage_perc": 0.42, "num_requests_waiting": 3.0}}'

@@ -7,7 +7,6 @@ import time
 
 import pytest
 from aiohttp import ClientSession
-from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 from prefix_sidecar.membership.load_signals import (
     MAX_HEADER_CHARS,
@@ -16,6 +15,7 @@ from prefix_sidecar.membership.load_signals import (
     parse_load_header,
     parse_metrics,
 )
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 from .conftest import VLLM_JSON, VLLM_PAGE, VLLM_TEXT
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
-from prefix_sidecar_tools.emulator import run_emulator
 
 from prefix_sidecar.membership.pool import EJECTED, SERVING, WARMING
 from prefix_sidecar.metrics import Metrics, start_metrics_server
 from prefix_sidecar.server.common.probes import LIVE_PATH, READY_PATH, Readiness, probe_routes
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import run_emulator
 from tests.server.conftest import FAST, backend_states, cli_sidecar, free_port, wait_for
 
 # --- Readiness, unit ---------------------------------------------------------------------

@@ -20,11 +20,11 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from prefix_sidecar_tools.emulator import run_emulator
 
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.server.common.unix_socket import SocketInUse
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import run_emulator
 from tests.server.conftest import (
     FAST,
     free_port,

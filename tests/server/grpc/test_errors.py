@@ -9,10 +9,10 @@ from typing import Any
 
 import grpc
 import pytest
-from prefix_sidecar_tools.emulator import set_faults
 
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import set_faults
 from tests.server.conftest import (
     backend_states,
     collect,

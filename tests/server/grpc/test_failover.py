@@ -16,10 +16,10 @@ from typing import Any
 
 import grpc
 import pytest
-from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator, set_faults
 
 from prefix_sidecar import _core
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator, set_faults
 from tests.server.conftest import (
     FAST,
     collect,

@@ -12,11 +12,11 @@ from typing import Any
 
 import grpc
 import pytest
-from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator, set_faults
 
 from prefix_sidecar import _core
 from prefix_sidecar.server.app import Sidecar, serve
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator, set_faults
 from tests.server.conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config
 
 RULES = "Cross-store discount priority: platform coupon first, then store coupon. " * 100

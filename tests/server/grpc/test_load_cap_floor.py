@@ -10,11 +10,11 @@ from typing import Any
 
 import grpc
 import pytest
-from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.routing.prefix_affinity import PrefixAffinity
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 from tests.server.conftest import owner_ring, running_sidecar, sidecar_config
 
 RULES = "Store coupons apply before platform coupons; never stack two platform coupons. " * 100

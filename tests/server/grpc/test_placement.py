@@ -11,13 +11,13 @@ import re
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.emulator import run_emulator
 
 from prefix_sidecar import _core
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.routing import placement
 from prefix_sidecar.routing.placement import Placed, place
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import run_emulator
 from tests.server.conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config
 
 TOKENS = 1_000  # each prefix: 4,000 bytes, 1,000 tokens at 4 bytes per token

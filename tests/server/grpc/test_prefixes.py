@@ -8,10 +8,10 @@ from typing import Any
 
 import grpc
 import pytest
-from prefix_sidecar_tools.emulator import get_stats
 
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import get_stats
 from tests.server.conftest import collect, owner_ring
 
 V1 = "Compliance rules v1: no 'lowest price ever'. " * 200

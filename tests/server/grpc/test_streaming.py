@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
 
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
 from tests.fake_pod import answer_with, recording_pod
 from tests.server.conftest import collect, running_sidecar, sidecar_config
 

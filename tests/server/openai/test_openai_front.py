@@ -20,12 +20,12 @@ import httpx2 as httpx
 import openai
 import pytest
 from aiohttp import web
-from prefix_sidecar_tools.emulator import run_emulator
-from prefix_sidecar_tools.harness import SidecarProcess
 
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER, BRANCH_HEADER
+from prefix_sidecar_tools.emulator import run_emulator
+from prefix_sidecar_tools.harness import SidecarProcess
 from tests.server.conftest import (
     FAST,
     cli_env,

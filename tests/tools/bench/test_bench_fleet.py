@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from prefix_sidecar_tools.bench.fleet import (
     BASELINES,
     SIDECAR,
@@ -21,7 +22,6 @@ from prefix_sidecar_tools.bench.fleet import (
     policy_names,
     split_name,
 )
-
 from tests.cli import run_cli
 
 

@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.bench.hop import FRAME_MODES, MODES, PATHS
 
+from prefix_sidecar_tools.bench.hop import FRAME_MODES, MODES, PATHS
 from tests.cli import run_cli
 
 

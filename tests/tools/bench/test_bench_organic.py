@@ -13,6 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from prefix_sidecar import _core
 from prefix_sidecar_tools.bench.organic import policy_names, previous_turns, ttft_floor_ms
 from prefix_sidecar_tools.bench.organic_driver import (
     PATHS,
@@ -38,8 +40,6 @@ from prefix_sidecar_tools.bench.organic_report import (
 from prefix_sidecar_tools.bench.organic_trace import CLASSES, TraceParams, build_trace, router_of
 from prefix_sidecar_tools.emulator import EmulatorConfig
 from prefix_sidecar_tools.emulator.app import run_emulator
-
-from prefix_sidecar import _core
 from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]

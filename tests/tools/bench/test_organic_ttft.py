@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from prefix_sidecar import _core
 from prefix_sidecar_tools.bench import organic_ttft as model
 from prefix_sidecar_tools.bench.organic_oracle import oracle
 from prefix_sidecar_tools.bench.organic_replay import ring_of
@@ -20,8 +22,6 @@ from prefix_sidecar_tools.bench.organic_trace import (
     build_trace,
 )
 from prefix_sidecar_tools.emulator.tokenizer import block_hashes, count_tokens
-
-from prefix_sidecar import _core
 
 # conftest.organic_report: a run -> (the report's path, its pods)
 WriteReport = Callable[[dict[str, Any]], tuple[str, list[str]]]

@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from prefix_sidecar_tools.emulator import EmulatorConfig
 
 # Fast by default: 1000x faster than real time, still with every stage modelled.

@@ -6,6 +6,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from prefix_sidecar_tools.emulator import run_emulator
 
 from .conftest import FAST, parse_sse, post, prompt_of_tokens

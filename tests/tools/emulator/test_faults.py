@@ -8,6 +8,7 @@ import time
 
 import aiohttp
 import pytest
+
 from prefix_sidecar_tools.emulator import (
     EmulatorConfig,
     get_stats,

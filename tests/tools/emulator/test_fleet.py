@@ -10,8 +10,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, Faults, get_stats
 
+from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, Faults, get_stats
 from tests.cli import start_cli
 
 from .conftest import post, prompt_of_tokens

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from prefix_sidecar_tools.emulator.prefix_cache import PrefixCache
 from prefix_sidecar_tools.emulator.tokenizer import block_hashes, count_tokens, token_ids
 

@@ -7,8 +7,9 @@ import asyncio
 import time
 
 import aiohttp
-from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
 from prometheus_client.parser import text_string_to_metric_families
+
+from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
 
 from .conftest import post, prompt_of_tokens
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from prefix_sidecar_tools.plan.capacity import SIDECAR, Unreachable, plan_column
 from prefix_sidecar_tools.plan.scenario import Prefix, Scenario, ScenarioError, Traffic, validate
-
 from tests.cli import run_cli
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from prefix_sidecar_tools.emulator import EmulatorConfig
 from prefix_sidecar_tools.plan.emulator_model import pod_from_emulator, pod_from_emulator_flags
 from prefix_sidecar_tools.plan.scenario import ScenarioError
-
 from tests.cli import run_cli
 
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
-from prefix_sidecar_tools.plan.from_metrics import MetricsError, fetch, hit_rates, parse
-from prefix_sidecar_tools.plan.scenario import Prefix, Scenario, Traffic
 
 from prefix_sidecar.metrics import Metrics
+from prefix_sidecar_tools.plan.from_metrics import MetricsError, fetch, hit_rates, parse
+from prefix_sidecar_tools.plan.scenario import Prefix, Scenario, Traffic
 from tests.cli import run_cli
 
 

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from prefix_sidecar_tools.plan.measure import measure
 from prefix_sidecar_tools.plan.scenario import Pod, Prefix, Scenario, ScenarioError, Traffic
-
 from tests.cli import run_cli
 
 MIX = (

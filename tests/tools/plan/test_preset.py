@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from prefix_sidecar_tools.plan.cli import plan
 from prefix_sidecar_tools.plan.presets import NOTE, NOTE_TABLE
-
 from tests.cli import run_cli
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from prefix_sidecar_tools.plan.queueing import (
     PodQueue,
     ServiceMix,

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from prefix_sidecar_tools.plan.scenario import Scenario, ScenarioError, load_yaml, validate
 
+from prefix_sidecar_tools.plan.scenario import Scenario, ScenarioError, load_yaml, validate
 from tests.cli import run_cli
 
 SCENARIO = """

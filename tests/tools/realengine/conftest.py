@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from prefix_sidecar_tools.realengine.gguf_model import write_model
 from prefix_sidecar_tools.realengine.pods import llama_cpp_available
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from prefix_sidecar_tools.realengine.gguf_model import (
     WORDS,
     ModelShape,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from prefix_sidecar_tools.realengine.pods import LlamaFleet, parse_prompt_evals
 from prefix_sidecar_tools.realengine.workload import (
     affinity,
@@ -21,7 +22,6 @@ from prefix_sidecar_tools.realengine.workload import (
     run_workload,
     summarize,
 )
-
 from tests.tools.realengine.conftest import needs_llama
 
 PODS = 3

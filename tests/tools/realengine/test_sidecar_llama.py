@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from prefix_sidecar_tools.realengine.pods import LlamaFleet, PromptEval
 from prefix_sidecar_tools.realengine.workload import (
     build_requests,
@@ -27,7 +28,6 @@ from prefix_sidecar_tools.realengine.workload import (
     run_workload,
     summarize,
 )
-
 from tests.tools.realengine.conftest import needs_llama
 
 PODS = 4
