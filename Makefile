@@ -5,8 +5,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The demo needs the package and its tooling; the tests also need the test tools and
-# llama.cpp. llama-cpp-python compiles llama.cpp from source (~5 min on 2 cores); pip keeps
+# The demo needs the package and its tooling; the tests also need the test tools, llama.cpp
+# and real vLLM (in .venv-vllm, below). llama-cpp-python compiles llama.cpp from source (~5 min on 2 cores); pip keeps
 # the built wheel in its cache, so later runs on the same machine skip the build.
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
@@ -36,10 +36,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check prefix_sidecar tools tests setup.py
 	$(BIN)/mypy
 
-# The whole suite with the extension, then again on the pure-Python twin (without the real
-# engines: the llama.cpp and vLLM tests take minutes and exercise the pods, not which build
-# of the core is loaded).
-test: lint
+# The whole suite with the extension, real vLLM pods included (its venv is built first), then
+# again on the pure-Python twin (without the real engines: the llama.cpp and vLLM tests take
+# minutes and exercise the pods, not which build of the core is loaded).
+test: lint vllm-venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 	SIDECAR_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_engine and not vllm and not slow"
 
