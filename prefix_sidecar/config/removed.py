@@ -1,4 +1,4 @@
-"""The fields cut from the config (issue 26) and where each value lives now.
+"""The fields cut from the config and where each value lives now.
 
 They were tuning constants that only a benchmark could tune, so each is a named constant of
 the module that uses it, equal to the field's old default. A config file, flag or env var

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 
 from prefix_sidecar.metrics import FRONT_HTTP
 from prefix_sidecar.routing.router import Decision
@@ -158,26 +158,6 @@ async def forward(
     `outcome` gets the pod, the attempts, the status, the TTFT and the usage. A streamed
     answer's first byte has the first-token budget; a whole answer's (headers come when it
     is done) has the request's."""
-    try:
-        return await _send(relay, request, decision, path, body, headers, stream, outcome)
-    except ConnectionError:
-        # The caller left between the handler's cancellation and our write (its transport
-        # closing, the cancel not yet delivered): nobody to answer, and no server error.
-        outcome.status = "CANCELLED"
-        logger.info("the caller left before its answer was written")
-        return Response(499)  # the server finds the connection gone and writes nothing
-
-
-async def _send(
-    relay: Relay,
-    request: Request,
-    decision: Decision,
-    path: str,
-    body: bytes,
-    headers: Mapping[str, str],
-    stream: bool,
-    outcome: RelayOutcome,
-) -> Response | StreamedResponse:
     exchange = ByteExchange(relay.client, path, body, headers)
     parts = relay.attempts(
         decision.preference,
@@ -187,6 +167,25 @@ async def _send(
         first_timeout_s=None if stream else relay.policy.upstream_timeout_s,
         forced_first=decision.forced,
     )
+    try:
+        return await _send(request, decision, exchange, parts, outcome)
+    except ConnectionError:
+        # The caller left between the handler's cancellation and our write (its transport
+        # closing, the cancel not yet delivered): nobody to answer, and no server error.
+        outcome.status = "CANCELLED"
+        logger.info("the caller left before its answer was written")
+        return Response(499)  # the server finds the connection gone and writes nothing
+
+
+async def _send(
+    request: Request,
+    decision: Decision,
+    exchange: ByteExchange,
+    parts: AsyncGenerator[bytes, None],
+    outcome: RelayOutcome,
+) -> Response | StreamedResponse:
+    """The pod's answer, written to the caller as its parts come; a refusal or a break
+    after the first byte answered as the caller's client understands it."""
     answer: StreamedResponse | None = None
     last = b""  # the end of an answer read whole: sent with its end, in one write
     try:

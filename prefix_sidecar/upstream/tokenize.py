@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 
 from prefix_sidecar.prefixes import PrefixStore
-from prefix_sidecar.upstream.capped import read_capped
+from prefix_sidecar.upstream.capped import FetchError, fetch_capped
 
 logger = logging.getLogger(__name__)
 
@@ -61,19 +61,11 @@ async def _post(
     session: aiohttp.ClientSession, url: str, body: dict[str, str], timeout_s: float, limit: int
 ) -> Any:
     try:
-        async with session.post(
-            url,
-            json=body,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            allow_redirects=False,
-        ) as response:
-            if response.status != 200:
-                raise TokenizeError(f"HTTP {response.status}")
-            raw = await read_capped(response, limit)
-            if raw is None:
-                raise TokenizeError(f"the answer is over {limit} bytes")
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        raise TokenizeError(exc.__class__.__name__) from None
+        raw = await fetch_capped(session, "POST", url, json=body, timeout_s=timeout_s, limit=limit)
+    except FetchError as exc:
+        raise TokenizeError(str(exc)) from None
+    if raw is None:
+        raise TokenizeError(f"the answer is over {limit} bytes")
     try:
         if len(raw) <= PARSE_INLINE_BYTES:
             return json.loads(raw)

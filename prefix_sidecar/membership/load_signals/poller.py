@@ -16,7 +16,7 @@ import aiohttp
 
 from prefix_sidecar.membership.load_signals.parse import MAX_METRICS_BYTES, PodReport, parse_metrics
 from prefix_sidecar.membership.load_signals.rules import LoadSignals
-from prefix_sidecar.upstream.capped import read_capped
+from prefix_sidecar.upstream.capped import FetchError, fetch_capped
 
 logger = logging.getLogger(__name__)
 
@@ -43,19 +43,18 @@ async def fetch_metrics(
 ) -> PodReport:
     """GET the pod's /metrics: bounded in time and bytes, no redirect; parsed."""
     try:
-        async with session.get(
+        body = await fetch_capped(
+            session,
+            "GET",
             url + path,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            allow_redirects=False,
+            timeout_s=timeout_s,
+            limit=max_bytes,
             headers={"Accept": "text/plain"},
-        ) as response:
-            if response.status != 200:
-                raise MetricsError(f"{url}{path}: HTTP {response.status}")
-            body = await read_capped(response, max_bytes)
-            if body is None:
-                raise MetricsError(f"{url}{path}: more than {max_bytes} bytes")
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        raise MetricsError(f"{url}{path}: {exc.__class__.__name__}") from None
+        )
+    except FetchError as exc:
+        raise MetricsError(f"{url}{path}: {exc}") from None
+    if body is None:
+        raise MetricsError(f"{url}{path}: more than {max_bytes} bytes")
     text = body.decode("utf-8", "replace")
     # Parsing ~100 KiB takes ~1 ms; a page at the byte limit, ~5 ms: within one loop step.
     return parse_metrics(text)

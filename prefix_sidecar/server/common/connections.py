@@ -2,13 +2,13 @@
 
 Every connection holds an fd. A process whose fds run out can no longer accept, open a pod
 connection, or answer a health check: under systemd's default soft nofile of 1,024, 1,100
-idle HTTP connections made every gRPC call time out (issue 27, defect 4). So, at start:
+idle HTTP connections made every gRPC call time out. So, at start:
 - the soft RLIMIT_NOFILE is raised to the hard limit (`raise_fd_limit`), as nginx's
   worker_rlimit_nofile and most servers do: the soft limit is only a default;
 - each front gets a cap (`front_cap`) below what is left: at most 4,096 connections each
-  (the gRPC front's `grpc.max_allowed_incoming_connections` since issue 11), and together
-  no more than three quarters of the fds, the last quarter (at least 64) kept for pod
-  connections, the metrics server, logs and files. A connection over its front's cap is
+  (the gRPC front's `grpc.max_allowed_incoming_connections`), and together no more than
+  three quarters of the fds, the last quarter (at least 64) kept for pod connections, the
+  metrics server, logs and files. A connection over its front's cap is
   closed at once (the HTTP front answers it 503 first; grpc closes it in its core);
 - a failing accept (EMFILE, ENFILE, ENOBUFS) is logged at most once per LOG_EVERY_S, with
   a count, not once per attempt: asyncio logs a traceback per failed accept, and 554k of

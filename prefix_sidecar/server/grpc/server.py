@@ -20,16 +20,16 @@ from prefix_sidecar.server.grpc.servicer import RouterServicer
 
 
 def grpc_server(max_message_bytes: int) -> grpc.aio.Server:
-    """A server whose every queue and connection count is bounded (issue 11)."""
+    """A server whose every queue and connection count is bounded."""
     return grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
-            # Hostile-caller limits (issue 11), measured with `prefix-sidecar attack`.
+            # Hostile-caller limits, measured with `prefix-sidecar attack`.
             # HTTP/2 rapid reset: every HEADERS+RST_STREAM still becomes a call that
             # waits in grpc core's pending queue (~30 KB each) until Python takes it;
-            # the old 100,000 pending let RSS grow to 2 GB. grpc counts a reset stream
+            # 100,000 pending let RSS grow to 2 GB. grpc counts a reset stream
             # against max_concurrent_streams until its call is freed, so one connection
             # holds at most 4,096 of them. Lower caps refuse a legitimate caller's
             # streams (RST_STREAM REFUSED_STREAM, UNAVAILABLE to it): a 2,500-call burst

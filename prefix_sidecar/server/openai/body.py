@@ -359,14 +359,6 @@ def _first_message_text(data: dict[str, Any]) -> str:
     if not isinstance(first, dict):
         raise bad_request("each message must be an object", "messages")
     content = first.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    if content is None:
-        return ""
-    raise bad_request("a message's content must be a string or a list of parts", "messages")
+    if content is not None and not isinstance(content, (str, list)):
+        raise bad_request("a message's content must be a string or a list of parts", "messages")
+    return _content_text(content)
