@@ -81,6 +81,19 @@ async def request_head(reader: asyncio.StreamReader) -> int:
     return length
 
 
+def writes_then_waits(answer: bytes, linger_s: float) -> RawHandler:
+    """A raw pod's handler: read one request, write `answer`, then keep the connection open
+    for `linger_s` (so what the client sees comes from the bytes, not from a close)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(linger_s)
+
+    return handler
+
+
 async def answered_ok(lean: UpstreamClient, pod: str, times: int, pause_s: float = 0.0) -> None:
     """`times` requests one after another, each answered "ok", read whole and closed."""
     for _ in range(times):
@@ -176,12 +189,7 @@ async def test_a_bad_head_is_an_error_and_bounded(answer: bytes, match: str) -> 
     chunked as the only Transfer-Encoding, no protocol switch, at most MAX_INTERIM 1xx,
     headers within MAX_HEAD however they are split. Each is a pod failure."""
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await request_head(reader)
-        writer.write(answer)
-        await writer.drain()
-        await asyncio.sleep(1)
-
+    handler = writes_then_waits(answer, 1)
     lean = client()
     async with raw_pod(handler) as pod:
         with pytest.raises(UpstreamError, match=match) as caught:
@@ -225,12 +233,7 @@ async def test_a_pod_that_never_answers_is_a_pod_failure_at_the_deadline() -> No
 
 
 async def test_a_stalled_answer_ends_at_the_deadline() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await request_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-        await writer.drain()
-        await asyncio.sleep(5)
-
+    handler = writes_then_waits(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", 5)
     lean = client()
     async with raw_pod(handler) as pod:
         answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=0.3)
@@ -286,12 +289,9 @@ async def test_answers_open_to_one_pod_are_bounded() -> None:
 
 
 async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await request_head(reader)
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        await asyncio.sleep(0.5)
-
+    handler = writes_then_waits(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 0.5
+    )
     lean = client()
     async with raw_pod(handler) as pod:
         answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
