@@ -56,12 +56,20 @@ def sse_ok(text: str = "hello", chat: bool = False) -> bytes:
 
 
 def respond(
-    *parts: bytes, content_type: str = "text/event-stream", cut: bool = False, pause: float = 0.0
+    *parts: bytes,
+    content_type: str = "text/event-stream",
+    cut: bool = False,
+    pause: float = 0.0,
+    stall_s: float = 0.0,
+    cut_after_s: float = 0.0,
 ) -> Handler:
-    """A handler writing `parts` as a chunked 200 response, `pause` s apart (so the sidecar
-    relays each before the next); `cut` drops the connection instead of ending the body."""
+    """A handler writing `parts` as a chunked 200 response after `stall_s`, `pause` s apart
+    (so the sidecar relays each before the next); `cut` drops the connection instead of
+    ending the body, `cut_after_s` after the last part."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        if stall_s:
+            await asyncio.sleep(stall_s)
         response = web.StreamResponse(headers={"Content-Type": content_type})
         await response.prepare(request)
         for index, part in enumerate(parts):
@@ -69,6 +77,8 @@ def respond(
                 await asyncio.sleep(pause)
             await response.write(part)
         if cut:
+            if cut_after_s:
+                await asyncio.sleep(cut_after_s)
             assert request.transport is not None
             request.transport.abort()
         else:
