@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_sidecar.v1 import router_pb2
+from tests.api_key import API_KEY_SOURCES, debug_settings_with_key
 from tests.server.conftest import collect, free_port, running_sidecar, sidecar_config, wait_serving
 
 SECRET = "sk-prod-7c1e5b2a9d-do-not-log"
@@ -160,7 +161,7 @@ async def recording_pod(headers: list[dict[str, str]]) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("source", ["env", "file"])
+@pytest.mark.parametrize("source", API_KEY_SOURCES)
 async def test_api_key_is_sent_as_bearer_and_never_logged(
     source: str,
     tmp_path: Path,
@@ -168,13 +169,7 @@ async def test_api_key_is_sent_as_bearer_and_never_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    values: dict[str, object] = {"log_level": "debug"}
-    if source == "env":
-        monkeypatch.setenv("PREFIX_SIDECAR_API_KEY", SECRET)
-    else:
-        key_file = tmp_path / "api-key"
-        key_file.write_text(SECRET + "\n", encoding="utf-8")
-        values["api_key_file"] = str(key_file)
+    values = debug_settings_with_key(source, SECRET, tmp_path, monkeypatch)
     headers: list[dict[str, str]] = []
     async with recording_pod(headers) as pod:
         config = sidecar_config(tmp_path, [pod], **values)
