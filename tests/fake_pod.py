@@ -29,6 +29,19 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DONE = b"data: [DONE]\n\n"
 
 
+async def start_site(app: web.Application, **runner_options: Any) -> tuple[web.AppRunner, str]:
+    """Serve `app` on a free port of 127.0.0.1: its runner (the caller cleans it up) and its
+    base URL."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
 def event(payload: Any) -> bytes:
     """One SSE event carrying `payload` as JSON."""
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
@@ -136,11 +149,8 @@ async def recording_pod(handler: Handler = ok_stream) -> AsyncIterator[FakePod]:
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", inference)
     app.router.add_post("/v1/chat/completions", inference)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
+    runner, pod.url = await start_site(app, access_log=None, shutdown_timeout=0.5)
     try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        pod.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         yield pod
     finally:
         await asyncio.wait_for(runner.cleanup(), 5)

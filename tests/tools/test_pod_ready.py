@@ -12,6 +12,7 @@ from aiohttp import web
 
 from prefix_sidecar_tools.harness import free_port
 from prefix_sidecar_tools.pod_ready import poll_until_ready
+from tests.fake_pod import start_site
 
 
 async def test_ready_once_the_pod_answers_200_after_refusing() -> None:
@@ -22,11 +23,8 @@ async def test_ready_once_the_pod_answers_200_after_refusing() -> None:
 
     app = web.Application()
     app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/health"
+    runner, base_url = await start_site(app)
+    url = base_url + "/health"
     try:
         async with aiohttp.ClientSession() as session:
             waited = await poll_until_ready(

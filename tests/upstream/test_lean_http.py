@@ -15,6 +15,7 @@ from prefix_sidecar.upstream.answer import PodAnswer
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.pod_connection import MAX_HEAD, PodHTTPError
+from tests.fake_pod import start_site
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -41,13 +42,9 @@ async def aiohttp_pod() -> AsyncIterator[tuple[str, list[object]]]:
     app = web.Application()
     app.router.add_post("/whole", whole)
     app.router.add_post("/chunked", chunked)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, base_url = await start_site(app)
     try:
-        yield f"http://127.0.0.1:{port}", seen
+        yield base_url, seen
     finally:
         await runner.cleanup()
 

@@ -15,6 +15,7 @@ from prefix_sidecar.upstream.answer import PodAnswer
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
+from tests.fake_pod import start_site
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -49,11 +50,8 @@ async def _bare_pod(
     header cannot make it look like the whole fleet is saturated."""
     app = web.Application()
     app.router.add_post("/v1/completions", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, base_url = await start_site(app)
+    url = base_url
     loads: dict[str, int | None] = {}
     signals = LoadSignals(loads.__setitem__, over_cap=lambda u: 9)
     signals.set_members([url, "http://127.0.0.1:9"])

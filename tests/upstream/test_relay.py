@@ -23,7 +23,7 @@ from prefix_sidecar.upstream.chunks import split_utf8
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import TRUNCATED, Relay, RelayOutcome, RelayPolicy
 from prefix_sidecar.v1 import router_pb2
-from tests.fake_pod import respond
+from tests.fake_pod import respond, start_site
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -91,12 +91,8 @@ async def start_pod() -> AsyncIterator[Callable[[Handler], Awaitable[Pod]]]:
 
         app = web.Application()
         app.router.add_post("/v1/completions", inference)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
+        runner, pod.url = await start_site(app, access_log=None, shutdown_timeout=0.5)
         runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        pod.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         return pod
 
     yield start

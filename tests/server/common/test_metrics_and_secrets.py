@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_sidecar.v1 import router_pb2
 from tests.api_key import API_KEY_SOURCES, debug_settings_with_key
+from tests.fake_pod import start_site
 from tests.server.conftest import collect, free_port, running_sidecar, sidecar_config, wait_serving
 
 SECRET = "sk-prod-7c1e5b2a9d-do-not-log"
@@ -152,11 +153,9 @@ async def recording_pod(headers: list[dict[str, str]]) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    runner, base_url = await start_site(app, access_log=None)
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield base_url
     finally:
         await runner.cleanup()
 
