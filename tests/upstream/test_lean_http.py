@@ -78,6 +78,21 @@ async def request_head(reader: asyncio.StreamReader) -> int:
     return length
 
 
+def ok_once_per_connection(connections: list[None], read_next: bool) -> RawHandler:
+    """A raw pod's handler: note the connection in `connections`, answer one request "ok",
+    then (`read_next`) read the next request too, and close the connection."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(None)
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        if read_next:
+            await request_head(reader)
+
+    return handler
+
+
 def writes_then_waits(answer: bytes, linger_s: float) -> RawHandler:
     """A raw pod's handler: read one request, write `answer`, then keep the connection open
     for `linger_s` (so what the client sees comes from the bytes, not from a close)."""
@@ -147,20 +162,13 @@ async def test_an_answer_delimited_by_the_connections_end() -> None:
 
 
 async def test_a_stale_idle_connection_is_replaced_without_an_error() -> None:
-    connections = 0
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        await request_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        # ... and the pod closes the kept-alive connection, as an idle timeout does.
-
+    connections: list[None] = []
+    # ... and then the pod closes the kept-alive connection, as an idle timeout does.
+    handler = ok_once_per_connection(connections, read_next=False)
     lean = client()
     async with raw_pod(handler) as pod:
         await answered_ok(lean, pod, 3, pause_s=0.05)
-    assert connections == 3
+    assert len(connections) == 3
     await lean.close()
 
 
@@ -252,20 +260,13 @@ async def test_a_refused_connection_is_a_connection_failure() -> None:
 
 
 async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_once() -> None:
-    connections = 0
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        await request_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        await request_head(reader)  # the next request on this connection: closed, unanswered
-
+    connections: list[None] = []
+    # the next request on each connection is read, and the connection closed unanswered
+    handler = ok_once_per_connection(connections, read_next=True)
     lean = client()
     async with raw_pod(handler) as pod:
         await answered_ok(lean, pod, 2)
-    assert connections == 2  # the second request went again on a new connection
+    assert len(connections) == 2  # the second request went again on a new connection
     await lean.close()
 
 
