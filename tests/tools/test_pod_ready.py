@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
@@ -15,6 +16,22 @@ from prefix_sidecar_tools.pod_ready import poll_until_ready
 from tests.fake_pod import start_site
 
 
+@dataclass
+class Pod:
+    url: str
+    port: int
+    process: asyncio.subprocess.Process | None = None
+    log: str = "the log"
+
+    def log_tail(self) -> str:
+        return self.log
+
+
+def nobody_listens() -> Pod:
+    port = free_port()
+    return Pod(f"http://127.0.0.1:{port}", port)
+
+
 async def test_ready_once_the_pod_answers_200_after_refusing() -> None:
     answers = iter([503, 503])
 
@@ -23,33 +40,29 @@ async def test_ready_once_the_pod_answers_200_after_refusing() -> None:
 
     app = web.Application()
     app.router.add_get("/health", health)
-    runner, base_url = await start_site(app)
-    url = base_url + "/health"
+    runner, url = await start_site(app)
     try:
         async with aiohttp.ClientSession() as session:
-            waited = await poll_until_ready(
-                session, url, None, what="pod", log_tail=str, timeout=5, poll_s=0.05
-            )
+            pod = Pod(url, int(url.rsplit(":", 1)[1]))
+            waited = await poll_until_ready(session, pod, "/health", "test", 5, 0.05)
     finally:
         await runner.cleanup()
     assert 0.1 <= waited < 5  # two refusals, 0.05 s apart at least
 
 
 async def test_an_exited_process_fails_at_once_with_its_log_tail() -> None:
-    process = await asyncio.create_subprocess_exec(sys.executable, "-c", "raise SystemExit(3)")
-    await process.wait()
-    url = f"http://127.0.0.1:{free_port()}/health"
+    pod = nobody_listens()
+    pod.process = await asyncio.create_subprocess_exec(sys.executable, "-c", "raise SystemExit(3)")
+    await pod.process.wait()
+    expected = f"test pod on port {pod.port} exited with code 3; log tail:\nthe log"
     async with aiohttp.ClientSession() as session:
-        with pytest.raises(RuntimeError, match="pod 7 exited with code 3; log tail:\nboom"):
-            await poll_until_ready(
-                session, url, process, what="pod 7", log_tail=lambda: "boom", timeout=5, poll_s=1
-            )
+        with pytest.raises(RuntimeError, match=expected):
+            await poll_until_ready(session, pod, "/health", "test", 5, 1)
 
 
 async def test_a_pod_that_never_answers_times_out_with_its_log_tail() -> None:
-    url = f"http://127.0.0.1:{free_port()}/health"
+    pod = nobody_listens()
+    expected = f"test pod on port {pod.port} not ready after 0 s; log tail:\nthe log"
     async with aiohttp.ClientSession() as session:
-        with pytest.raises(TimeoutError, match="pod not ready after 0 s; log tail:\nquiet"):
-            await poll_until_ready(
-                session, url, None, what="pod", log_tail=lambda: "quiet", timeout=0.3, poll_s=0.05
-            )
+        with pytest.raises(TimeoutError, match=expected):
+            await poll_until_ready(session, pod, "/health", "test", 0.3, 0.05)

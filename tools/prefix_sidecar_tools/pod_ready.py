@@ -7,32 +7,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 import aiohttp
 
 
+class EnginePod(Protocol):
+    """A pod process of a real engine, as its fleet keeps it."""
+
+    url: str
+    port: int
+    process: asyncio.subprocess.Process | None
+
+    def log_tail(self) -> str: ...
+
+
 async def poll_until_ready(
     session: aiohttp.ClientSession,
-    url: str,
-    process: asyncio.subprocess.Process | None,
-    *,
-    what: str,
-    log_tail: Callable[[], str],
+    pod: EnginePod,
+    path: str,
+    engine: str,
     timeout: float,
     poll_s: float,
 ) -> float:
-    """GET `url` every `poll_s` until it answers 200; the seconds that took. `what` names the
-    pod in the errors: RuntimeError if `process` exits first, TimeoutError after `timeout`."""
+    """GET the pod's `path` every `poll_s` until it answers 200; the seconds that took.
+    RuntimeError if its process exits first, TimeoutError after `timeout`, each naming the
+    `engine` and the pod's port and carrying its log tail."""
+    what = f"{engine} pod on port {pod.port}"
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        if process is not None and process.returncode is not None:
+        if pod.process is not None and pod.process.returncode is not None:
             raise RuntimeError(
-                f"{what} exited with code {process.returncode}; log tail:\n{log_tail()}"
+                f"{what} exited with code {pod.process.returncode}; log tail:\n{pod.log_tail()}"
             )
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with session.get(url) as resp:
+            async with session.get(pod.url + path) as resp:
                 if resp.status == 200:
                     return time.monotonic() - started
         await asyncio.sleep(poll_s)
-    raise TimeoutError(f"{what} not ready after {timeout:.0f} s; log tail:\n{log_tail()}")
+    raise TimeoutError(f"{what} not ready after {timeout:.0f} s; log tail:\n{pod.log_tail()}")

@@ -128,15 +128,7 @@ class LlamaPod:
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float) -> None:
         """Poll GET /v1/models (the server has no /health) until it answers 200."""
-        await poll_until_ready(
-            session,
-            f"{self.url}/v1/models",
-            self.process,
-            what=f"llama.cpp pod on port {self.port}",
-            log_tail=self.log_tail,
-            timeout=timeout,
-            poll_s=0.1,
-        )
+        await poll_until_ready(session, self, "/v1/models", "llama.cpp", timeout, 0.1)
 
     async def stop(self, grace: float = 5.0) -> None:
         if self.process is not None:

@@ -145,15 +145,7 @@ class VllmPod:
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float) -> None:
         """Poll GET /health until it answers 200; fail early if the pod exits."""
-        self.ready_s = await poll_until_ready(
-            session,
-            f"{self.url}/health",
-            self.process,
-            what=f"vLLM pod on port {self.port}",
-            log_tail=self.log_tail,
-            timeout=timeout,
-            poll_s=0.25,
-        )
+        self.ready_s = await poll_until_ready(session, self, "/health", "vLLM", timeout, 0.25)
 
     async def stop(self, grace: float = 15.0) -> int | None:
         if self.process is None:
