@@ -23,6 +23,7 @@ from typing import Any
 
 from prefix_sidecar_tools.attack.pods import RAW_MODES
 from prefix_sidecar_tools.bench.soak import MB, fd_count, rss_bytes
+from prefix_sidecar_tools.emulator.fleet import start_emulator_blocking
 from prefix_sidecar_tools.harness import (
     SERVE,
     SidecarProcess,
@@ -265,17 +266,7 @@ class Harness:
         self.metrics_url = ""
 
     def start_pods(self) -> None:
-        emulator = spawn_blocking(
-            python_command("-m", "prefix_sidecar_tools.emulator", "--port", "0",
-                           "--exit-on-stdin-eof", "--time-scale", "1000"),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )  # fmt: skip
-        self.processes.append(emulator)
-        assert emulator.stdout is not None
-        line = emulator.stdout.readline().decode().split()
-        if len(line) != 2 or line[0] != "READY":
-            raise RuntimeError(f"the emulator did not start (said {line!r})")
-        self.healthy = line[1]
+        self.healthy = start_emulator_blocking(self.processes, "--time-scale", "1000")
         hostile = spawn_blocking(
             python_command("-m", "prefix_sidecar_tools.attack.pods",
                            "--huge-bytes", str(2 * MESSAGE_LIMIT)),
