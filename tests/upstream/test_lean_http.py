@@ -161,14 +161,23 @@ async def test_an_answer_delimited_by_the_connections_end() -> None:
     await lean.close()
 
 
-async def test_a_stale_idle_connection_is_replaced_without_an_error() -> None:
+@pytest.mark.parametrize(
+    ("read_next", "times", "pause_s"),
+    [(False, 3, 0.05), (True, 2, 0.0)],
+    ids=["closed-while-idle", "closed-before-the-answer"],
+)
+async def test_a_kept_alive_connection_the_pod_closed_is_replaced_without_an_error(
+    read_next: bool, times: int, pause_s: float
+) -> None:
+    """The pod answers one request a connection, then closes it: while it is idle (as an
+    idle timeout does), or after reading the next request, unanswered (which is sent again
+    once, on a new connection). Every request is answered, each on its own connection."""
     connections: list[None] = []
-    # ... and then the pod closes the kept-alive connection, as an idle timeout does.
-    handler = ok_once_per_connection(connections, read_next=False)
+    handler = ok_once_per_connection(connections, read_next=read_next)
     lean = client()
     async with raw_pod(handler) as pod:
-        await answered_ok(lean, pod, 3, pause_s=0.05)
-    assert len(connections) == 3
+        await answered_ok(lean, pod, times, pause_s=pause_s)
+    assert len(connections) == times
     await lean.close()
 
 
@@ -256,17 +265,6 @@ async def test_a_refused_connection_is_a_connection_failure() -> None:
     with pytest.raises(UpstreamError) as caught:
         await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)
     assert caught.value.connection_failure
-    await lean.close()
-
-
-async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_once() -> None:
-    connections: list[None] = []
-    # the next request on each connection is read, and the connection closed unanswered
-    handler = ok_once_per_connection(connections, read_next=True)
-    lean = client()
-    async with raw_pod(handler) as pod:
-        await answered_ok(lean, pod, 2)
-    assert len(connections) == 2  # the second request went again on a new connection
     await lean.close()
 
 
