@@ -204,6 +204,16 @@ async def _all_at_once(
     return result
 
 
+async def _open_draining(
+    socket_path: str, result: AbuseResult
+) -> tuple[asyncio.StreamWriter, _H2Drain, asyncio.Task[None]]:
+    """An HTTP/2 connection with its drain task running (see _H2Drain): its writer, the
+    drain and the task; close it with _close_draining."""
+    reader, writer = await _open(socket_path, result)
+    drain = _H2Drain(reader, writer, result)
+    return writer, drain, asyncio.create_task(drain.run())
+
+
 async def _close_draining(writer: asyncio.StreamWriter, draining: asyncio.Task[None]) -> None:
     """Close an HTTP/2 connection and give its drain task 2 s to see the end."""
     await _close(writer)
@@ -239,9 +249,7 @@ async def rapid_reset(
     end = time.monotonic() + deadline_s
 
     async def one() -> None:
-        reader, writer = await _open(socket_path, result)
-        drain = _H2Drain(reader, writer, result)
-        draining = asyncio.create_task(drain.run())
+        writer, drain, draining = await _open_draining(socket_path, result)
         try:
             await _send(writer, PREFACE + frame(SETTINGS, 0, 0), result)
             stream_id = 1
@@ -287,9 +295,7 @@ async def continuation_flood(
     end = time.monotonic() + deadline_s
 
     async def one() -> None:
-        reader, writer = await _open(socket_path, result)
-        drain = _H2Drain(reader, writer, result)
-        draining = asyncio.create_task(drain.run())
+        writer, drain, draining = await _open_draining(socket_path, result)
         try:
             await _send(
                 writer, PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, 0, 1, block), result
