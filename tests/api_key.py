@@ -3,11 +3,13 @@ reaches the pods and never the logs, whichever way it was given (environment or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 API_KEY_SOURCES = ["env", "file"]
+KeySettings = Callable[[str], dict[str, object]]
 
 
 def debug_settings_with_key(

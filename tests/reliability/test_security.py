@@ -24,7 +24,7 @@ from aiohttp import web
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.harness import child_env, free_port
-from tests.api_key import API_KEY_SOURCES, debug_settings_with_key
+from tests.api_key import KeySettings
 from tests.cli import run_cli, start_cli
 from tests.fake_pod import Handler, StartPod
 
@@ -202,17 +202,13 @@ async def key_scenario(stub: Any, pod: Any) -> list[str]:
     return messages
 
 
-@pytest.mark.parametrize("source", API_KEY_SOURCES)
 async def test_api_key_is_sent_as_bearer_never_logged_never_echoed(
-    source: str,
+    key_settings: KeySettings,
     fake_pod: StartPod,
     start_sidecar: StartSidecar,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    fields = debug_settings_with_key(source, SECRET, tmp_path, monkeypatch)
+    fields = key_settings(SECRET)
     pod = await fake_pod()
     async with start_sidecar([pod.url], **fields) as (_, stub):
         messages = await key_scenario(stub, pod)

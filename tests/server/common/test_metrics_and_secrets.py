@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_sidecar.v1 import router_pb2
-from tests.api_key import API_KEY_SOURCES, debug_settings_with_key
+from tests.api_key import KeySettings
 from tests.fake_pod import start_site
 from tests.server.conftest import collect, free_port, running_sidecar, sidecar_config, wait_serving
 
@@ -160,15 +159,10 @@ async def recording_pod(headers: list[dict[str, str]]) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("source", API_KEY_SOURCES)
 async def test_api_key_is_sent_as_bearer_and_never_logged(
-    source: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    key_settings: KeySettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    values = debug_settings_with_key(source, SECRET, tmp_path, monkeypatch)
+    values = key_settings(SECRET)
     headers: list[dict[str, str]] = []
     async with recording_pod(headers) as pod:
         config = sidecar_config(tmp_path, [pod], **values)
