@@ -100,11 +100,6 @@ def _written(header: str, tokens: int, paragraph: Callable[[int], str]) -> str:
 def rules_text(tokens: int = 60_000, seed: int = 0, edition: str = "Double 11") -> str:
     """The platform's marketing compliance rules: articles, commission table, banned words."""
     rng = random.Random(f"rules-{seed}-{edition}")
-    header = (
-        f"PLATFORM MARKETING COMPLIANCE RULES - {edition} mega-sale edition (seed {seed}).\n"
-        "You are the promotion assistant. Check every merchant plan against the rules below, "
-        "quote the article you apply, and never invent a rule.\n\n"
-    )
 
     def article_text(article: int) -> str:
         kind = article % 4
@@ -141,17 +136,17 @@ def rules_text(tokens: int = 60_000, seed: int = 0, edition: str = "Double 11") 
             "item.\n"
         )
 
+    header = (
+        f"PLATFORM MARKETING COMPLIANCE RULES - {edition} mega-sale edition (seed {seed}).\n"
+        "You are the promotion assistant. Check every merchant plan against the rules below, "
+        "quote the article you apply, and never invent a rule.\n\n"
+    )
     return _written(header, tokens, article_text)
 
 
 def script_text(tokens: int = 12_000, seed: int = 0, topic: str = "live-stream") -> str:
     """A live-stream script template: beats, host lines and the rules a host must follow."""
     rng = random.Random(f"script-{seed}-{topic}")
-    header = (
-        f"LIVE-STREAM SCRIPT GUIDE - {topic} (seed {seed}).\n"
-        "Draft a host script for the merchant's product, beat by beat, using only claims "
-        "the compliance rules allow.\n\n"
-    )
 
     def beat_text(beat: int) -> str:
         product = rng.choice(PRODUCTS)
@@ -163,6 +158,11 @@ def script_text(tokens: int = 12_000, seed: int = 0, topic: str = "live-stream")
             f"call to action at minute {rng.randint(1, 9)}.\n"
         )
 
+    header = (
+        f"LIVE-STREAM SCRIPT GUIDE - {topic} (seed {seed}).\n"
+        "Draft a host script for the merchant's product, beat by beat, using only claims "
+        "the compliance rules allow.\n\n"
+    )
     return _written(header, tokens, beat_text)
 
 
