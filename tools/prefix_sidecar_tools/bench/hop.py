@@ -58,6 +58,7 @@ from prefix_sidecar_tools.harness import (
 )
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.report import (
+    add_command,
     add_json_option,
     progress_printer,
     run_and_report,
@@ -651,12 +652,8 @@ def render(report: dict[str, Any]) -> str:
 
 
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "hop",
-        help="the sidecar hop: Route vs a bare gRPC echo, TTFT via sidecar vs direct, thin vs fat",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "the sidecar hop: Route vs a bare gRPC echo, TTFT via sidecar vs direct, thin vs fat"
+    parser = add_command(bench_subparsers, "hop", summary, __doc__)
     parser.add_argument("--iterations", type=int, default=1000, help="measured rounds (1000)")
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured rounds first (50)")
     parser.add_argument(
