@@ -29,6 +29,19 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DONE = b"data: [DONE]\n\n"
 
 
+async def start_site(app: web.Application, **runner_options: Any) -> tuple[web.AppRunner, str]:
+    """Serve `app` on a free port of 127.0.0.1: its runner (the caller cleans it up) and its
+    base URL."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
 def event(payload: Any) -> bytes:
     """One SSE event carrying `payload` as JSON."""
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
@@ -56,12 +69,20 @@ def sse_ok(text: str = "hello", chat: bool = False) -> bytes:
 
 
 def respond(
-    *parts: bytes, content_type: str = "text/event-stream", cut: bool = False, pause: float = 0.0
+    *parts: bytes,
+    content_type: str = "text/event-stream",
+    cut: bool = False,
+    pause: float = 0.0,
+    stall_s: float = 0.0,
+    cut_after_s: float = 0.0,
 ) -> Handler:
-    """A handler writing `parts` as a chunked 200 response, `pause` s apart (so the sidecar
-    relays each before the next); `cut` drops the connection instead of ending the body."""
+    """A handler writing `parts` as a chunked 200 response after `stall_s`, `pause` s apart
+    (so the sidecar relays each before the next); `cut` drops the connection instead of
+    ending the body, `cut_after_s` after the last part."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        if stall_s:
+            await asyncio.sleep(stall_s)
         response = web.StreamResponse(headers={"Content-Type": content_type})
         await response.prepare(request)
         for index, part in enumerate(parts):
@@ -69,6 +90,8 @@ def respond(
                 await asyncio.sleep(pause)
             await response.write(part)
         if cut:
+            if cut_after_s:
+                await asyncio.sleep(cut_after_s)
             assert request.transport is not None
             request.transport.abort()
         else:
@@ -126,11 +149,8 @@ async def recording_pod(handler: Handler = ok_stream) -> AsyncIterator[FakePod]:
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", inference)
     app.router.add_post("/v1/chat/completions", inference)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
+    runner, pod.url = await start_site(app, access_log=None, shutdown_timeout=0.5)
     try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        pod.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         yield pod
     finally:
         await asyncio.wait_for(runner.cleanup(), 5)

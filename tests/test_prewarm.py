@@ -14,6 +14,7 @@ from aiohttp import web
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import RETRYING, WARMED, Prewarmer
 from prefix_sidecar.upstream.client import UpstreamClient
+from tests.fake_pod import start_site
 
 # --- Prewarmer: per-pod slots, released during backoff, jitter ------------------------------
 
@@ -38,12 +39,9 @@ async def pod(handler: Handler) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, base_url = await start_site(app, access_log=None, shutdown_timeout=0.2)
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield base_url
     finally:
         await runner.cleanup()
 

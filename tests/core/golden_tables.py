@@ -10,6 +10,16 @@ from typing import Any
 KEY_SPACE = 1 << 64
 
 
+def ring_from(core: Any, spec: dict[str, Any]) -> Any:
+    """The ring of a golden ring spec, from the twin `core`."""
+    return core.Ring(spec["members"], spec["weights"], spec["vnodes"])
+
+
+def maglev_from(core: Any, spec: dict[str, Any]) -> Any:
+    """The Maglev table of a golden Maglev spec, from the twin `core`."""
+    return core.Maglev(spec["members"], spec["weights"], spec["table_size"])
+
+
 def assert_golden_shares(table: Any, spec: dict[str, Any]) -> None:
     """The golden members and weights, and each member's share exactly its golden arc of the
     key space, arcs summing to it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -13,11 +14,9 @@ from tests.core.golden_tables import (
     assert_golden_lookups,
     assert_golden_shares,
     golden_picks,
+    maglev_from,
+    ring_from,
 )
-
-
-def _ring(core: ModuleType, spec: dict[str, Any]) -> Any:
-    return core.Ring(spec["members"], spec["weights"], spec["vnodes"])
 
 
 def test_golden_file_is_what_the_reference_writes(reference: ModuleType) -> None:
@@ -57,24 +56,42 @@ def test_prefix_id_and_route_key(core: ModuleType, golden: dict[str, Any]) -> No
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["weighted-vnodes4", "five-default"])
-def test_ring_points_and_shares(core: ModuleType, golden: dict[str, Any], which: int) -> None:
+def test_ring_points(core: ModuleType, golden: dict[str, Any], which: int) -> None:
     spec = golden["rings"][which]
-    ring = _ring(core, spec)
+    ring = ring_from(core, spec)
     points = ring.points()
     assert len(points) == spec["point_count"]
     expected_points = [(int(p), m) for p, m in spec.get("points", spec.get("points_head", []))]
     assert points[: len(expected_points)] == expected_points
-    assert_golden_shares(ring, spec)
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["weighted-vnodes4", "five-default"])
-def test_ring_lookups(core: ModuleType, golden: dict[str, Any], which: int) -> None:
-    spec = golden["rings"][which]
-    assert_golden_lookups(_ring(core, spec), spec)
+@pytest.mark.parametrize(
+    ("kind", "which", "build"),
+    [
+        ("rings", 0, ring_from),
+        ("rings", 1, ring_from),
+        ("maglevs", 0, maglev_from),
+        ("maglevs", 1, maglev_from),
+    ],
+    ids=["ring-weighted-vnodes4", "ring-five-default", "maglev-weighted-13", "maglev-five-default"],
+)
+def test_shares_and_lookups(
+    core: ModuleType,
+    golden: dict[str, Any],
+    kind: str,
+    which: int,
+    build: Callable[[ModuleType, dict[str, Any]], Any],
+) -> None:
+    """Key-space shares, and owner and preference lookups at the golden keys, on the rings
+    and the Maglev tables alike."""
+    spec = golden[kind][which]
+    table = build(core, spec)
+    assert_golden_shares(table, spec)
+    assert_golden_lookups(table, spec)
 
 
 def test_picks(core: ModuleType, golden: dict[str, Any]) -> None:
-    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    rings = {spec["name"]: ring_from(core, spec) for spec in golden["rings"]}
     for case, key, expected, min_cap in golden_picks(core, golden["picks"]):
         ring = rings[case["ring"]]
         for loads in (list(case["loads"]), array("q", case["loads"])):
@@ -89,7 +106,7 @@ def test_picks(core: ModuleType, golden: dict[str, Any]) -> None:
 def test_the_floor_vectors_show_both_effects(core: ModuleType, golden: dict[str, Any]) -> None:
     """Among the min_cap > 0 vectors, one keeps a request home that would spill without the
     floor, and one has the floor below the computed cap, so the result is unchanged."""
-    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    rings = {spec["name"]: ring_from(core, spec) for spec in golden["rings"]}
     kept_home, unchanged = 0, 0
     for case in golden["picks"]:
         if int(case["min_cap"]) == 0:
@@ -148,7 +165,7 @@ def _placement_row(prefix: dict[str, Any]) -> str:
 
 
 def test_picks_among_given_homes(core: ModuleType, golden: dict[str, Any]) -> None:
-    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    rings = {spec["name"]: ring_from(core, spec) for spec in golden["rings"]}
     assert {case["branch"] for case in golden["picks_among"]} >= {"home", "spill"}
     for case in golden["picks_among"]:
         ring = rings[case["ring"]]
@@ -165,7 +182,7 @@ def test_placements(core: ModuleType, golden: dict[str, Any]) -> None:
     """prefix_sidecar/routing/placement.py (over either twin's ring) against the reference."""
     from prefix_sidecar.routing.placement import Placed, place
 
-    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    rings = {spec["name"]: ring_from(core, spec) for spec in golden["rings"]}
     for case in golden["placements"]:
         ring = rings[case["ring"]]
         items = [
@@ -186,7 +203,7 @@ def test_the_placement_vectors_show_the_budget_binding(
 ) -> None:
     """The binding case must differ from the plain ring (which overfills a pod), the
     non-binding one must equal it."""
-    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    rings = {spec["name"]: ring_from(core, spec) for spec in golden["rings"]}
     for case in golden["placements"][:2]:
         ring = rings[case["ring"]]
         plain = dict.fromkeys(ring.members, 0)
@@ -221,7 +238,7 @@ def test_chain_keys_share_exactly_the_shared_blocks(golden: dict[str, Any]) -> N
 
 
 def test_session_homes(core: ModuleType, golden: dict[str, Any]) -> None:
-    rings = {spec["name"]: _ring(core, spec) for spec in golden["rings"]}
+    rings = {spec["name"]: ring_from(core, spec) for spec in golden["rings"]}
     for case in golden["organic"]["session_homes"]:
         ring = rings[case["ring"]]
         index = ring.session_home(int(case["family"]), case["homes"], int(case["session"]))

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from prefix_sidecar.membership.health import HealthMonitor, MemberStatus
+from tests.fake_pod import start_site
 
 from .conftest import Backend
 
@@ -229,10 +230,7 @@ async def test_timeout_counts_as_failure(make_monitor: MonitorFactory, closed_po
 
     app = web.Application()
     app.router.add_get("/health", slow)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, url = await start_site(app, access_log=None)
     try:
         _monitor, changes = make_monitor([url], timeout_s=0.2)
         _, reason = await changes.wait_for(url, False)

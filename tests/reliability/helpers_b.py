@@ -30,6 +30,7 @@ from prefix_sidecar.config import Config, build_config
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.emulator import EmulatorConfig
+from tests.background import BackgroundWatch
 
 # 20x real time: a 200-token answer streams for ~0.3 s, long enough to cut it midway.
 FAULT_PODS = EmulatorConfig(time_scale=20.0, max_running=256)
@@ -99,7 +100,7 @@ async def running_sidecar(config: Config) -> AsyncIterator[Client]:
 # --- observing -----------------------------------------------------------------------------
 
 
-class ServingWatch:
+class ServingWatch(BackgroundWatch):
     """Polls grpc.health.v1 Check ("" and "sidecar.v1.Router") all along a test.
 
     `async with ServingWatch(client.health) as watch:` ... then `watch.assert_always_serving()`.
@@ -110,9 +111,8 @@ class ServingWatch:
         self.every_s = every_s
         self.checks = 0
         self.bad: list[str] = []
-        self._task: asyncio.Task[None] | None = None
 
-    async def _poll(self) -> None:
+    async def watch(self) -> None:
         while True:
             for service in ("", "sidecar.v1.Router"):
                 try:
@@ -126,16 +126,6 @@ class ServingWatch:
                     self.bad.append(f"{service or '<all>'}: {exc.code().name} {exc.details()}")
                 self.checks += 1
             await asyncio.sleep(self.every_s)
-
-    async def __aenter__(self) -> ServingWatch:
-        self._task = asyncio.create_task(self._poll())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
 
     def assert_always_serving(self, at_least: int = 4) -> None:
         assert not self.bad, f"the sidecar stopped SERVING during the fault: {self.bad[:5]}"

@@ -28,7 +28,16 @@ from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.bench import fastpod
 from prefix_sidecar_tools.harness import SidecarProcess
 from prefix_sidecar_tools.percentile import percentile
-from tests.fake_pod import REQUEST, Handler, StartPod, complete, event, respond, text_event
+from tests.fake_pod import (
+    REQUEST,
+    Handler,
+    StartPod,
+    complete,
+    event,
+    respond,
+    start_site,
+    text_event,
+)
 from tests.reliability.helpers_b import short_tmpdir
 
 StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
@@ -128,11 +137,9 @@ async def serving(*routes: dict[str, Handler]) -> AsyncIterator[list[str]]:
             app = web.Application()
             for path, handler in table.items():
                 app.router.add_get(path, handler)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
+            runner, url = await start_site(app, access_log=None)
             runners.append(runner)
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+            urls.append(url)
         yield urls
     finally:
         for runner in runners:

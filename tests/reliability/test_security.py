@@ -24,6 +24,7 @@ from aiohttp import web
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.harness import child_env, free_port
+from tests.api_key import KeySettings
 from tests.cli import run_cli, start_cli
 from tests.fake_pod import Handler, StartPod
 
@@ -201,24 +202,13 @@ async def key_scenario(stub: Any, pod: Any) -> list[str]:
     return messages
 
 
-@pytest.mark.parametrize("source", ["env", "file"])
 async def test_api_key_is_sent_as_bearer_never_logged_never_echoed(
-    source: str,
+    key_settings: KeySettings,
     fake_pod: StartPod,
     start_sidecar: StartSidecar,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    fields: dict[str, object] = {"log_level": "debug"}
-    if source == "env":
-        monkeypatch.setenv("PREFIX_SIDECAR_API_KEY", SECRET)
-    else:
-        monkeypatch.delenv("PREFIX_SIDECAR_API_KEY", raising=False)
-        key_file = tmp_path / "api-key"
-        key_file.write_text(SECRET + "\n")
-        fields["api_key_file"] = str(key_file)
+    fields = key_settings(SECRET)
     pod = await fake_pod()
     async with start_sidecar([pod.url], **fields) as (_, stub):
         messages = await key_scenario(stub, pod)

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from prefix_sidecar.upstream import client as client_module
 from prefix_sidecar.upstream.client import UpstreamClient
+from tests.fake_pod import start_site
 
 EVENT = b"data: " + json.dumps({"choices": [{"text": "hi", "finish_reason": "stop"}]}).encode()
 
@@ -41,11 +42,7 @@ async def pod() -> AsyncIterator[Pod]:
 
     app = web.Application()
     app.router.add_post("/v1/completions", state.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, state.url = await start_site(app, access_log=None)
 
     original = runner.server.connection_made  # type: ignore[union-attr]
 

@@ -15,6 +15,7 @@ from prefix_sidecar.upstream.answer import PodAnswer
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.pod_connection import MAX_HEAD, PodHTTPError
+from tests.fake_pod import start_site
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -41,13 +42,9 @@ async def aiohttp_pod() -> AsyncIterator[tuple[str, list[object]]]:
     app = web.Application()
     app.router.add_post("/whole", whole)
     app.router.add_post("/chunked", chunked)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, base_url = await start_site(app)
     try:
-        yield f"http://127.0.0.1:{port}", seen
+        yield base_url, seen
     finally:
         await runner.cleanup()
 
@@ -79,6 +76,34 @@ async def request_head(reader: asyncio.StreamReader) -> int:
     length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
     await reader.readexactly(length)
     return length
+
+
+def ok_once_per_connection(connections: list[None], read_next: bool) -> RawHandler:
+    """A raw pod's handler: note the connection in `connections`, answer one request "ok",
+    then (`read_next`) read the next request too, and close the connection."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(None)
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        if read_next:
+            await request_head(reader)
+
+    return handler
+
+
+def writes_then_waits(answer: bytes, linger_s: float) -> RawHandler:
+    """A raw pod's handler: read one request, write `answer`, then keep the connection open
+    for `linger_s` (so what the client sees comes from the bytes, not from a close)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(linger_s)
+
+    return handler
 
 
 async def answered_ok(lean: UpstreamClient, pod: str, times: int, pause_s: float = 0.0) -> None:
@@ -136,21 +161,23 @@ async def test_an_answer_delimited_by_the_connections_end() -> None:
     await lean.close()
 
 
-async def test_a_stale_idle_connection_is_replaced_without_an_error() -> None:
-    connections = 0
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        await request_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        # ... and the pod closes the kept-alive connection, as an idle timeout does.
-
+@pytest.mark.parametrize(
+    ("read_next", "times", "pause_s"),
+    [(False, 3, 0.05), (True, 2, 0.0)],
+    ids=["closed-while-idle", "closed-before-the-answer"],
+)
+async def test_a_kept_alive_connection_the_pod_closed_is_replaced_without_an_error(
+    read_next: bool, times: int, pause_s: float
+) -> None:
+    """The pod answers one request a connection, then closes it: while it is idle (as an
+    idle timeout does), or after reading the next request, unanswered (which is sent again
+    once, on a new connection). Every request is answered, each on its own connection."""
+    connections: list[None] = []
+    handler = ok_once_per_connection(connections, read_next=read_next)
     lean = client()
     async with raw_pod(handler) as pod:
-        await answered_ok(lean, pod, 3, pause_s=0.05)
-    assert connections == 3
+        await answered_ok(lean, pod, times, pause_s=pause_s)
+    assert len(connections) == times
     await lean.close()
 
 
@@ -176,12 +203,7 @@ async def test_a_bad_head_is_an_error_and_bounded(answer: bytes, match: str) -> 
     chunked as the only Transfer-Encoding, no protocol switch, at most MAX_INTERIM 1xx,
     headers within MAX_HEAD however they are split. Each is a pod failure."""
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await request_head(reader)
-        writer.write(answer)
-        await writer.drain()
-        await asyncio.sleep(1)
-
+    handler = writes_then_waits(answer, 1)
     lean = client()
     async with raw_pod(handler) as pod:
         with pytest.raises(UpstreamError, match=match) as caught:
@@ -225,12 +247,7 @@ async def test_a_pod_that_never_answers_is_a_pod_failure_at_the_deadline() -> No
 
 
 async def test_a_stalled_answer_ends_at_the_deadline() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await request_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-        await writer.drain()
-        await asyncio.sleep(5)
-
+    handler = writes_then_waits(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", 5)
     lean = client()
     async with raw_pod(handler) as pod:
         answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=0.3)
@@ -251,24 +268,6 @@ async def test_a_refused_connection_is_a_connection_failure() -> None:
     await lean.close()
 
 
-async def test_a_kept_alive_connection_closed_before_its_answer_is_sent_again_once() -> None:
-    connections = 0
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        await request_head(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        await request_head(reader)  # the next request on this connection: closed, unanswered
-
-    lean = client()
-    async with raw_pod(handler) as pod:
-        await answered_ok(lean, pod, 2)
-    assert connections == 2  # the second request went again on a new connection
-    await lean.close()
-
-
 async def test_answers_open_to_one_pod_are_bounded() -> None:
     lean = UpstreamClient(connect_timeout_s=2.0, per_backend_connections=1)
     async with aiohttp_pod() as (pod, seen):
@@ -286,12 +285,9 @@ async def test_answers_open_to_one_pod_are_bounded() -> None:
 
 
 async def test_an_interim_1xx_is_skipped_for_the_answer_after_it() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await request_head(reader)
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        await asyncio.sleep(0.5)
-
+    handler = writes_then_waits(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 0.5
+    )
     lean = client()
     async with raw_pod(handler) as pod:
         answer = await lean.post(pod, "/v1/completions", b"{}", {}, timeout_s=5)

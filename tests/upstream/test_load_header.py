@@ -3,7 +3,9 @@ real pods on 127.0.0.1 (the emulator, and a bare aiohttp pod with a hostile head
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -13,6 +15,9 @@ from prefix_sidecar.upstream.answer import PodAnswer
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
+from tests.fake_pod import start_site
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 BODY = json.dumps({"prompt": "hello", "max_tokens": 2, "stream": True}).encode()
 
@@ -34,6 +39,28 @@ async def _stream_once(client: UpstreamClient, url: str) -> None:
     async for _ in stream:
         pass
     stream.close()
+
+
+@contextlib.asynccontextmanager
+async def _bare_pod(
+    handle: Handler,
+) -> AsyncIterator[tuple[str, dict[str, int | None], LoadSignals, UpstreamClient]]:
+    """A bare aiohttp pod answering /v1/completions with `handle`, and a client whose load
+    readings go to `signals` (then to `loads`); the pod is not the only member, so a refused
+    header cannot make it look like the whole fleet is saturated."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", handle)
+    runner, base_url = await start_site(app)
+    url = base_url
+    loads: dict[str, int | None] = {}
+    signals = LoadSignals(loads.__setitem__, over_cap=lambda u: 9)
+    signals.set_members([url, "http://127.0.0.1:9"])
+    client = UpstreamClient(load_observer=signals)
+    try:
+        yield url, loads, signals, client
+    finally:
+        await client.close()
+        await runner.cleanup()
 
 
 async def test_client_asks_and_reads_the_emulators_header() -> None:
@@ -86,22 +113,8 @@ async def test_hostile_header_is_refused_and_the_request_still_succeeds() -> Non
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    loads: dict[str, int | None] = {}
-    signals = LoadSignals(loads.__setitem__, over_cap=lambda u: 9)
-    signals.set_members([url, "http://127.0.0.1:9"])  # not the only pod: see all_saturated
-    client = UpstreamClient(load_observer=signals)
-    try:
+    async with _bare_pod(handle) as (url, loads, signals, client):
         await _stream_once(client, url)
-    finally:
-        await client.close()
-        await runner.cleanup()
     assert asked == ["TEXT"]
     assert signals.headers_refused == 1 and loads == {}
     signals.observe(url, PodReport(waiting=1.0))  # an honest reading still counts
@@ -155,24 +168,10 @@ async def test_the_lean_client_bounds_a_hostile_header() -> None:
             headers={"endpoint-load-metrics": "TEXT named_metrics.x=" + "9" * size},
         )
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    loads: dict[str, int | None] = {}
-    signals = LoadSignals(loads.__setitem__, over_cap=lambda u: 9)
-    signals.set_members([url, "http://127.0.0.1:9"])
-    client = UpstreamClient(load_observer=signals)
-    try:
+    async with _bare_pod(handle) as (url, loads, signals, client):
         answer = await client.post(url, "/v1/completions?size=4000", b"{}", {}, timeout_s=5)
         assert answer.status == 200
         await _read_whole(answer)
         assert signals.headers_refused == 1 and loads == {}
         with pytest.raises(UpstreamError, match="headers are over"):
             await client.post(url, "/v1/completions?size=200000", b"{}", {}, timeout_s=5)
-    finally:
-        await client.close()
-        await runner.cleanup()

@@ -23,6 +23,7 @@ from prefix_sidecar.upstream.chunks import split_utf8
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import TRUNCATED, Relay, RelayOutcome, RelayPolicy
 from prefix_sidecar.v1 import router_pb2
+from tests.fake_pod import respond, start_site
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,24 +42,8 @@ DONE = b"data: [DONE]\n\n"
 
 def streams(*parts: bytes, cut: bool = False, stall_s: float = 0.0) -> Handler:
     """A 200 answer writing `parts` (after `stall_s`), then ending the body, or dropping the
-    connection if `cut`."""
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        if stall_s:
-            await asyncio.sleep(stall_s)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for part in parts:
-            await response.write(part)
-        if cut:
-            await asyncio.sleep(0.05)  # let the first token reach the relay first
-            assert request.transport is not None
-            request.transport.abort()
-        else:
-            await response.write_eof()
-        return response
-
-    return handle
+    connection if `cut` (a moment later, to let the first token reach the relay first)."""
+    return respond(*parts, cut=cut, stall_s=stall_s, cut_after_s=0.05)
 
 
 def answers(status: int, message: str = "nope") -> Handler:
@@ -106,12 +91,8 @@ async def start_pod() -> AsyncIterator[Callable[[Handler], Awaitable[Pod]]]:
 
         app = web.Application()
         app.router.add_post("/v1/completions", inference)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
+        runner, pod.url = await start_site(app, access_log=None, shutdown_timeout=0.5)
         runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        pod.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         return pod
 
     yield start

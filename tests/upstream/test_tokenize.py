@@ -16,6 +16,7 @@ from prefix_sidecar.prefixes import PrefixError, PrefixStore
 from prefix_sidecar.upstream.tokenize import PrefixSizer, TokenizeError, count_tokens, read_count
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 from prefix_sidecar_tools.emulator.tokenizer import count_tokens as emulator_count
+from tests.fake_pod import start_site
 
 
 class Tokenizer:
@@ -43,11 +44,8 @@ async def llama() -> AsyncIterator[tuple[str, Tokenizer]]:
     app = web.Application(client_max_size=16 * 1024 * 1024)
     app.router.add_post("/tokenize", pod.handle)
     app.router.add_post("/moved", _redirect)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}", pod
+    runner, base_url = await start_site(app)
+    yield base_url, pod
     await runner.cleanup()
 
 

@@ -97,6 +97,15 @@ def spawn_blocking(
     )
 
 
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT, for a child that serves until it is told to stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
 async def terminate(process: asyncio.subprocess.Process, grace: float) -> int:
     """SIGTERM, wait up to `grace` s, then SIGKILL; returns the exit code."""
     if process.returncode is None:

@@ -18,6 +18,7 @@ from prefix_sidecar.membership.load_signals import (
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
+from tests.fake_pod import start_site
 
 VLLM_TEXT = "TEXT named_metrics.kv_cache_usage_perc=0.42, named_metrics.num_requests_waiting=3.0"
 VLLM_JSON = 'JSON {"named_metrics": {"kv_cache_usage_perc": 0.42, "num_requests_waiting": 3.0}}'
@@ -75,12 +76,9 @@ async def pods() -> AsyncIterator[Pods]:
         app = web.Application()
         app.router.add_get("/metrics", handle)
         app.router.add_get("/redirect/metrics", redirect)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        runner, base_url = await start_site(app)
         runners.append(runner)
-        state.urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        state.urls.append(base_url)
     yield state
     for runner in runners:
         await runner.cleanup()

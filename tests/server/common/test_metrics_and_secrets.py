@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_sidecar.v1 import router_pb2
+from tests.api_key import KeySettings
+from tests.fake_pod import start_site
 from tests.server.conftest import collect, free_port, running_sidecar, sidecar_config, wait_serving
 
 SECRET = "sk-prod-7c1e5b2a9d-do-not-log"
@@ -151,30 +152,17 @@ async def recording_pod(headers: list[dict[str, str]]) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    runner, base_url = await start_site(app, access_log=None)
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield base_url
     finally:
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("source", ["env", "file"])
 async def test_api_key_is_sent_as_bearer_and_never_logged(
-    source: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    key_settings: KeySettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    values: dict[str, object] = {"log_level": "debug"}
-    if source == "env":
-        monkeypatch.setenv("PREFIX_SIDECAR_API_KEY", SECRET)
-    else:
-        key_file = tmp_path / "api-key"
-        key_file.write_text(SECRET + "\n", encoding="utf-8")
-        values["api_key_file"] = str(key_file)
+    values = key_settings(SECRET)
     headers: list[dict[str, str]] = []
     async with recording_pod(headers) as pod:
         config = sidecar_config(tmp_path, [pod], **values)

@@ -348,6 +348,15 @@ def _event(text: str) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
+def _streaming_pod(after_first: str) -> Pod:
+    """A pod that sends one event, then `cut`s the connection or `trickle`s events until the
+    caller goes (and then sets its `disconnected`)."""
+    holder: list[Pod] = []
+    pod = Pod(_streams_then(after_first, holder))
+    holder.append(pod)
+    return pod
+
+
 def _streams_then(after_first: str, pod: list[Pod]) -> Handler:
     """Send one event, then `cut` the connection or `trickle` events until the caller goes."""
 
@@ -373,9 +382,7 @@ def _streams_then(after_first: str, pod: list[Pod]) -> Handler:
 async def test_a_stream_broken_after_the_first_byte_ends_with_an_error_event(
     tmp_path: Path,
 ) -> None:
-    holder: list[Pod] = []
-    pod = Pod(_streams_then("cut", holder))
-    holder.append(pod)
+    pod = _streaming_pod("cut")
     async with (
         running_pod(pod) as pod,
         front(tmp_path, [pod.url]) as (base, _),
@@ -403,9 +410,7 @@ async def test_a_caller_leaving_mid_stream_closes_the_pods_request(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    holder: list[Pod] = []
-    pod = Pod(_streams_then("trickle", holder))
-    holder.append(pod)
+    pod = _streaming_pod("trickle")
     async with (
         running_pod(pod) as pod,
         front(tmp_path, [pod.url]) as (base, _),
@@ -652,9 +657,7 @@ async def test_http_failovers_and_in_flight_are_counted_with_the_front_label(
 
 
 async def test_stop_drains_the_http_front_with_the_grace_it_is_given(tmp_path: Path) -> None:
-    holder: list[Pod] = []
-    pod = Pod(_streams_then("trickle", holder))
-    holder.append(pod)
+    pod = _streaming_pod("trickle")
     port = free_port()
     async with running_pod(pod):
         config = sidecar_config(

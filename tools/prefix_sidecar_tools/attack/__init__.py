@@ -16,18 +16,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prefix_sidecar_tools.report import add_json_option, run_and_report
+from prefix_sidecar_tools.report import add_command, add_json_option, run_and_report
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "attack",
-        help="replay hostile callers and misbehaving pods against a fresh sidecar",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "replay hostile callers and misbehaving pods against a fresh sidecar"
+    parser = add_command(subparsers, "attack", summary, __doc__)
     parser.add_argument("--short", action="store_true", help="small counts, seconds (for CI)")
     parser.add_argument("--only", action="append", metavar="SCENARIO", help="only these")
     parser.add_argument(

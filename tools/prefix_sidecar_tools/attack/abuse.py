@@ -159,20 +159,9 @@ async def garbage(
     result = AbuseResult("garbage")
     rng = random.Random(seed)
 
-    async def one() -> None:
-        reader, writer = await _open(socket_path, result)
-        try:
-            await _send(writer, rng.randbytes(size), result)
-            await _await_hangup(reader, result)  # the server should hang up on its own
-        except (ConnectionError, OSError):
-            result.closed_by_server += 1
-        finally:
-            await _close(writer)
-
-    started = time.monotonic()
-    await asyncio.gather(*(one() for _ in range(connections)))
-    result.seconds = time.monotonic() - started
-    return result
+    return await _send_then_await_hangup(
+        socket_path, result, connections, lambda: rng.randbytes(size)
+    )
 
 
 async def http1(socket_path: str, connections: int = 20) -> AbuseResult:
@@ -183,20 +172,54 @@ async def http1(socket_path: str, connections: int = 20) -> AbuseResult:
         b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
     )
 
+    return await _send_then_await_hangup(socket_path, result, connections, lambda: request)
+
+
+async def _send_then_await_hangup(
+    socket_path: str, result: AbuseResult, connections: int, payload: Callable[[], bytes]
+) -> AbuseResult:
+    """On `connections` connections at once: send `payload()`, then wait for the server to
+    hang up on its own (a hang-up while sending counts too)."""
+
     async def one() -> None:
         reader, writer = await _open(socket_path, result)
         try:
-            await _send(writer, request, result)
+            await _send(writer, payload(), result)
             await _await_hangup(reader, result)
         except (ConnectionError, OSError):
             result.closed_by_server += 1
         finally:
             await _close(writer)
 
+    return await _all_at_once(result, connections, one)
+
+
+async def _all_at_once(
+    result: AbuseResult, connections: int, one: Callable[[], Coroutine[Any, Any, None]]
+) -> AbuseResult:
+    """Run `one` `connections` times at once and record how long they took in `result`."""
     started = time.monotonic()
     await asyncio.gather(*(one() for _ in range(connections)))
     result.seconds = time.monotonic() - started
     return result
+
+
+async def _open_draining(
+    socket_path: str, result: AbuseResult
+) -> tuple[asyncio.StreamWriter, _H2Drain, asyncio.Task[None]]:
+    """An HTTP/2 connection with its drain task running (see _H2Drain): its writer, the
+    drain and the task; close it with _close_draining."""
+    reader, writer = await _open(socket_path, result)
+    drain = _H2Drain(reader, writer, result)
+    return writer, drain, asyncio.create_task(drain.run())
+
+
+async def _close_draining(writer: asyncio.StreamWriter, draining: asyncio.Task[None]) -> None:
+    """Close an HTTP/2 connection and give its drain task 2 s to see the end."""
+    await _close(writer)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(draining, 2.0)
+    draining.cancel()
 
 
 async def _await_hangup(reader: asyncio.StreamReader, result: AbuseResult) -> None:
@@ -226,9 +249,7 @@ async def rapid_reset(
     end = time.monotonic() + deadline_s
 
     async def one() -> None:
-        reader, writer = await _open(socket_path, result)
-        drain = _H2Drain(reader, writer, result)
-        draining = asyncio.create_task(drain.run())
+        writer, drain, draining = await _open_draining(socket_path, result)
         try:
             await _send(writer, PREFACE + frame(SETTINGS, 0, 0), result)
             stream_id = 1
@@ -246,10 +267,7 @@ async def rapid_reset(
         except (ConnectionError, OSError) as exc:
             result.errors.append(type(exc).__name__)
         finally:
-            await _close(writer)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(draining, 2.0)
-            draining.cancel()
+            await _close_draining(writer, draining)
 
     started = time.monotonic()
     for _ in range(rounds):
@@ -277,9 +295,7 @@ async def continuation_flood(
     end = time.monotonic() + deadline_s
 
     async def one() -> None:
-        reader, writer = await _open(socket_path, result)
-        drain = _H2Drain(reader, writer, result)
-        draining = asyncio.create_task(drain.run())
+        writer, drain, draining = await _open_draining(socket_path, result)
         try:
             await _send(
                 writer, PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, 0, 1, block), result
@@ -294,15 +310,9 @@ async def continuation_flood(
         except (ConnectionError, OSError) as exc:
             result.errors.append(type(exc).__name__)
         finally:
-            await _close(writer)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(draining, 2.0)
-            draining.cancel()
+            await _close_draining(writer, draining)
 
-    started = time.monotonic()
-    await asyncio.gather(*(one() for _ in range(connections)))
-    result.seconds = time.monotonic() - started
-    return result
+    return await _all_at_once(result, connections, one)
 
 
 def _hpack_len(length: int) -> bytes:

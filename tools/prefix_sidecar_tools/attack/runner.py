@@ -23,6 +23,7 @@ from typing import Any
 
 from prefix_sidecar_tools.attack.pods import RAW_MODES
 from prefix_sidecar_tools.bench.soak import MB, fd_count, rss_bytes
+from prefix_sidecar_tools.emulator.fleet import start_emulator_blocking
 from prefix_sidecar_tools.harness import (
     SERVE,
     SidecarProcess,
@@ -265,17 +266,7 @@ class Harness:
         self.metrics_url = ""
 
     def start_pods(self) -> None:
-        emulator = spawn_blocking(
-            python_command("-m", "prefix_sidecar_tools.emulator", "--port", "0",
-                           "--exit-on-stdin-eof", "--time-scale", "1000"),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )  # fmt: skip
-        self.processes.append(emulator)
-        assert emulator.stdout is not None
-        line = emulator.stdout.readline().decode().split()
-        if len(line) != 2 or line[0] != "READY":
-            raise RuntimeError(f"the emulator did not start (said {line!r})")
-        self.healthy = line[1]
+        self.healthy = start_emulator_blocking(self.processes, "--time-scale", "1000")
         hostile = spawn_blocking(
             python_command("-m", "prefix_sidecar_tools.attack.pods",
                            "--huge-bytes", str(2 * MESSAGE_LIMIT)),
@@ -674,18 +665,26 @@ async def run_against(
             "passed": all(row["passed"] for row in rows)}  # fmt: skip
 
 
+def _verdict(row: dict[str, Any]) -> str:
+    """PASS, or FAIL: and the checks that failed, for a scenario's table row."""
+    failed = [name for name, ok in row["checks"].items() if not ok]
+    return "PASS" if row["passed"] else "FAIL: " + ", ".join(failed)
+
+
+def _p50_max(stats: dict[str, Any]) -> str:
+    return f"{stats['p50_ms']:g} / {stats['max_ms']:g}"
+
+
 def render_against(report: dict[str, Any]) -> str:
     lines = [f"prefix-sidecar attack --against {report['against']}", "",
              "| scenario | statuses | wire MB | seconds | /health p50 / max ms during | verdict |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for row in report["scenarios"]:
-        attack, during = row["attack"], row["probe"]["during"]
-        failed = [name for name, ok in row["checks"].items() if not ok]
+        attack = row["attack"]
         lines.append(
             f"| {row['scenario']} | {attack.get('statuses', attack.get('errors'))} | "
             f"{attack.get('bytes_sent', 0) / MB:.1f} | {attack.get('seconds', 0):g} | "
-            f"{during['p50_ms']:g} / {during['max_ms']:g} | "
-            f"{'PASS' if row['passed'] else 'FAIL: ' + ', '.join(failed)} |"
+            f"{_p50_max(row['probe']['during'])} | {_verdict(row)} |"
         )
     lines.append("PASSED" if report["passed"] else "FAILED")
     return "\n".join(lines)
@@ -708,16 +707,11 @@ def render(report: dict[str, Any]) -> str:
     lines = [head, "|" + "---|" * 8]
     for row in report["scenarios"]:
         rss, fds, probe = row["rss_mb"], row["fds"], row["probe"]
-
-        def pm(stats: dict[str, Any]) -> str:
-            return f"{stats['p50_ms']:g} / {stats['max_ms']:g}"
-
-        failed = [name for name, ok in row["checks"].items() if not ok]
+        pm = _p50_max
         lines.append(
             f"| {row['scenario']} | {rss['before']:g} / {rss['peak']:g} / {rss['after']:g} | "
             f"{fds['before']} / {fds['after']} | {pm(probe['before'])} | {pm(probe['during'])} | "
-            f"{pm(probe['after'])} | {probe['errors']['during_count']} | "
-            f"{'PASS' if row['passed'] else 'FAIL: ' + ', '.join(failed)} |"
+            f"{pm(probe['after'])} | {probe['errors']['during_count']} | {_verdict(row)} |"
         )
     thresholds = report["thresholds"]
     lines.append(

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -27,7 +26,8 @@ from typing import Any
 import grpc
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
-from prefix_sidecar_tools.harness import SidecarProcesses, python_command, spawn, terminate
+from prefix_sidecar_tools.bench.children import ready_child
+from prefix_sidecar_tools.harness import SidecarProcesses, stop_on_signals
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.report import target_lines
 
@@ -96,10 +96,7 @@ async def _serve_pod(events: int, per_write: int) -> None:
     )
     port = server.sockets[0].getsockname()[1]
     print(f"READY http://127.0.0.1:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with server:
         await stop.wait()
 
@@ -108,21 +105,10 @@ async def _serve_pod(events: int, per_write: int) -> None:
 async def child(*args: str, ready: bool = True) -> AsyncIterator[tuple[Any, str]]:
     """Run `python -m prefix_sidecar_tools.bench.fastpod ARGS`; yield (process, its READY
     word or "")."""
-    process = await spawn(
-        python_command("-m", "prefix_sidecar_tools.bench.fastpod", *args),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        word = ""
-        if ready:
-            assert process.stdout is not None
-            line = await asyncio.wait_for(process.stdout.readline(), 20)
-            if not line.startswith(b"READY "):
-                raise RuntimeError(f"fastpod {args[0]} did not start; its stderr says why")
-            word = line.split()[1].decode()
-        yield process, word
-    finally:
-        await terminate(process, 5)
+    module = "prefix_sidecar_tools.bench.fastpod"
+    what = f"fastpod {args[0]}"
+    async with ready_child(module, *args, what=what, wait_ready=ready) as (process, words):
+        yield process, words[0] if words else ""
 
 
 def fast_pod(

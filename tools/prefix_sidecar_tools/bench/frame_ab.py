@@ -16,24 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
 
-from prefix_sidecar_tools.harness import python_command, spawn, terminate
+from prefix_sidecar_tools.bench.children import ready_child
+from prefix_sidecar_tools.harness import stop_on_signals
 
 KINDS = ("http1", "aiohttp")
 EVENT = b'data: {"choices": [{"text": "x", "index": 0}]}\n\n'
 MAX_BODY = 64 * 1024 * 1024
-
-
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 def _listener() -> socket.socket:
@@ -58,7 +50,7 @@ async def _serve_http1() -> None:
     listener = _listener()
     served = await asyncio.get_running_loop().create_server(server, sock=listener)
     print(f"READY {listener.getsockname()[1]}", flush=True)
-    await _until_signalled()
+    await stop_on_signals().wait()
     served.close()
     server.close_all()
 
@@ -78,7 +70,7 @@ async def _serve_aiohttp() -> None:
     listener = _listener()
     served = await asyncio.get_running_loop().create_server(server, sock=listener)
     print(f"READY {listener.getsockname()[1]}", flush=True)
-    await _until_signalled()
+    await stop_on_signals().wait()
     served.close()
     await server.shutdown(1.0)
 
@@ -86,18 +78,9 @@ async def _serve_aiohttp() -> None:
 @contextlib.asynccontextmanager
 async def frame_server(kind: str) -> AsyncIterator[str]:
     """`async with frame_server("http1") as url:` the trivial handler behind that frame."""
-    process = await spawn(
-        python_command("-m", "prefix_sidecar_tools.bench.frame_ab", kind),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 20)
-        if not line.startswith(b"READY "):
-            raise RuntimeError(f"the {kind} frame server did not start; its stderr says why")
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        await terminate(process, 5)
+    module = "prefix_sidecar_tools.bench.frame_ab"
+    async with ready_child(module, kind, what=f"the {kind} frame server") as (_, words):
+        yield f"http://127.0.0.1:{int(words[0])}"
 
 
 if __name__ == "__main__":

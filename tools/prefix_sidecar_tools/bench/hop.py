@@ -47,6 +47,7 @@ import aiohttp
 import grpc
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.bench.children import ready_child
 from prefix_sidecar_tools.bench.fastpod import measure_stream_load, render_stream_load
 from prefix_sidecar_tools.bench.frame_ab import frame_server
 from prefix_sidecar_tools.bench.http_proxy import http_proxy
@@ -54,12 +55,10 @@ from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
 from prefix_sidecar_tools.harness import (
     SidecarProcesses,
     free_port,
-    python_command,
-    spawn,
-    terminate,
 )
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.report import (
+    add_command,
     add_json_option,
     progress_printer,
     run_and_report,
@@ -105,18 +104,9 @@ async def _serve_echo(target: str) -> None:
 
 @contextlib.asynccontextmanager
 async def echo_server(target: str) -> Any:
-    process = await spawn(
-        python_command("-m", "prefix_sidecar_tools.bench.hop", "echo-server", target),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 20)
-        if not line.startswith(b"READY"):
-            raise RuntimeError("the echo server did not start; its stderr says why")
+    module = "prefix_sidecar_tools.bench.hop"
+    async with ready_child(module, "echo-server", target, what="the echo server") as (process, _):
         yield process
-    finally:
-        await terminate(process, 5)
 
 
 # --- where Route's server-side time goes (in-process, the sidecar's own objects) --------
@@ -662,12 +652,8 @@ def render(report: dict[str, Any]) -> str:
 
 
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
-    parser = bench_subparsers.add_parser(
-        "hop",
-        help="the sidecar hop: Route vs a bare gRPC echo, TTFT via sidecar vs direct, thin vs fat",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "the sidecar hop: Route vs a bare gRPC echo, TTFT via sidecar vs direct, thin vs fat"
+    parser = add_command(bench_subparsers, "hop", summary, __doc__)
     parser.add_argument("--iterations", type=int, default=1000, help="measured rounds (1000)")
     parser.add_argument("--warmup", type=int, default=50, help="unmeasured rounds first (50)")
     parser.add_argument(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -23,7 +22,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from prefix_sidecar_tools.harness import python_command, spawn, terminate
+from prefix_sidecar_tools.bench.children import ready_child
+from prefix_sidecar_tools.harness import stop_on_signals
 
 PASSED_HEADERS = ("Content-Type", "Authorization")
 
@@ -60,7 +60,7 @@ async def _serve_raw(upstream: str) -> None:
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0, limit=2**20)
     print(f"READY {server.sockets[0].getsockname()[1]}", flush=True)
-    await _until_signalled()
+    await stop_on_signals().wait()
     server.close()
 
 
@@ -70,14 +70,6 @@ def _header(head: bytes, name: bytes) -> bytes | None:
         if key.strip().lower() == name:
             return value.strip()
     return None
-
-
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 async def _serve(upstream: str) -> None:
@@ -108,7 +100,7 @@ async def _serve(upstream: str) -> None:
     await site.start()
     print(f"READY {listener.getsockname()[1]}", flush=True)
     try:
-        await _until_signalled()
+        await stop_on_signals().wait()
     finally:
         await runner.cleanup()
         await session.close()
@@ -119,18 +111,9 @@ async def http_proxy(upstream: str, *, raw: bool = False) -> AsyncIterator[str]:
     """`async with http_proxy(pod_url) as url:` a proxy process in front of the pod (`raw`:
     the hand-written one)."""
     flags = ("--raw",) if raw else ()
-    process = await spawn(
-        python_command("-m", "prefix_sidecar_tools.bench.http_proxy", *flags, upstream),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 20)
-        if not line.startswith(b"READY "):
-            raise RuntimeError("the HTTP proxy did not start; its stderr says why")
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        await terminate(process, 5)
+    module = "prefix_sidecar_tools.bench.http_proxy"
+    async with ready_child(module, *flags, upstream, what="the HTTP proxy") as (_, words):
+        yield f"http://127.0.0.1:{int(words[0])}"
 
 
 if __name__ == "__main__":

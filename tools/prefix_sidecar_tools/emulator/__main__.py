@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 
 from prefix_sidecar_tools.emulator.app import run_emulator
@@ -18,6 +17,7 @@ from prefix_sidecar_tools.emulator.config import (
     add_config_arguments,
     config_from_args,
 )
+from prefix_sidecar_tools.harness import stop_on_signals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,9 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def serve(config: EmulatorConfig, host: str, port: int, exit_on_stdin_eof: bool) -> int:
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals()
     watcher: asyncio.BaseTransport | None = None
     if exit_on_stdin_eof:  # our parent holds the other end of stdin: EOF = parent gone
         watcher, _ = await loop.connect_read_pipe(lambda: _EofWatcher(stop), sys.stdin)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 
 from prefix_sidecar_tools.emulator.config import (
@@ -17,6 +16,7 @@ from prefix_sidecar_tools.emulator.config import (
     config_from_args,
 )
 from prefix_sidecar_tools.emulator.fleet import EmulatorFleet
+from prefix_sidecar_tools.harness import stop_on_signals
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,10 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(pods: int, config: EmulatorConfig, base_port: int) -> int:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals()
     async with EmulatorFleet(pods, config, base_port=base_port) as fleet:
         for url in fleet.urls:
             print(url)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 from typing import Any
 
 import aiohttp
 
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar_tools.emulator.config import EmulatorConfig, config_to_argv
-from prefix_sidecar_tools.harness import python_command, spawn, terminate
+from prefix_sidecar_tools.harness import python_command, spawn, spawn_blocking, terminate
 
 
 class EmulatorFleet(AsyncService):
@@ -151,3 +152,20 @@ async def reset_cache(url: str) -> int:
     """Drop a pod's unpinned prefix-cache blocks; returns how many were dropped."""
     result: dict[str, Any] = await _admin(url, "POST", "/admin/reset-cache")
     return int(result["dropped_blocks"])
+
+
+def start_emulator_blocking(processes: list[subprocess.Popen[Any]], *flags: str) -> str:
+    """One emulated pod on a free port for a synchronous harness (the fuzzer, the attack
+    runner): its process is appended to `processes` at once, so the caller stops it even if
+    it never starts; returns its URL once it has printed READY."""
+    pod = spawn_blocking(
+        python_command("-m", "prefix_sidecar_tools.emulator", "--port", "0",
+                       "--exit-on-stdin-eof", *flags),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    processes.append(pod)
+    assert pod.stdout is not None
+    line = pod.stdout.readline().decode().split()
+    if len(line) != 2 or line[0] != "READY":
+        raise RuntimeError(f"the emulator did not start (said {line!r})")
+    return line[1]

@@ -216,13 +216,7 @@ class ResponseShaper:
             if finish_reason is not None:
                 choice["stop_reason"] = stop_reason
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
+        choice = _text_choice(text, finish_reason, stop_reason)
         return {**self._head("text_completion"), "choices": [choice], "usage": None}
 
     def usage_chunk(self, usage_info: dict[str, Any]) -> dict[str, Any]:
@@ -251,14 +245,7 @@ class ResponseShaper:
                 "usage": usage_info,
                 "prompt_logprobs": None,
             }
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-            "prompt_logprobs": None,
-        }
+        choice = {**_text_choice(text, finish_reason, stop_reason), "prompt_logprobs": None}
         return {**self._head("text_completion"), "choices": [choice], "usage": usage_info}
 
 
@@ -268,3 +255,14 @@ def sse(obj: dict[str, Any]) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _text_choice(text: str, finish_reason: str | None, stop_reason: str | None) -> dict[str, Any]:
+    """A /v1/completions choice, as a chunk or in the whole answer (vLLM's key order)."""
+    return {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+    }

@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 
 from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator.fleet import start_emulator_blocking
 from prefix_sidecar_tools.fuzz.cases import MODEL, RESPONSES, SERVICE, Known, Limits
 from prefix_sidecar_tools.harness import (
-    python_command,
     serve_command,
     spawn_blocking,
     terminate_blocking,
@@ -48,18 +48,9 @@ class FuzzTarget:
         return self
 
     def _start(self) -> None:
-        pod = spawn_blocking(
-            python_command("-m", "prefix_sidecar_tools.emulator", "--port", "0",
-                           "--exit-on-stdin-eof", "--model", MODEL,
-                           "--time-scale", str(self.time_scale)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )  # fmt: skip
-        self.processes.append(pod)
-        assert pod.stdout is not None
-        line = pod.stdout.readline().decode().split()
-        if len(line) != 2 or line[0] != "READY":
-            raise RuntimeError(f"the emulator did not start (said {line!r})")
-        self.url = line[1]
+        self.url = start_emulator_blocking(
+            self.processes, "--model", MODEL, "--time-scale", str(self.time_scale)
+        )
         settings_ = {
             "health_interval_s": 0.5,
             "first_token_timeout_s": 5,

@@ -32,7 +32,6 @@ entry, so entries of one prefix crowd out another's; size it with `state_bytes()
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import re
 import shutil
@@ -45,6 +44,7 @@ import aiohttp
 
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar_tools.harness import child_env, free_port, spawn, terminate
+from prefix_sidecar_tools.pod_ready import poll_until_ready
 
 _PREFIX_MATCH = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt")
 _RAM_CACHE_HIT = "Llama._create_completion: cache hit"
@@ -128,23 +128,7 @@ class LlamaPod:
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float) -> None:
         """Poll GET /v1/models (the server has no /health) until it answers 200."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            if self.process is not None and self.process.returncode is not None:
-                raise RuntimeError(
-                    f"llama.cpp pod on port {self.port} exited with code "
-                    f"{self.process.returncode}; log tail:\n{self.log_tail()}"
-                )
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with session.get(f"{self.url}/v1/models") as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-        raise TimeoutError(
-            f"llama.cpp pod on port {self.port} not ready after {timeout:.0f}s; "
-            f"log tail:\n{self.log_tail()}"
-        )
+        await poll_until_ready(session, self, "/v1/models", "llama.cpp", timeout, 0.1)
 
     async def stop(self, grace: float = 5.0) -> None:
         if self.process is not None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
+from prefix_sidecar_tools.harness import stop_on_signals
 from prefix_sidecar_tools.vllm.fleet import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_KV_BYTES,
@@ -90,9 +90,7 @@ def _set_at_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
 
 async def _serve(fleet: VllmFleet) -> int:
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals()
     started = time.monotonic()
     async with fleet:
         print(

@@ -25,12 +25,10 @@ the whole group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,6 +37,7 @@ import aiohttp
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar_tools import REPO_ROOT
 from prefix_sidecar_tools.harness import free_port, spawn, terminate_group
+from prefix_sidecar_tools.pod_ready import poll_until_ready
 from prefix_sidecar_tools.vllm import tiny_model
 
 VENV_ENV = "PREFIX_SIDECAR_VLLM_PYTHON"  # overrides the interpreter of the pods
@@ -146,23 +145,7 @@ class VllmPod:
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float) -> None:
         """Poll GET /health until it answers 200; fail early if the pod exits."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
-            if self.process is not None and self.process.returncode is not None:
-                raise RuntimeError(
-                    f"vLLM pod on port {self.port} exited with code "
-                    f"{self.process.returncode}; log tail:\n{self.log_tail()}"
-                )
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with session.get(f"{self.url}/health") as resp:
-                    if resp.status == 200:
-                        self.ready_s = time.monotonic() - started
-                        return
-            await asyncio.sleep(0.25)
-        raise TimeoutError(
-            f"vLLM pod on port {self.port} not ready after {timeout:.0f} s; "
-            f"log tail:\n{self.log_tail()}"
-        )
+        self.ready_s = await poll_until_ready(session, self, "/health", "vLLM", timeout, 0.25)
 
     async def stop(self, grace: float = 15.0) -> int | None:
         if self.process is None:

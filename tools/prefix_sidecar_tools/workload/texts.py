@@ -10,6 +10,7 @@ with the prefix length without rounding noise.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 BYTES_PER_TOKEN = 4  # the emulator's tokenizer (docs/emulator.md)
 BLOCK_BYTES = 64  # 16 tokens
@@ -87,76 +88,82 @@ def _fit(paragraphs: list[str], tokens: int, header: str) -> str:
     return text + "." * (target - len(text))
 
 
+def _written(header: str, tokens: int, paragraph: Callable[[int], str]) -> str:
+    """Paragraphs 1, 2, ... from `paragraph(number)` until there is text enough for `tokens`
+    (and some to spare), fitted after `header` by _fit."""
+    paragraphs: list[str] = []
+    while sum(map(len, paragraphs)) < tokens * BYTES_PER_TOKEN + 4096:
+        paragraphs.append(paragraph(len(paragraphs) + 1))
+    return _fit(paragraphs, tokens, header)
+
+
 def rules_text(tokens: int = 60_000, seed: int = 0, edition: str = "Double 11") -> str:
     """The platform's marketing compliance rules: articles, commission table, banned words."""
     rng = random.Random(f"rules-{seed}-{edition}")
-    header = (
-        f"PLATFORM MARKETING COMPLIANCE RULES - {edition} mega-sale edition (seed {seed}).\n"
-        "You are the promotion assistant. Check every merchant plan against the rules below, "
-        "quote the article you apply, and never invent a rule.\n\n"
-    )
-    paragraphs: list[str] = []
-    article = 0
-    while sum(map(len, paragraphs)) < tokens * BYTES_PER_TOKEN + 4096:
-        article += 1
+
+    def article_text(article: int) -> str:
         kind = article % 4
         category = rng.choice(CATEGORIES)
         if kind == 0:
             rate = rng.randint(2, 12) + rng.choice((0, 0.5))
             cap = rng.choice((50, 100, 200, 500))
-            paragraphs.append(
+            return (
                 f"Article {article} (commission, {category}): the platform commission is "
                 f"{rate}% of the paid price after all discounts, capped at {cap} yuan per "
                 f"order; items under {rng.randint(5, 30)} yuan pay a flat "
                 f"{rng.randint(1, 3)} yuan.\n"
             )
-        elif kind == 1:
+        if kind == 1:
             words = ", ".join(f'"{w}"' for w in rng.sample(BANNED, 4))
-            paragraphs.append(
+            return (
                 f"Article {article} (advertising law, {category}): titles, images and live "
                 f"speech must not contain {words}; a violation removes the listing for "
                 f"{rng.randint(3, 30)} days and deducts {rng.randint(2, 12)} credit points.\n"
             )
-        elif kind == 2:
+        if kind == 2:
             first, second = rng.sample(MECHANICS, 2)
-            paragraphs.append(
+            return (
                 f"Article {article} (discount priority, {category}): when {first} meets "
                 f"{second}, apply the store discount first, then the platform coupon; the "
                 f"final price must stay above {rng.randint(30, 70)}% of the lowest price of "
                 f"the past {rng.choice((15, 30, 60))} days.\n"
             )
-        else:
-            paragraphs.append(
-                f"Article {article} (price display, {category}): the crossed-out reference "
-                f"price must be a real transaction price from the last "
-                f"{rng.choice((7, 30))} days; 'from' prices need at least "
-                f"{rng.randint(10, 40)}% of stock at that price; bundle prices list every "
-                "item.\n"
-            )
-    return _fit(paragraphs, tokens, header)
+        return (
+            f"Article {article} (price display, {category}): the crossed-out reference "
+            f"price must be a real transaction price from the last "
+            f"{rng.choice((7, 30))} days; 'from' prices need at least "
+            f"{rng.randint(10, 40)}% of stock at that price; bundle prices list every "
+            "item.\n"
+        )
+
+    header = (
+        f"PLATFORM MARKETING COMPLIANCE RULES - {edition} mega-sale edition (seed {seed}).\n"
+        "You are the promotion assistant. Check every merchant plan against the rules below, "
+        "quote the article you apply, and never invent a rule.\n\n"
+    )
+    return _written(header, tokens, article_text)
 
 
 def script_text(tokens: int = 12_000, seed: int = 0, topic: str = "live-stream") -> str:
     """A live-stream script template: beats, host lines and the rules a host must follow."""
     rng = random.Random(f"script-{seed}-{topic}")
-    header = (
-        f"LIVE-STREAM SCRIPT GUIDE - {topic} (seed {seed}).\n"
-        "Draft a host script for the merchant's product, beat by beat, using only claims "
-        "the compliance rules allow.\n\n"
-    )
-    paragraphs: list[str] = []
-    beat = 0
-    while sum(map(len, paragraphs)) < tokens * BYTES_PER_TOKEN + 4096:
-        beat += 1
+
+    def beat_text(beat: int) -> str:
         product = rng.choice(PRODUCTS)
         mechanic = rng.choice(MECHANICS)
-        paragraphs.append(
+        return (
             f"Beat {beat} ({rng.randint(30, 180)} s): host greets the audience, shows the "
             f"{product}, explains the {mechanic}, reads the stock count every "
             f'{rng.randint(2, 5)} minutes and avoids "{rng.choice(BANNED)}"; '
             f"call to action at minute {rng.randint(1, 9)}.\n"
         )
-    return _fit(paragraphs, tokens, header)
+
+    header = (
+        f"LIVE-STREAM SCRIPT GUIDE - {topic} (seed {seed}).\n"
+        "Draft a host script for the merchant's product, beat by beat, using only claims "
+        "the compliance rules allow.\n\n"
+    )
+    return _written(header, tokens, beat_text)
 
 
 def category_text(category: str, tokens: int = 12_000, seed: int = 0) -> str:

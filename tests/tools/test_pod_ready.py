@@ -1,0 +1,68 @@
+"""Waiting for a real engine's pod: up once it answers 200, an early error with the log tail
+when its process exits, and a timeout with the log tail when it never answers."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from prefix_sidecar_tools.harness import free_port
+from prefix_sidecar_tools.pod_ready import poll_until_ready
+from tests.fake_pod import start_site
+
+
+@dataclass
+class Pod:
+    url: str
+    port: int
+    process: asyncio.subprocess.Process | None = None
+    log: str = "the log"
+
+    def log_tail(self) -> str:
+        return self.log
+
+
+def nobody_listens() -> Pod:
+    port = free_port()
+    return Pod(f"http://127.0.0.1:{port}", port)
+
+
+async def test_ready_once_the_pod_answers_200_after_refusing() -> None:
+    answers = iter([503, 503])
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=next(answers, 200))
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner, url = await start_site(app)
+    try:
+        async with aiohttp.ClientSession() as session:
+            pod = Pod(url, int(url.rsplit(":", 1)[1]))
+            waited = await poll_until_ready(session, pod, "/health", "test", 5, 0.05)
+    finally:
+        await runner.cleanup()
+    assert 0.1 <= waited < 5  # two refusals, 0.05 s apart at least
+
+
+async def test_an_exited_process_fails_at_once_with_its_log_tail() -> None:
+    pod = nobody_listens()
+    pod.process = await asyncio.create_subprocess_exec(sys.executable, "-c", "raise SystemExit(3)")
+    await pod.process.wait()
+    expected = f"test pod on port {pod.port} exited with code 3; log tail:\nthe log"
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(RuntimeError, match=expected):
+            await poll_until_ready(session, pod, "/health", "test", 5, 1)
+
+
+async def test_a_pod_that_never_answers_times_out_with_its_log_tail() -> None:
+    pod = nobody_listens()
+    expected = f"test pod on port {pod.port} not ready after 0 s; log tail:\nthe log"
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(TimeoutError, match=expected):
+            await poll_until_ready(session, pod, "/health", "test", 0.3, 0.05)
