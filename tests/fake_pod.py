@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,17 +30,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DONE = b"data: [DONE]\n\n"
 
 
-async def start_site(app: web.Application, **runner_options: Any) -> tuple[web.AppRunner, str]:
-    """Serve `app` on a free port of 127.0.0.1: its runner (the caller cleans it up) and its
-    base URL."""
+async def start_site(
+    app: web.Application, tls: ssl.SSLContext | None = None, **runner_options: Any
+) -> tuple[web.AppRunner, str]:
+    """Serve `app` on a free port of 127.0.0.1, over TLS with `tls`: its runner (the caller
+    cleans it up) and its base URL."""
     runner = web.AppRunner(app, **runner_options)
     await runner.setup()
     try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls).start()
     except BaseException:
         await runner.cleanup()
         raise
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    scheme = "https" if tls else "http"
+    return runner, f"{scheme}://127.0.0.1:{runner.addresses[0][1]}"
 
 
 def event(payload: Any) -> bytes:
@@ -132,8 +136,11 @@ class FakePod:
 
 
 @contextlib.asynccontextmanager
-async def recording_pod(handler: Handler = ok_stream) -> AsyncIterator[FakePod]:
-    """Serve a FakePod on a free port of 127.0.0.1 until the block ends."""
+async def recording_pod(
+    handler: Handler = ok_stream, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[FakePod]:
+    """Serve a FakePod on a free port of 127.0.0.1 (over TLS with `tls`) until the block
+    ends."""
     pod = FakePod(url="", handler=handler)
 
     async def inference(request: web.Request) -> web.StreamResponse:
@@ -149,7 +156,7 @@ async def recording_pod(handler: Handler = ok_stream) -> AsyncIterator[FakePod]:
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", inference)
     app.router.add_post("/v1/chat/completions", inference)
-    runner, pod.url = await start_site(app, access_log=None, shutdown_timeout=0.5)
+    runner, pod.url = await start_site(app, tls, access_log=None, shutdown_timeout=0.5)
     try:
         yield pod
     finally:

@@ -1,9 +1,8 @@
-"""A pod's answer, the one type both fronts read whichever client fetched it.
+"""A pod's answer as both fronts read it, and the two bounded ways to read one.
 
-`http://` pods answer through the llhttp client (prefix_sidecar.upstream.lean_http.LeanAnswer),
-`https://` ones through aiohttp (AiohttpAnswer, here). Both read the body in the pieces the
-socket gives, say when it is read to its end (`done`), and on `close()` keep the connection
-only for an answer read whole, then free the pod's connection slot.
+The client's answers (prefix_sidecar.upstream.lean_http.LeanAnswer) read the body in the
+pieces the socket gives, say when it is read to its end (`done`), and on `close()` keep the
+connection only for an answer read whole, then free the pod's connection slot.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-import aiohttp
-
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.pod_connection import PodHTTPError
 from prefix_sidecar.upstream.sse import clip
@@ -22,7 +19,7 @@ from prefix_sidecar.upstream.sse import clip
 
 class PodAnswer(Protocol):
     status: int
-    headers: Mapping[str, str]  # names case-insensitive (lowercase in the lean client's)
+    headers: Mapping[str, str]  # names lowercased
 
     @property
     def done(self) -> bool: ...
@@ -34,41 +31,6 @@ class PodAnswer(Protocol):
     def close(self) -> None:
         """Keep the connection if the answer was read whole, else close it; once."""
         ...
-
-
-class AiohttpAnswer:
-    """An aiohttp response read as a PodAnswer: for `https://` pods."""
-
-    def __init__(self, response: aiohttp.ClientResponse, on_close: Callable[[], None]) -> None:
-        self._response = response
-        self._on_close: Callable[[], None] | None = on_close
-        self.status = response.status
-        self.headers: Mapping[str, str] = response.headers  # case-insensitive
-        self._ended = False
-
-    @property
-    def done(self) -> bool:
-        return self._ended or self._response.content.is_eof()
-
-    async def read(self) -> bytes:
-        try:
-            data = await self._response.content.readany()
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            raise PodHTTPError(f"the answer broke: {exc.__class__.__name__}") from None
-        except TimeoutError:  # the request's total timeout
-            raise PodHTTPError("the upstream timeout expired mid-answer") from None
-        self._ended = not data
-        return data
-
-    def close(self) -> None:
-        on_close, self._on_close = self._on_close, None
-        if on_close is None:
-            return
-        if self.done:
-            self._response.release()  # read to its end: the connection is reused
-        else:
-            self._response.close()  # the pod's request ends now
-        on_close()
 
 
 async def read_from(answer: PodAnswer, backend: str, redact: Callable[[str], str] = str) -> bytes:

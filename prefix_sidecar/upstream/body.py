@@ -12,42 +12,18 @@ import json
 from json.encoder import encode_basestring
 from typing import Any
 
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.payload import Payload
 
-
-class SplicedBody(Payload):
+class SplicedBody:
     """A JSON body made of byte parts, written in order; reusable across retries."""
 
-    _autoclose = True  # nothing to release: the parts are immutable bytes
+    __slots__ = ("parts", "size")
 
     def __init__(self, *parts: bytes) -> None:
-        super().__init__(parts, content_type="application/json")
-        self._parts = parts
-        self._length = sum(len(part) for part in parts)
-        self._size = self._length
-
-    async def write(self, writer: AbstractStreamWriter) -> None:
-        for part in self._parts:
-            await writer.write(part)
-
-    async def write_with_length(
-        self, writer: AbstractStreamWriter, content_length: int | None
-    ) -> None:
-        if content_length is None or content_length >= self._length:
-            await self.write(writer)
-            return
-        await writer.write(b"".join(self._parts)[:content_length])
-
-    @property
-    def parts(self) -> tuple[bytes, ...]:
-        return self._parts
-
-    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return b"".join(self._parts).decode(encoding, errors)
+        self.parts = parts
+        self.size = sum(len(part) for part in parts)  # the Content-Length
 
     def __bytes__(self) -> bytes:
-        return b"".join(self._parts)
+        return b"".join(self.parts)
 
 
 def escape(text: str) -> bytes:

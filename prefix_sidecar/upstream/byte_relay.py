@@ -3,10 +3,10 @@
 The attempt loop is the gRPC path's (prefix_sidecar.upstream.relay.Relay.attempts: the same
 failover rule, deadline, load counts and metrics, with front="http"); this module is what
 differs. The body goes as the caller wrote it; a 200 answer comes back byte for byte, read
-in the pieces the pod's socket gives (UpstreamClient.post: llhttp for `http://` pods,
-aiohttp for `https://` ones). Only 200 is an answer: a 4xx other than 429 is the caller's
-request and goes back as the pod wrote it, without failover; any other status is the pod's
-fault and fails over (a 204 or 304 carries no completion, and no body is relayed with one).
+in the pieces the pod's socket gives (UpstreamClient.post). Only 200 is an answer: a 4xx
+other than 429 is the caller's request and goes back as the pod wrote it, without failover;
+any other status is the pod's fault and fails over (a 204 or 304 carries no completion, and
+no body is relayed with one).
 After the first byte, a broken pod stream ends with an SSE error event (vLLM's shape) and
 no [DONE], so no client takes a cut answer for a whole one; a whole JSON answer cannot carry
 an error, so its connection is closed before the body's end. A caller that leaves cancels

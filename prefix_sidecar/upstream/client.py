@@ -1,15 +1,16 @@
-"""The upstream client: the one way both fronts reach a pod, `post`, and the gRPC front's SSE
-streams over it (`open`).
+"""The upstream client: the one way both fronts reach a pod, `post`, the gRPC front's SSE
+streams over it (`open`), and the short control exchanges (`fetch`: health checks, /metrics
+polls, /tokenize, /v1/models).
 
-`http://` pods through llhttp (prefix_sidecar.upstream.lean_http), `https://` ones through
-an aiohttp session, one answer type (PodAnswer) and one connection budget per pod
-(`per_backend_connections`) whichever front sends and whichever client carries. Errors are
-classified where they happen (prefix_sidecar.upstream.errors), because the caller's only
-question is "may I try the next pod?". Closing a stream closes its connection (not back to
-the pool), so a cancelled caller frees the vLLM slot at once instead of leaving the pod
-generating for nobody. A stream that ended
-with [DONE] keeps its connection: the few bytes that end the HTTP body are read in the
-background, so the next request skips a TCP connect (and the pod an accept).
+One HTTP/1.1 client (prefix_sidecar.upstream.lean_http, llhttp under asyncio) carries
+`http://` and `https://` pods alike, one answer type (PodAnswer) and one connection budget
+per pod (`per_backend_connections`) whichever front sends. Errors are classified where they
+happen (prefix_sidecar.upstream.errors), because the caller's only question is "may I try
+the next pod?". Closing a stream closes its connection (not back to the pool), so a
+cancelled caller frees the vLLM slot at once instead of leaving the pod generating for
+nobody. A stream that ended with [DONE] keeps its connection: the few bytes that end the
+HTTP body are read in the background, so the next request skips a TCP connect (and the pod
+an accept).
 
 No redirect is ever followed: a member answering 3xx would otherwise make us re-send the
 whole prompt to a host nobody configured and label its answer with the member's name. A
@@ -20,15 +21,17 @@ an error (its body, reason phrase, Location, an error event) is redacted, then c
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
 
-import aiohttp
 from multidict import CIMultiDict
 
 from prefix_sidecar import __version__
 from prefix_sidecar.upstream import caller
-from prefix_sidecar.upstream.answer import AiohttpAnswer, PodAnswer, read_capped
+from prefix_sidecar.upstream.answer import PodAnswer, read_capped, read_from
 from prefix_sidecar.upstream.body import SplicedBody
 from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
 from prefix_sidecar.upstream.lean_http import LeanHTTP
@@ -57,12 +60,21 @@ class LoadObserver(Protocol):
     def observe_header(self, url: str, value: str | None) -> None: ...
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """A control exchange's answer: `body` is None when it was over the caller's limit."""
+
+    status: int
+    headers: Mapping[str, str]  # names lowercased
+    body: bytes | None
+
+
 class UpstreamClient:
     """The one way to a pod: `post`, one answer type (PodAnswer), one connection budget.
 
     `per_backend_connections` bounds the requests open to each pod at once, whichever front
-    sends them and whichever client carries them (llhttp for `http://`, aiohttp for
-    `https://`): a request over it waits for an answer to close."""
+    sends them: a request over it waits for an answer to close. `https://` pods are verified
+    against `tls_context` (default: the system's trust store)."""
 
     def __init__(
         self,
@@ -72,11 +84,11 @@ class UpstreamClient:
         api_key: str = "",
         load_observer: LoadObserver | None = None,
         on_unasked: Callable[[str], None] | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         """With a `load_observer`, every request asks the pod for its load report (vLLM's
         `endpoint-load-metrics-format: TEXT`) and every answer's report is handed to it.
         `on_unasked(pod)` counts a connection closed for bytes past an answer."""
-        self._connect_timeout_s = connect_timeout_s
         self.load_observer = load_observer
         self._per_backend = per_backend_connections
         self._headers = {
@@ -89,36 +101,32 @@ class UpstreamClient:
         if load_observer is not None:
             self._headers[LOAD_FORMAT_HEADER] = "TEXT"
         self._api_key = api_key
-        self._session: aiohttp.ClientSession | None = None
         self._draining: set[asyncio.Task[None]] = set()
         self._slots: dict[str, asyncio.Semaphore] = {}  # requests open at once, per pod
         self.lean = LeanHTTP(
             connect_timeout_s=connect_timeout_s,
             per_backend=per_backend_connections,
             on_unasked=on_unasked,
+            tls_context=tls_context,
         )
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=self._per_backend, enable_cleanup_closed=True
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
-            )
-        return self._session
 
     async def close(self) -> None:
         for task in list(self._draining):
             task.cancel()
         if self._draining:
             await asyncio.gather(*self._draining, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
         self.lean.close()
+
+    async def __aenter__(self) -> UpstreamClient:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
 
     async def open(
         self,
@@ -169,35 +177,96 @@ class UpstreamClient:
             observer.note_sent(backend)
             headers = self._asking_load(headers)
         try:
-            if self.lean.serves(backend):
-                parts = body.parts if isinstance(body, SplicedBody) else (body,)
-                answer: PodAnswer = await self.lean.post(
-                    backend, path, parts, headers, deadline=deadline, on_close=release
-                )
-            else:
-                timeout = aiohttp.ClientTimeout(
-                    total=timeout_s, sock_connect=self._connect_timeout_s
-                )
-                answer = await self._post_aiohttp(backend + path, body, headers, timeout, release)
-        except PodHTTPError as exc:
+            answer = await self._send("POST", backend, path, body, headers, deadline, release)
+        except BaseException:
             release()
+            raise
+        self._refuse_non_answer(backend, answer)
+        if observer is not None:
+            observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
+        return answer
+
+    async def fetch(
+        self,
+        method: str,
+        backend: str,
+        path: str,
+        *,
+        timeout_s: float,
+        limit: int,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> Fetched:
+        """A short exchange with a pod's control endpoint, read whole within `timeout_s` and
+        at most `limit` body bytes (past them the rest is never read and `body` is None).
+        It sends exactly `headers`, does not wait for the request budget (a pod busy with
+        streams must not look dead to its health check) and raises UpstreamError as `post`
+        does (unreachable, broken, a 3xx), or when `timeout_s` passes."""
+        try:
+            return await self._fetch(method, backend, path, timeout_s, limit, body, headers)
+        except TimeoutError:
+            raise UpstreamError(
+                backend, f"timed out after {timeout_s:g}s", retryable=True
+            ) from None
+
+    async def _fetch(
+        self,
+        method: str,
+        backend: str,
+        path: str,
+        timeout_s: float,
+        limit: int,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+    ) -> Fetched:
+        async with asyncio.timeout(timeout_s):
+            answer = await self._send(
+                method, backend, path, body, headers or {}, None, lambda: None
+            )
+            self._refuse_non_answer(backend, answer)
+            try:
+                parts: list[bytes] = []
+                size = 0
+                while size <= limit and (data := await read_from(answer, backend, self._redact)):
+                    parts.append(data)
+                    size += len(data)
+            finally:
+                answer.close()  # the connection is kept only when the body was read whole
+        return Fetched(answer.status, answer.headers, b"".join(parts) if size <= limit else None)
+
+    async def _send(
+        self,
+        method: str,
+        backend: str,
+        path: str,
+        body: bytes | SplicedBody,
+        headers: Mapping[str, str],
+        deadline: float | None,
+        on_close: Callable[[], None],
+    ) -> PodAnswer:
+        """One exchange up to its final status and headers; the pod's failures as
+        UpstreamError."""
+        parts = body.parts if isinstance(body, SplicedBody) else (body,)
+        try:
+            return await self.lean.send(
+                method, backend, path, parts, headers, deadline=deadline, on_close=on_close
+            )
+        except PodHTTPError as exc:
             raise UpstreamError(
                 backend,
                 clip(self._redact(str(exc))),
                 retryable=True,
                 connection_failure=exc.connection_failure,
             ) from None
-        except BaseException:
-            release()
-            raise
+
+    def _refuse_non_answer(self, backend: str, answer: PodAnswer) -> None:
+        """UpstreamError (retryable) for a redirect or a status outside 200-599; the answer
+        is closed, as its body is not worth reading."""
         if not 200 <= answer.status <= 599 or 300 <= answer.status < 400:
-            answer.close()  # its body is not worth reading: the connection goes
+            answer.close()
             raise UpstreamError(
                 backend, self._not_an_answer(answer), retryable=True, status=answer.status
             )
-        if observer is not None:
-            observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
-        return answer
 
     async def _slot(self, backend: str, deadline: float | None) -> Callable[[], None]:
         """Wait for one of the pod's `per_backend_connections`; its release. A request that
@@ -219,38 +288,10 @@ class UpstreamClient:
             raise
         return slots.release
 
-    async def _post_aiohttp(
-        self,
-        url: str,
-        body: bytes | SplicedBody,
-        headers: Mapping[str, str],
-        timeout: aiohttp.ClientTimeout,
-        on_close: Callable[[], None],
-    ) -> AiohttpAnswer:
-        """The `https://` pods' request: aiohttp's failures as PodHTTPError."""
-        try:
-            response = await self.session.post(
-                url,
-                data=body,
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,
-            )
-        except aiohttp.ClientConnectorError as exc:
-            raise PodHTTPError(
-                f"cannot connect: {exc.os_error or exc}", connection_failure=True
-            ) from None
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise PodHTTPError(
-                f"request failed: {exc.__class__.__name__}: {clip(str(exc))}",
-                connection_failure=not isinstance(exc, TimeoutError),
-            ) from None
-        return AiohttpAnswer(response, on_close)
-
     def _not_an_answer(self, answer: PodAnswer) -> str:
         status = answer.status
         if 300 <= status < 400:
-            location = clip(self._redact(answer.headers.get("Location", "")), 200)
+            location = clip(self._redact(answer.headers.get("location", "")), 200)
             return (
                 f"HTTP {status} redirect to {location or '(no Location)'}: "
                 "the sidecar does not follow redirects from a pod"
@@ -299,23 +340,6 @@ class UpstreamClient:
         return text.replace(self._api_key, "[redacted]") if self._api_key else text
 
     redact = _redact
-
-    async def get_json(self, backend: str, path: str, timeout_s: float) -> Any:
-        async with self.session.get(
-            backend + path,
-            headers=self._headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            allow_redirects=False,
-        ) as response:
-            if 300 <= response.status < 400:
-                raise UpstreamError(
-                    backend,
-                    f"HTTP {response.status}: the sidecar does not follow redirects from a pod",
-                    retryable=True,
-                    status=response.status,
-                )
-            response.raise_for_status()
-            return await response.json(content_type=None)
 
 
 async def _drain(answer: PodAnswer) -> None:

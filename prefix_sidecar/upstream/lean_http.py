@@ -1,10 +1,12 @@
-"""The pool of keep-alive connections to `http://` pods, and their answers.
+"""The pool of keep-alive connections to the pods, and their answers.
 
-Both fronts send to `http://` pods through here (prefix_sidecar.upstream.client.post);
-`https://` pods go through aiohttp, so TLS stays aiohttp's. aiohttp's client took 0.3-1.2
-ms longer than a direct asyncio connection to the first byte of the same pod's answer to
-the same 240 KB body (docs/benchmarks.md, the HTTP front). Each connection parses its
-answers with llhttp (prefix_sidecar.upstream.pod_connection).
+Everything the sidecar sends to a pod goes through here (prefix_sidecar.upstream.client):
+aiohttp's client took 0.3-1.2 ms longer than a direct asyncio connection to the first byte
+of the same pod's answer to the same 240 KB body (docs/benchmarks.md, the HTTP front). Each
+connection parses its answers with llhttp (prefix_sidecar.upstream.pod_connection). An
+`https://` pod's connection is asyncio's TLS transport under the same protocol: its
+certificate is verified against `tls_context` (by default the system's trust store, as
+`ssl.create_default_context()` loads it, which honours SSL_CERT_FILE) and the pod's host name.
 
 A connection is reused only after an answer read to its end, that did not ask to close, and
 after which the pod sent nothing: a byte past the answer could be read as the next caller's
@@ -17,13 +19,22 @@ closed meanwhile is sent again once on a new one, as no answer of it was read.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from prefix_sidecar.upstream.pod_connection import PodConnection, PodHTTPError
 
 IDLE_S = 4.0
+
+
+class _Address(NamedTuple):
+    host: str
+    port: int
+    netloc: bytes  # the Host header
+    tls: bool
 
 
 class _StaleConnection(Exception):
@@ -94,20 +105,19 @@ class LeanHTTP:
         connect_timeout_s: float,
         per_backend: int,
         on_unasked: Callable[[str], None] | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._per_backend = per_backend
         self._on_unasked = on_unasked
+        self._tls_context = tls_context
         self._idle: dict[str, list[PodConnection]] = {}
-        self._addresses: dict[str, tuple[str, int, bytes]] = {}
+        self._addresses: dict[str, _Address] = {}
         self.unasked_closed = 0
 
-    @staticmethod
-    def serves(backend: str) -> bool:
-        return backend.startswith("http://")
-
-    async def post(
+    async def send(
         self,
+        method: str,
         backend: str,
         path: str,
         body: Sequence[bytes],
@@ -118,7 +128,7 @@ class LeanHTTP:
     ) -> LeanAnswer:
         """Send the request (`body` in parts) and return its answer once its final status
         and headers are in. `on_close` runs when the answer is closed."""
-        request = self._request(backend, path, body, headers)
+        request = self._request(method, backend, path, body, headers)
         reused = self._take_idle(backend)
         if reused is not None:
             try:
@@ -155,20 +165,34 @@ class LeanHTTP:
         return LeanAnswer(self, connection, deadline, on_close)
 
     async def _connect(self, backend: str, deadline: float | None) -> PodConnection:
-        host, port, _ = self._address(backend)
+        address = self._address(backend)
         loop = asyncio.get_running_loop()
         timeout = self._connect_timeout_s
         if deadline is not None:
             timeout = min(timeout, deadline - loop.time())
         connection = PodConnection(backend)
+        tls = self._tls() if address.tls else None
         try:
             async with asyncio.timeout(max(timeout, 0.001)):
-                await loop.create_connection(lambda: connection, host, port)
-        except (OSError, TimeoutError) as exc:
+                await loop.create_connection(
+                    lambda: connection,
+                    address.host,
+                    address.port,
+                    ssl=tls,
+                    server_hostname=address.host if tls else None,
+                )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError (a certificate refused) too
             raise PodHTTPError(
-                f"cannot connect: {exc.__class__.__name__}: {exc}"[:300], connection_failure=True
+                f"cannot connect: {_connect_error(exc)}"[:300], connection_failure=True
             ) from None
         return connection
+
+    def _tls(self) -> ssl.SSLContext:
+        """The context `https://` pods are verified with; the system's, made on first use
+        (loading the trust store takes milliseconds)."""
+        if self._tls_context is None:
+            self._tls_context = ssl.create_default_context()
+        return self._tls_context
 
     def _take_idle(self, backend: str) -> PodConnection | None:
         idle = self._idle.get(backend)
@@ -214,21 +238,31 @@ class LeanHTTP:
                 connection.abort()
         self._idle.clear()
 
-    def _address(self, backend: str) -> tuple[str, int, bytes]:
+    def _address(self, backend: str) -> _Address:
         found = self._addresses.get(backend)
         if found is None:
             if len(self._addresses) > 4096:  # pods come and go: keep the table bounded
                 self._addresses.clear()
             url = urlsplit(backend)
-            host, port = url.hostname or "", url.port or 80
-            found = self._addresses[backend] = (host, port, url.netloc.encode("ascii"))
+            tls = url.scheme == "https"
+            found = self._addresses[backend] = _Address(
+                url.hostname or "",
+                url.port or (443 if tls else 80),
+                url.netloc.encode("ascii"),
+                tls,
+            )
         return found
 
     def _request(
-        self, backend: str, path: str, body: Sequence[bytes], headers: Mapping[str, str]
+        self,
+        method: str,
+        backend: str,
+        path: str,
+        body: Sequence[bytes],
+        headers: Mapping[str, str],
     ) -> list[bytes]:
-        _, _, netloc = self._address(backend)
-        lines = [b"POST ", path.encode("ascii"), b" HTTP/1.1\r\nHost: ", netloc]
+        lines = [method.encode("ascii"), b" ", path.encode("ascii"), b" HTTP/1.1\r\nHost: "]
+        lines.append(self._address(backend).netloc)
         lines.append(b"\r\nContent-Length: %d\r\n" % sum(len(part) for part in body))
         for name, value in headers.items():
             # A caller's header that latin-1 cannot hold reaches the pod with `?` (its key is
@@ -237,3 +271,11 @@ class LeanHTTP:
             lines += (name.encode("latin-1", "replace"), b": ", encoded, b"\r\n")
         lines.append(b"\r\n")
         return [b"".join(lines), *body]
+
+
+def _connect_error(exc: OSError | TimeoutError) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"  # asyncio's text ("Connect call failed") hides this
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the pod's TLS certificate does not verify: {exc.verify_message}"
+    return f"{exc.__class__.__name__}: {exc}"

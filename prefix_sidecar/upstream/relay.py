@@ -368,7 +368,7 @@ class DeltaExchange:
             )
         if expired:
             # The last attempt's timeouts were the caller's deadline: say so, whichever
-            # timer (ours or aiohttp's) fired first.
+            # timer (ours or the client's) fired first.
             return RpcAbort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 clip(

@@ -108,7 +108,7 @@ async def test_a_redirecting_pod_fails_over_and_the_target_is_never_hit(
     assert elsewhere.bodies == [] and elsewhere.headers == []
 
 
-async def test_prewarm_and_get_json_do_not_follow_redirects(fake_pod: StartPod) -> None:
+async def test_prewarm_and_fetch_do_not_follow_redirects(fake_pod: StartPod) -> None:
     from prefix_sidecar.prefixes import PrefixStore
     from prefix_sidecar.prewarm import FAILED, Prewarmer
 
@@ -122,7 +122,7 @@ async def test_prewarm_and_get_json_do_not_follow_redirects(fake_pod: StartPod) 
             [result] = await prewarmer.warm_all([(entry, pod.url)])
             assert result.state == FAILED and "HTTP 307" in result.error
             with pytest.raises(UpstreamError, match="HTTP 307"):  # metrics, tokenize
-                await client.get_json(metrics_url, "/metrics", 5)
+                await client.fetch("GET", metrics_url, "/metrics", timeout_s=5, limit=1024)
         finally:
             await client.close()
     assert elsewhere.bodies == [] and elsewhere.headers == []

@@ -45,7 +45,7 @@ async def test_a_metrics_port_in_use_fails_start_and_leaves_nothing_open(
     timed_out = await sidecar.server.wait_for_termination(timeout=1.0)
     assert not timed_out, "the gRPC server still runs"
     assert sidecar._health_session is not None and sidecar._health_session.closed
-    assert sidecar.client._session is None
+    assert not sidecar.client.lean._idle, "a pod connection was left open"
     assert not os.path.exists(config.socket_path), "the socket file was left behind"
     assert other_tasks() <= tasks_before, "tasks were left running"
     assert sidecar.metrics_port is None

@@ -11,7 +11,7 @@ TLS (the config refuses it without), or a unix socket.
 The server under it is prefix_sidecar.server.openai.http1 (asyncio.Protocol, no HTTP library): four
 fixed paths need no router, no middleware and no per-request wrapper objects, and aiohttp's
 server frame cost ~0.19 ms more per 240 KB request (docs/benchmarks.md). Pod model lists
-still come through the aiohttp session.
+come through the upstream client's bounded `fetch`, as health checks do.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-
-import aiohttp
 
 from prefix_sidecar import __version__
 from prefix_sidecar.config import Config
@@ -56,6 +54,7 @@ from prefix_sidecar.server.openai.body_steps import read_request
 from prefix_sidecar.server.openai.http1 import HTTP1Server, Request, Response, StreamedResponse
 from prefix_sidecar.server.openai.splice import splice_prefix
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER, RETRY_AFTER_S, forward
+from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.relay import Relay, RelayOutcome
 
 logger = logging.getLogger(__name__)
@@ -339,23 +338,24 @@ class OpenAIFront:
         headers.pop("Content-Type")
         for backend in serving[: self.config.max_attempts]:
             try:
-                async with self.relay.client.session.get(
-                    backend + "/v1/models",
+                answer = await self.relay.client.fetch(
+                    "GET",
+                    backend,
+                    "/v1/models",
+                    timeout_s=MODELS_TIMEOUT_S,
+                    limit=MAX_MODELS_BYTES,
                     headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S),
-                    allow_redirects=False,
-                ) as response:
-                    if response.status >= 300 and response.status != 401:
-                        continue
-                    body = await response.content.read(MAX_MODELS_BYTES)
-                    if not response.content.is_eof():
-                        continue  # longer than any model list: not a model list
-                    labels = [(BACKEND_HEADER, backend)]
-                    if "Content-Type" in response.headers:
-                        labels.append(("Content-Type", response.headers["Content-Type"]))
-                    return Response(response.status, body, labels)
-            except (TimeoutError, aiohttp.ClientError):
+                )
+            except UpstreamError:
                 continue
+            if answer.status >= 300 and answer.status != 401:
+                continue
+            if answer.body is None:
+                continue  # longer than any model list: not a model list
+            labels = [(BACKEND_HEADER, backend)]
+            if "content-type" in answer.headers:
+                labels.append(("Content-Type", answer.headers["content-type"]))
+            return Response(answer.status, answer.body, labels)
         raise FrontError(
             503,
             "no serving pod answered /v1/models",

@@ -481,7 +481,7 @@ async def test_an_openai_port_in_use_fails_start_and_leaves_nothing_open(
             await sidecar.start()
     assert sidecar.server is not None
     assert not await sidecar.server.wait_for_termination(timeout=1.0), "gRPC still runs"
-    assert sidecar.client._session is None, "the pods' session was left open"
+    assert not sidecar.client.lean._idle, "a pod connection was left open"
     assert not os.path.exists(config.socket_path)
     # The same port, free now: a sidecar starts on it and stops cleanly.
     async with running_sidecar(config, wait=False) as (running, _):
