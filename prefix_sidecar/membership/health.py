@@ -21,23 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import errno
 import logging
 import math
-import os
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from prefix_sidecar.config import DEFAULTS
-from prefix_sidecar.upstream.sse import clip
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
 
 logger = logging.getLogger(__name__)
 
 ChangeCallback = Callable[[str, bool, "str | None"], None]
+HEALTH_BODY_BYTES = 64 * 1024  # a healthy answer longer than this leaves with its connection
 
 
 class MemberStatus(enum.Enum):
@@ -93,7 +91,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         *,
         path: str = DEFAULTS.health_path,
         interval_s: float = DEFAULTS.health_interval_s,
@@ -109,10 +107,9 @@ class HealthMonitor:
             raise ValueError("health interval_s, timeout_s and failure_recheck_s must be > 0")
         if failure_threshold < 1:
             raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold}")
-        self._session = session
+        self._client = client
         self._path = path
         self._interval_s = interval_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._timeout_s = timeout_s
         self._threshold = failure_threshold
         self._recheck_s = failure_recheck_s
@@ -193,7 +190,7 @@ class HealthMonitor:
                 tracked.tasks.clear()
 
     def close(self) -> None:
-        """Stop checking; run() returns. The session belongs to the caller."""
+        """Stop checking; run() returns. The client belongs to the caller."""
         self._stop.set()
         for tracked in self._members.values():
             for task in tracked.tasks:
@@ -224,7 +221,7 @@ class HealthMonitor:
 
     async def _check(self, tracked: _Tracked) -> None:
         tracked.last_check_started = asyncio.get_running_loop().time()
-        error = await self._probe(tracked.url + self._path)
+        error = await self._probe(tracked.url)
         if tracked is not self._members.get(tracked.url):
             return  # removed while the check was in flight
         if error is None:
@@ -232,29 +229,19 @@ class HealthMonitor:
         else:
             self._register_failure(tracked, error)
 
-    async def _probe(self, target: str) -> str | None:
-        """GET target once; None when healthy, else why not."""
+    async def _probe(self, url: str) -> str | None:
+        """GET the health path once; None when healthy, else why not. No redirect is
+        followed (it could point anywhere): a 3xx is a failure. A healthy answer is read
+        (up to HEALTH_BODY_BYTES) so that its connection is kept for the next check."""
         try:
-            # A redirect is never followed (it could point anywhere): a 3xx is a failure.
-            async with self._session.get(
-                target, timeout=self._timeout, allow_redirects=False
-            ) as response:
-                if 200 <= response.status < 300:
-                    # Drain, so the keep-alive connection is reused; a body that does not
-                    # end within 64 KiB leaves with its connection when the block exits.
-                    left = 64 * 1024
-                    while left > 0 and (data := await response.content.read(left)):
-                        left -= len(data)
-                    return None
-                response.close()  # an unhealthy answer's body is not worth reading
-                return f"GET {target} returned HTTP {response.status}"
-        except TimeoutError:
-            return f"GET {target} timed out after {self._timeout_s:g}s"
-        except aiohttp.ClientConnectorError as exc:
-            return f"GET {target}: cannot connect ({_describe_os_error(exc.os_error)})"
-        except (aiohttp.ClientError, OSError) as exc:
-            # aiohttp may quote the pod's bytes (a bad status line): clip before logging.
-            return f"GET {target} failed: {type(exc).__name__}: {clip(str(exc))}"
+            answer = await self._client.fetch(
+                "GET", url, self._path, timeout_s=self._timeout_s, limit=HEALTH_BODY_BYTES
+            )
+        except UpstreamError as exc:
+            return f"GET {url}{self._path}: {exc.message}"
+        if 200 <= answer.status < 300:
+            return None
+        return f"GET {url}{self._path} returned HTTP {answer.status}"
 
     def _register_success(self, tracked: _Tracked) -> None:
         tracked.failures = 0
@@ -306,11 +293,3 @@ class HealthMonitor:
             tracked.wake()
             # Servers that close idle connections quickly must not make us spin.
             await asyncio.sleep(max(0.0, connected_at + self._interval_s - loop.time()))
-
-
-def _describe_os_error(error: OSError) -> str:
-    if isinstance(error, ConnectionRefusedError):
-        return "connection refused"  # asyncio's text ("Connect call failed") hides this
-    if error.errno is not None:
-        return f"{errno.errorcode.get(error.errno, error.errno)}: {os.strerror(error.errno)}"
-    return str(error)

@@ -3,7 +3,7 @@
 Shape after hypercorn's `serve(config, shutdown_trigger=...)`: the shutdown trigger is
 injectable, so tests stop a sidecar without signals. On shutdown, health turns NOT_SERVING
 first (probes and clients stop sending), new calls are refused, streams get `grace_s` to
-finish, then the upstream session closes.
+finish, then the upstream client closes.
 
 The parts come from their own modules: the gRPC server's limits, services and TCP listener
 (server.grpc.server), the membership source and prefix files of the config
@@ -21,7 +21,6 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
@@ -113,7 +112,6 @@ class Sidecar(AsyncService):
         self.health: HealthMonitor | None = None
         self.poller: MetricsPoller | None = None
         self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
-        self._health_session: aiohttp.ClientSession | None = None
         self.server: grpc.aio.Server | None = None
         self.openai: OpenAIFront | None = None  # the HTTP front, when openai_listen is set
         self.health_servicer = health_aio.HealthServicer()
@@ -137,7 +135,7 @@ class Sidecar(AsyncService):
 
     async def start(self) -> None:
         """Start everything; a start that fails half way (a metrics port in use, a bad TLS
-        file) releases what it opened - server, sessions, socket file, tasks - and raises."""
+        file) releases what it opened - server, client, socket file, tasks - and raises."""
         try:
             await self._start()
         except BaseException:
@@ -149,11 +147,10 @@ class Sidecar(AsyncService):
         source = membership_source(self.config)
         # Before anything that needs closing: a refused path must not leak a session.
         self.socket_file.prepare()
-        # Health checks get their own session: a pool full of request streams must not
-        # queue them, or a busy pod would look dead.
-        self._health_session = aiohttp.ClientSession()
+        # Health checks go through the client's `fetch`, which does not wait for the
+        # request budget: a pool full of request streams must not make a busy pod look dead.
         self.health = HealthMonitor(
-            self._health_session,
+            self.client,
             path=self.config.health_path,
             interval_s=self.config.health_interval_s,
             timeout_s=self.config.health_timeout_s,
@@ -212,7 +209,7 @@ class Sidecar(AsyncService):
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
         self.sizer = PrefixSizer(
             self.store,
-            self._health_session,
+            self.client,
             lambda: sorted(url for url, b in self.pool.backends.items() if b.healthy),
             model=self.config.model,
         )
@@ -222,7 +219,7 @@ class Sidecar(AsyncService):
         if self.signals is not None and poller.POLL_SAMPLE > 0:
             self.poller = MetricsPoller(
                 self.signals,
-                self._health_session,
+                self.client,
                 interval_s=poller.POLL_INTERVAL_S,
                 sample=poller.POLL_SAMPLE,
                 timeout_s=poller.POLL_TIMEOUT_S,
@@ -265,8 +262,6 @@ class Sidecar(AsyncService):
             runner, self._metrics_runner = self._metrics_runner, None
             await runner.cleanup()  # type: ignore[attr-defined]
         await self.client.close()
-        if self._health_session is not None:
-            await self._health_session.close()
         # grpc unlinks the path when it stops listening, and a sidecar started since then may
         # have bound it again (an overlapping restart): remove only the file this one bound.
         self.socket_file.remove()

@@ -22,16 +22,16 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import aiohttp
-
 from prefix_sidecar.prefixes import PrefixStore
-from prefix_sidecar.upstream.capped import FetchError, fetch_capped
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
 
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS_SLACK = 64
 PARSE_INLINE_BYTES = 256 * 1024  # parsed inline below this (~2 ms), in a thread above
 ATTEMPTS_PER_PREFIX = 3
+JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 
 
 class TokenizeError(Exception):
@@ -58,12 +58,28 @@ def read_count(data: Any, text_bytes: int) -> int:
 
 
 async def _post(
-    session: aiohttp.ClientSession, url: str, body: dict[str, str], timeout_s: float, limit: int
+    client: UpstreamClient,
+    url: str,
+    path: str,
+    body: dict[str, str],
+    timeout_s: float,
+    limit: int,
 ) -> Any:
     try:
-        raw = await fetch_capped(session, "POST", url, json=body, timeout_s=timeout_s, limit=limit)
-    except FetchError as exc:
-        raise TokenizeError(str(exc)) from None
+        answer = await client.fetch(
+            "POST",
+            url,
+            path,
+            timeout_s=timeout_s,
+            limit=limit,
+            body=json.dumps(body).encode(),
+            headers=JSON_HEADERS,
+        )
+    except UpstreamError as exc:
+        raise TokenizeError(exc.message) from None
+    if answer.status != 200:
+        raise TokenizeError(f"HTTP {answer.status}")
+    raw = answer.body
     if raw is None:
         raise TokenizeError(f"the answer is over {limit} bytes")
     try:
@@ -75,7 +91,7 @@ async def _post(
 
 
 async def count_tokens(
-    session: aiohttp.ClientSession,
+    client: UpstreamClient,
     url: str,
     text: str,
     *,
@@ -90,7 +106,7 @@ async def count_tokens(
     errors = []
     for body in (vllm, {"content": text}):
         try:
-            return read_count(await _post(session, url + path, body, timeout_s, limit), size)
+            return read_count(await _post(client, url, path, body, timeout_s, limit), size)
         except TokenizeError as exc:
             errors.append(str(exc))
     raise TokenizeError(f"{url}{path}: " + "; ".join(errors))
@@ -104,7 +120,7 @@ class PrefixSizer:
     def __init__(
         self,
         store: PrefixStore,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         pods: Callable[[], Sequence[str]],
         *,
         path: str = "/tokenize",
@@ -112,7 +128,7 @@ class PrefixSizer:
         timeout_s: float = 10.0,
     ) -> None:
         self.store = store
-        self.session = session
+        self.client = client
         self.pods = pods
         self.path = path
         self.model = model
@@ -146,7 +162,7 @@ class PrefixSizer:
                     return  # woken again when pods are there
                 try:
                     known = await count_tokens(
-                        self.session,
+                        self.client,
                         pods[0],
                         entry.text,
                         model=self.model,

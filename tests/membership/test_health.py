@@ -9,10 +9,10 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 
-import aiohttp
 import pytest
 
 from prefix_sidecar.membership.health import HealthMonitor, MemberStatus
+from prefix_sidecar.upstream.client import UpstreamClient
 from tests.fake_pod import start_site
 
 from .conftest import Backend
@@ -58,12 +58,12 @@ MonitorFactory = Callable[..., tuple[HealthMonitor, Changes]]
 
 @pytest.fixture
 async def make_monitor() -> AsyncIterator[MonitorFactory]:
-    session = aiohttp.ClientSession()
+    client = UpstreamClient()
     runs: list[asyncio.Task[None]] = []
 
     def make(urls: list[str], **kwargs: object) -> tuple[HealthMonitor, Changes]:
         changes = Changes()
-        monitor = HealthMonitor(session, on_change=changes, **kwargs)  # type: ignore[arg-type]
+        monitor = HealthMonitor(client, on_change=changes, **kwargs)  # type: ignore[arg-type]
         monitor.set_members(urls)
         runs.append(asyncio.create_task(monitor.run()))
         return monitor, changes
@@ -72,7 +72,7 @@ async def make_monitor() -> AsyncIterator[MonitorFactory]:
     for task in runs:
         task.cancel()
     await asyncio.gather(*runs, return_exceptions=True)
-    await session.close()
+    await client.close()
 
 
 async def test_first_check_decides(
@@ -234,7 +234,7 @@ async def test_timeout_counts_as_failure(make_monitor: MonitorFactory, closed_po
     try:
         _monitor, changes = make_monitor([url], timeout_s=0.2)
         _, reason = await changes.wait_for(url, False)
-        assert reason == f"GET {url}/health timed out after 0.2s"
+        assert reason == f"GET {url}/health: timed out after 0.2s"
     finally:
         await runner.cleanup()
 
@@ -262,8 +262,8 @@ async def test_set_members_adds_and_stops_checking(make_monitor: MonitorFactory)
 
 
 async def test_close_ends_run(backend: Backend) -> None:
-    async with aiohttp.ClientSession() as session:
-        monitor = HealthMonitor(session, on_change=lambda *_: None, interval_s=0.1)
+    async with UpstreamClient() as client:
+        monitor = HealthMonitor(client, on_change=lambda *_: None, interval_s=0.1)
         monitor.set_members([backend.url])
         run = asyncio.create_task(monitor.run())
         await asyncio.sleep(0.3)
@@ -276,8 +276,8 @@ async def test_close_ends_run(backend: Backend) -> None:
 
 def test_bad_settings_are_rejected() -> None:
     async def build(**kwargs: object) -> None:
-        async with aiohttp.ClientSession() as session:
-            HealthMonitor(session, on_change=lambda *_: None, **kwargs)  # type: ignore[arg-type]
+        async with UpstreamClient() as client:
+            HealthMonitor(client, on_change=lambda *_: None, **kwargs)  # type: ignore[arg-type]
 
     with pytest.raises(ValueError, match="must start with '/'"):
         asyncio.run(build(path="health"))

@@ -17,7 +17,6 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -158,10 +157,10 @@ async def test_a_health_check_answered_with_a_redirect_is_a_failure(status: int)
     async with (
         serving({"/health": target}) as [target_url],
         serving({"/health": redirect_to(target_url, status)}) as [pod_url],
-        aiohttp.ClientSession() as session,
+        UpstreamClient() as client,
     ):
         monitor = HealthMonitor(
-            session,
+            client,
             on_change=lambda url, healthy, _: changes.append((url, healthy)),
             watch_connections=False,
         )

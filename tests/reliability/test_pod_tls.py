@@ -1,18 +1,21 @@
 """An `https://` pod is reached through the one upstream client, its certificate verified
-against the CA the client trusts (streams and a control fetch), and refused before any
-request reaches it when its certificate does not verify."""
+against the CA the client trusts (streams, a control fetch, a sidecar's health checks and
+Complete), and refused before any request reaches it when its certificate does not verify."""
 
 from __future__ import annotations
 
+import contextlib
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
-from tests.fake_pod import recording_pod
+from tests.fake_pod import complete, recording_pod
 
+StartSidecar = Callable[..., contextlib.AbstractAsyncContextManager[Any]]
 BODY = b'{"prompt": "over tls", "stream": true}'
 
 
@@ -59,3 +62,19 @@ async def test_an_https_pod_whose_certificate_does_not_verify_is_refused(
         with pytest.raises(UpstreamError, match="TLS certificate does not verify"):
             await client.fetch("GET", pod.url, "/health", timeout_s=5.0, limit=1024)
     assert pod.bodies == []
+
+
+async def test_a_sidecar_checks_and_serves_an_https_pod_its_trust_store_holds(
+    certs: Any,
+    pod_tls: ssl.SSLContext,
+    start_sidecar: StartSidecar,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sidecar verifies pods against the system's trust store; SSL_CERT_FILE is how an
+    # operator (or this test) names another one.
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
+    async with recording_pod(tls=pod_tls) as pod, start_sidecar([pod.url]) as (_, stub):
+        chunks, code, message = await complete(stub)
+    assert code == "OK", message
+    assert chunks[0].backend == pod.url and "".join(c.text for c in chunks) == "hello"
+    assert len(pod.bodies) == 1

@@ -8,11 +8,11 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from prefix_sidecar.prefixes import PrefixError, PrefixStore
+from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.tokenize import PrefixSizer, TokenizeError, count_tokens, read_count
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 from prefix_sidecar_tools.emulator.tokenizer import count_tokens as emulator_count
@@ -55,17 +55,17 @@ async def _redirect(request: web.Request) -> web.Response:
 
 async def test_vllm_shape_against_the_emulator() -> None:
     text = "rules " * 2000
-    async with run_emulator(EmulatorConfig()) as url, aiohttp.ClientSession() as session:
-        assert await count_tokens(session, url, text) == emulator_count(text.encode())
-        assert await count_tokens(session, url, text, model="m") == emulator_count(text.encode())
+    async with run_emulator(EmulatorConfig()) as url, UpstreamClient() as client:
+        assert await count_tokens(client, url, text) == emulator_count(text.encode())
+        assert await count_tokens(client, url, text, model="m") == emulator_count(text.encode())
 
 
 async def test_llama_cpp_shape_after_an_empty_vllm_shaped_answer(
     llama: tuple[str, Tokenizer],
 ) -> None:
     url, pod = llama
-    async with aiohttp.ClientSession() as session:
-        assert await count_tokens(session, url, "x" * 3000) == 1000
+    async with UpstreamClient() as client:
+        assert await count_tokens(client, url, "x" * 3000) == 1000
     assert [sorted(b) for b in pod.bodies] == [["prompt"], ["content"]]
 
 
@@ -85,25 +85,25 @@ async def test_llama_cpp_shape_after_an_empty_vllm_shaped_answer(
 async def test_hostile_answers_are_refused(llama: tuple[str, Tokenizer], answer: str) -> None:
     url, pod = llama
     pod.answer = answer
-    async with aiohttp.ClientSession() as session:
+    async with UpstreamClient() as client:
         with pytest.raises(TokenizeError):
-            await count_tokens(session, url, "hello world")
+            await count_tokens(client, url, "hello world")
 
 
 async def test_oversized_answer_redirect_and_errors_are_refused(
     llama: tuple[str, Tokenizer],
 ) -> None:
     url, pod = llama
-    async with aiohttp.ClientSession() as session:
+    async with UpstreamClient() as client:
         pod.answer = json.dumps({"tokens": [1] * 100_000})  # 300 KB for an 11-byte text
         with pytest.raises(TokenizeError, match="over"):
-            await count_tokens(session, url, "hello world")
+            await count_tokens(client, url, "hello world")
         pod.answer = None
         with pytest.raises(TokenizeError, match="HTTP 302"):
-            await count_tokens(session, url, "hello world", path="/moved")
+            await count_tokens(client, url, "hello world", path="/moved")
         pod.status = 404
         with pytest.raises(TokenizeError, match="HTTP 404"):
-            await count_tokens(session, url, "hello world")
+            await count_tokens(client, url, "hello world")
 
 
 def test_read_count_prefers_vllms_count() -> None:
@@ -122,9 +122,9 @@ async def test_sizer_counts_each_prefix_once_and_feeds_the_store(
     store.watch(lambda: changes.append(store.generation))
     entry, _ = store.register("rules", "r" * 3000)
     store.register("other", "o" * 300)
-    async with aiohttp.ClientSession() as session:
+    async with UpstreamClient() as client:
         pods: list[str] = []
-        sizer = PrefixSizer(store, session, lambda: pods)
+        sizer = PrefixSizer(store, client, lambda: pods)
         await sizer.size_all()
         assert entry.tokens == 0 and pod.bodies == []  # no pod yet: bytes for now
         pods.append(url)
@@ -141,8 +141,8 @@ async def test_sizer_gives_up_after_a_few_failures(llama: tuple[str, Tokenizer])
     pod.status = 404
     store = PrefixStore(16, 1 << 20)
     entry, _ = store.register("rules", "r" * 300)
-    async with aiohttp.ClientSession() as session:
-        sizer = PrefixSizer(store, session, lambda: [url])
+    async with UpstreamClient() as client:
+        sizer = PrefixSizer(store, client, lambda: [url])
         for _ in range(5):
             await sizer.size_all()
     assert entry.tokens == 0 and len(pod.bodies) == 2 * 3  # two shapes x three tries

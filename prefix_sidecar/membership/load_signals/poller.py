@@ -12,11 +12,10 @@ import asyncio
 import logging
 import random
 
-import aiohttp
-
 from prefix_sidecar.membership.load_signals.parse import MAX_METRICS_BYTES, PodReport, parse_metrics
 from prefix_sidecar.membership.load_signals.rules import LoadSignals
-from prefix_sidecar.upstream.capped import FetchError, fetch_capped
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +26,7 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.5
 POLL_SAMPLE = 2
 POLL_TIMEOUT_S = 0.5
+ACCEPT_TEXT = {"Accept": "text/plain"}
 
 
 class MetricsError(Exception):
@@ -34,7 +34,7 @@ class MetricsError(Exception):
 
 
 async def fetch_metrics(
-    session: aiohttp.ClientSession,
+    client: UpstreamClient,
     url: str,
     *,
     timeout_s: float,
@@ -43,16 +43,14 @@ async def fetch_metrics(
 ) -> PodReport:
     """GET the pod's /metrics: bounded in time and bytes, no redirect; parsed."""
     try:
-        body = await fetch_capped(
-            session,
-            "GET",
-            url + path,
-            timeout_s=timeout_s,
-            limit=max_bytes,
-            headers={"Accept": "text/plain"},
+        answer = await client.fetch(
+            "GET", url, path, timeout_s=timeout_s, limit=max_bytes, headers=ACCEPT_TEXT
         )
-    except FetchError as exc:
-        raise MetricsError(f"{url}{path}: {exc}") from None
+    except UpstreamError as exc:
+        raise MetricsError(f"{url}{path}: {exc.message}") from None
+    if answer.status != 200:
+        raise MetricsError(f"{url}{path}: HTTP {answer.status}")
+    body = answer.body
     if body is None:
         raise MetricsError(f"{url}{path}: more than {max_bytes} bytes")
     text = body.decode("utf-8", "replace")
@@ -70,7 +68,7 @@ class MetricsPoller:
     def __init__(
         self,
         signals: LoadSignals,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         *,
         interval_s: float = POLL_INTERVAL_S,
         sample: int = POLL_SAMPLE,
@@ -80,7 +78,7 @@ class MetricsPoller:
         rng: random.Random | None = None,
     ) -> None:
         self.signals = signals
-        self.session = session
+        self.client = client
         self.interval_s = interval_s
         self.sample = sample
         self.timeout_s = timeout_s
@@ -115,7 +113,7 @@ class MetricsPoller:
             pod.asked_at = self.signals.now()  # a failing pod is not asked again at once
         try:
             report = await fetch_metrics(
-                self.session, url, timeout_s=self.timeout_s, max_bytes=self.max_bytes
+                self.client, url, timeout_s=self.timeout_s, max_bytes=self.max_bytes
             )
         except MetricsError as exc:
             self.failures += 1

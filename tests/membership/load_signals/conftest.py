@@ -17,6 +17,7 @@ from prefix_sidecar.membership.load_signals import (
 )
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member
+from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 from tests.fake_pod import start_site
 
@@ -91,7 +92,11 @@ async def busy_pod(rule: str) -> AsyncIterator[BackendPool]:
     "fleet": the fleet view); the pool is yielded while the requests still run."""
     config = EmulatorConfig(model="m", max_running=1, decode_tps=20.0, time_scale=10.0)
     pool = BackendPool()
-    async with run_emulator(config) as url, ClientSession() as session:
+    async with (
+        run_emulator(config) as url,
+        ClientSession() as session,
+        UpstreamClient() as client,
+    ):
         pool.set_members([Member(url)])
         pool.set_health(url, True)
         if rule == "saturation":
@@ -104,7 +109,7 @@ async def busy_pod(rule: str) -> AsyncIterator[BackendPool]:
             asyncio.create_task(session.post(url + "/v1/completions", json=body)) for _ in range(3)
         ]
         await asyncio.sleep(0.02)
-        await MetricsPoller(signals, session, sample=2, timeout_s=0.5).poll_once()
+        await MetricsPoller(signals, client, sample=2, timeout_s=0.5).poll_once()
         try:
             yield pool
         finally:

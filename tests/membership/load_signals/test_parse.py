@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from aiohttp import ClientSession
 
 from prefix_sidecar.membership.load_signals import (
     MAX_HEADER_CHARS,
@@ -15,6 +14,7 @@ from prefix_sidecar.membership.load_signals import (
     parse_load_header,
     parse_metrics,
 )
+from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
 from .conftest import VLLM_JSON, VLLM_PAGE, VLLM_TEXT
@@ -113,6 +113,6 @@ def test_metrics_parsing_stays_linear_on_hostile_labels() -> None:
 
 async def test_emulator_page_parses() -> None:
     config = EmulatorConfig(kv_tokens=160_000)
-    async with run_emulator(config) as url, ClientSession() as session:
-        report = await fetch_metrics(session, url, timeout_s=2.0)
+    async with run_emulator(config) as url, UpstreamClient() as client:
+        report = await fetch_metrics(client, url, timeout_s=2.0)
     assert report == PodReport(running=0.0, waiting=0.0, kv_usage=0.0, kv_tokens=160_000)

@@ -30,9 +30,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
-
 from prefix_sidecar.membership.load_signals import MetricsError, fetch_metrics
+from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar_tools.bench.argtypes import positive
 from prefix_sidecar_tools.emulator import EmulatorFleet
 from prefix_sidecar_tools.report import (
@@ -179,10 +178,10 @@ class PodSampler:
     async def run(self) -> None:
         if self.interval_s <= 0:
             return
-        async with aiohttp.ClientSession() as session:
+        async with UpstreamClient() as client:
             while True:
                 reads = await asyncio.gather(
-                    *(fetch_metrics(session, url, timeout_s=2.0) for url in self.urls),
+                    *(fetch_metrics(client, url, timeout_s=2.0) for url in self.urls),
                     return_exceptions=True,
                 )
                 reports = [r for r in reads if not isinstance(r, (MetricsError, BaseException))]
