@@ -58,3 +58,18 @@ async def read_capped(answer: PodAnswer, limit: int, timeout_s: float) -> bytes:
                 parts.append(data)
                 size += len(data)
     return b"".join(parts)[:limit]
+
+
+async def read_whole(
+    answer: PodAnswer, backend: str, limit: int, redact: Callable[[str], str] = str
+) -> bytes | None:
+    """The whole body, or None as soon as it passes `limit` bytes (the rest is never read,
+    so a pod cannot make us hold more than limit + one read); UpstreamError when it breaks."""
+    parts: list[bytes] = []
+    size = 0
+    while data := await read_from(answer, backend, redact):
+        size += len(data)
+        if size > limit:
+            return None
+        parts.append(data)
+    return b"".join(parts)

@@ -24,14 +24,14 @@ import asyncio
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Protocol
 
 from multidict import CIMultiDict
 
 from prefix_sidecar import __version__
+from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar.upstream import caller
-from prefix_sidecar.upstream.answer import PodAnswer, read_capped, read_from
+from prefix_sidecar.upstream.answer import PodAnswer, read_capped, read_whole
 from prefix_sidecar.upstream.body import SplicedBody
 from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
 from prefix_sidecar.upstream.lean_http import LeanHTTP
@@ -69,7 +69,7 @@ class Fetched:
     body: bytes | None
 
 
-class UpstreamClient:
+class UpstreamClient(AsyncService):
     """The one way to a pod: `post`, one answer type (PodAnswer), one connection budget.
 
     `per_backend_connections` bounds the requests open to each pod at once, whichever front
@@ -110,6 +110,9 @@ class UpstreamClient:
             tls_context=tls_context,
         )
 
+    async def start(self) -> None:
+        """Nothing to open: a pod's connections are made when it is first sent to."""
+
     async def close(self) -> None:
         for task in list(self._draining):
             task.cancel()
@@ -117,16 +120,7 @@ class UpstreamClient:
             await asyncio.gather(*self._draining, return_exceptions=True)
         self.lean.close()
 
-    async def __aenter__(self) -> UpstreamClient:
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
+    stop = close  # `async with UpstreamClient() as client:` closes it (AsyncService)
 
     async def open(
         self,
@@ -203,36 +197,20 @@ class UpstreamClient:
         streams must not look dead to its health check) and raises UpstreamError as `post`
         does (unreachable, broken, a 3xx), or when `timeout_s` passes."""
         try:
-            return await self._fetch(method, backend, path, timeout_s, limit, body, headers)
+            async with asyncio.timeout(timeout_s):
+                answer = await self._send(
+                    method, backend, path, body, headers or {}, None, lambda: None
+                )
+                self._refuse_non_answer(backend, answer)
+                try:
+                    whole = await read_whole(answer, backend, limit, self._redact)
+                finally:
+                    answer.close()  # the connection is kept only when the body was read whole
         except TimeoutError:
             raise UpstreamError(
                 backend, f"timed out after {timeout_s:g}s", retryable=True
             ) from None
-
-    async def _fetch(
-        self,
-        method: str,
-        backend: str,
-        path: str,
-        timeout_s: float,
-        limit: int,
-        body: bytes,
-        headers: Mapping[str, str] | None,
-    ) -> Fetched:
-        async with asyncio.timeout(timeout_s):
-            answer = await self._send(
-                method, backend, path, body, headers or {}, None, lambda: None
-            )
-            self._refuse_non_answer(backend, answer)
-            try:
-                parts: list[bytes] = []
-                size = 0
-                while size <= limit and (data := await read_from(answer, backend, self._redact)):
-                    parts.append(data)
-                    size += len(data)
-            finally:
-                answer.close()  # the connection is kept only when the body was read whole
-        return Fetched(answer.status, answer.headers, b"".join(parts) if size <= limit else None)
+        return Fetched(answer.status, answer.headers, whole)
 
     async def _send(
         self,

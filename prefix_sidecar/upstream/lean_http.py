@@ -128,7 +128,16 @@ class LeanHTTP:
     ) -> LeanAnswer:
         """Send the request (`body` in parts) and return its answer once its final status
         and headers are in. `on_close` runs when the answer is closed."""
-        request = self._request(method, backend, path, body, headers)
+        lines = [method.encode("ascii"), b" ", path.encode("ascii"), b" HTTP/1.1\r\nHost: "]
+        lines.append(self._address(backend).netloc)
+        lines.append(b"\r\nContent-Length: %d\r\n" % sum(len(part) for part in body))
+        for name, value in headers.items():
+            # A caller's header that latin-1 cannot hold reaches the pod with `?` (its key is
+            # then wrong, and the pod's 401 says so) rather than failing the request here.
+            encoded = value.encode("latin-1", "replace")
+            lines += (name.encode("latin-1", "replace"), b": ", encoded, b"\r\n")
+        lines.append(b"\r\n")
+        request = [b"".join(lines), *body]
         reused = self._take_idle(backend)
         if reused is not None:
             try:
@@ -252,25 +261,6 @@ class LeanHTTP:
                 tls,
             )
         return found
-
-    def _request(
-        self,
-        method: str,
-        backend: str,
-        path: str,
-        body: Sequence[bytes],
-        headers: Mapping[str, str],
-    ) -> list[bytes]:
-        lines = [method.encode("ascii"), b" ", path.encode("ascii"), b" HTTP/1.1\r\nHost: "]
-        lines.append(self._address(backend).netloc)
-        lines.append(b"\r\nContent-Length: %d\r\n" % sum(len(part) for part in body))
-        for name, value in headers.items():
-            # A caller's header that latin-1 cannot hold reaches the pod with `?` (its key is
-            # then wrong, and the pod's 401 says so) rather than failing the request here.
-            encoded = value.encode("latin-1", "replace")
-            lines += (name.encode("latin-1", "replace"), b": ", encoded, b"\r\n")
-        lines.append(b"\r\n")
-        return [b"".join(lines), *body]
 
 
 def _connect_error(exc: OSError | TimeoutError) -> str:
