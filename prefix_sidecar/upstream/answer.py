@@ -1,36 +1,18 @@
-"""A pod's answer as both fronts read it, and the two bounded ways to read one.
-
-The client's answers (prefix_sidecar.upstream.lean_http.LeanAnswer) read the body in the
-pieces the socket gives, say when it is read to its end (`done`), and on `close()` keep the
-connection only for an answer read whole, then free the pod's connection slot.
+"""The bounded ways to read a pod's answer (prefix_sidecar.upstream.lean_http.PodAnswer):
+the next bytes as the relays read them, a short body within a time (an error's words, the
+end after [DONE]), and a whole body within a size (the control fetches).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Callable
 
 from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar.upstream.lean_http import PodAnswer
 from prefix_sidecar.upstream.pod_connection import PodHTTPError
 from prefix_sidecar.upstream.sse import clip
-
-
-class PodAnswer(Protocol):
-    status: int
-    headers: Mapping[str, str]  # names lowercased
-
-    @property
-    def done(self) -> bool: ...
-
-    async def read(self) -> bytes:
-        """The next body bytes; b"" at its end. PodHTTPError when the answer breaks."""
-        ...
-
-    def close(self) -> None:
-        """Keep the connection if the answer was read whole, else close it; once."""
-        ...
 
 
 async def read_from(answer: PodAnswer, backend: str, redact: Callable[[str], str] = str) -> bytes:

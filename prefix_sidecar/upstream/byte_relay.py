@@ -24,10 +24,11 @@ from prefix_sidecar.metrics import FRONT_HTTP
 from prefix_sidecar.routing.router import Decision
 from prefix_sidecar.server.openai.body import FrontError
 from prefix_sidecar.server.openai.http1 import Request, Response, StreamedResponse
-from prefix_sidecar.upstream.answer import PodAnswer, read_capped, read_from
+from prefix_sidecar.upstream.answer import read_capped, read_from
 from prefix_sidecar.upstream.byte_usage import UsageTail
 from prefix_sidecar.upstream.client import ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S, UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
+from prefix_sidecar.upstream.lean_http import PodAnswer
 from prefix_sidecar.upstream.relay import Relay, RelayOutcome
 from prefix_sidecar.upstream.sse import clip
 

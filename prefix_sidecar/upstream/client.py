@@ -31,10 +31,10 @@ from multidict import CIMultiDict
 from prefix_sidecar import __version__
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar.upstream import caller
-from prefix_sidecar.upstream.answer import PodAnswer, read_capped, read_whole
+from prefix_sidecar.upstream.answer import read_capped, read_whole
 from prefix_sidecar.upstream.body import SplicedBody
 from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
-from prefix_sidecar.upstream.lean_http import LeanHTTP
+from prefix_sidecar.upstream.lean_http import LeanHTTP, PodAnswer
 from prefix_sidecar.upstream.pod_connection import PodHTTPError
 from prefix_sidecar.upstream.sse import clip
 from prefix_sidecar.upstream.stream import UpstreamStream

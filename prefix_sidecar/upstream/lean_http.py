@@ -41,8 +41,10 @@ class _StaleConnection(Exception):
     """A reused connection the pod had closed: no answer was read, send again."""
 
 
-class LeanAnswer:
-    """One answer: its status and headers (names lowercased), then `read()` its body."""
+class PodAnswer:
+    """A pod's answer, the one type both fronts read: its final status and headers (names
+    lowercased), then `read()` its body in the pieces the socket gives; `close()` keeps the
+    connection only for an answer read whole, then frees the pod's connection slot."""
 
     def __init__(
         self,
@@ -125,7 +127,7 @@ class LeanHTTP:
         *,
         deadline: float | None,
         on_close: Callable[[], None],
-    ) -> LeanAnswer:
+    ) -> PodAnswer:
         """Send the request (`body` in parts) and return its answer once its final status
         and headers are in. `on_close` runs when the answer is closed."""
         lines = [method.encode("ascii"), b" ", path.encode("ascii"), b" HTTP/1.1\r\nHost: "]
@@ -155,7 +157,7 @@ class LeanHTTP:
         on_close: Callable[[], None],
         *,
         again: bool,
-    ) -> LeanAnswer:
+    ) -> PodAnswer:
         connection.start(request)
         try:
             while not connection.head_done:
@@ -171,7 +173,7 @@ class LeanHTTP:
         except BaseException:
             self.finish(connection, reusable=False)
             raise
-        return LeanAnswer(self, connection, deadline, on_close)
+        return PodAnswer(self, connection, deadline, on_close)
 
     async def _connect(self, backend: str, deadline: float | None) -> PodConnection:
         address = self._address(backend)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from prefix_sidecar.upstream.answer import PodAnswer, read_from
+from prefix_sidecar.upstream.answer import read_from
 from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar.upstream.lean_http import PodAnswer
 from prefix_sidecar.upstream.sse import Delta, SSEDecoder, SSEProtocolError, clip
 
 

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from prefix_sidecar.upstream.answer import PodAnswer
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar.upstream.lean_http import PodAnswer
 from prefix_sidecar.upstream.pod_connection import MAX_HEAD, PodHTTPError
 from tests.fake_pod import start_site
 

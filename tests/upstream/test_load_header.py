@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 
 from prefix_sidecar.membership.load_signals import LoadSignals, PodReport
-from prefix_sidecar.upstream.answer import PodAnswer
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar.upstream.lean_http import PodAnswer
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 from tests.fake_pod import start_site
 
