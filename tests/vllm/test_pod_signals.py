@@ -5,7 +5,10 @@ the pod says by another road (its flags, reports.tokenize)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import aiohttp
+import pytest_asyncio
 
 from prefix_sidecar.membership.load_signals import (
     FORMAT_HEADER,
@@ -13,6 +16,7 @@ from prefix_sidecar.membership.load_signals import (
     fetch_metrics,
     parse_load_header,
 )
+from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.tokenize import count_tokens
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.reports import tokenize
@@ -21,24 +25,35 @@ from tests.vllm.conftest import VLLM_TESTS
 
 pytestmark = VLLM_TESTS
 
+
+@pytest_asyncio.fixture(loop_scope="package")
+async def pod_client() -> AsyncIterator[UpstreamClient]:
+    """The sidecar's own client to the pods, as the poller and the prefix sizer use it."""
+    client = UpstreamClient()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
 KV_BYTES_PER_TOKEN = 2048  # the tiny model's fp32 KV: 2 layers x K,V x 4 heads x 32 x 4 bytes
 
 
 async def test_metrics_polling_reads_vllms_gauges_and_kv_budget(
-    fleet: VllmFleet, session: aiohttp.ClientSession
+    fleet: VllmFleet, pod_client: UpstreamClient
 ) -> None:
     for url in fleet.urls:
-        report = await fetch_metrics(session, url, timeout_s=10.0)
+        report = await fetch_metrics(pod_client, url, timeout_s=10.0)
         assert report.kv_tokens == fleet.kv_cache_bytes // KV_BYTES_PER_TOKEN
         assert report.running is not None and report.waiting is not None
         assert report.kv_usage is not None and 0.0 <= report.kv_usage <= 1.0
 
 
 async def test_prefix_sizes_are_the_pods_token_counts(
-    fleet: VllmFleet, session: aiohttp.ClientSession
+    fleet: VllmFleet, session: aiohttp.ClientSession, pod_client: UpstreamClient
 ) -> None:
     text = document("sized", 900)
-    counted = await count_tokens(session, fleet.urls[0], text, model=fleet.model)
+    counted = await count_tokens(pod_client, fleet.urls[0], text, model=fleet.model)
     assert counted == len(await tokenize(session, fleet.urls[0], fleet.model, text)) > 900
 
 
