@@ -7,13 +7,8 @@ from __future__ import annotations
 import aiohttp
 
 from prefix_sidecar_tools.emulator import run_emulator
-from prefix_sidecar_tools.vllm.fidelity import (
-    BLOCK_SIZE,
-    build_trace,
-    compare,
-    emulator_config,
-    observe,
-)
+from prefix_sidecar_tools.vllm.fidelity import BLOCK_SIZE, compare, emulator_config
+from prefix_sidecar_tools.vllm.fidelity_trace import build_trace, observe
 
 # 84 blocks: three of the trace's prefixes (22 blocks each at 4 bytes a token), not four.
 KV_TOKENS = 84 * BLOCK_SIZE
