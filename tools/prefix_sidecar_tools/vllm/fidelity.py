@@ -166,6 +166,8 @@ def compare(trace: Sequence[Step], real: PodView, emulated: PodView, block: int)
 
 @dataclass
 class Report:
+    """The replay on both pods: each request side by side, then the table of checks."""
+
     block_size: int
     vllm_kv_tokens: int
     emulator_kv_tokens: int
