@@ -76,7 +76,7 @@ async def test_client_asks_and_reads_the_emulators_header() -> None:
     assert recorder.headers == [
         (
             url,
-            "TEXT named_metrics.kv_cache_usage_perc=0.0, named_metrics.num_requests_waiting=0.0",
+            "TEXT named_metrics.num_requests_waiting=0.0, named_metrics.kv_cache_usage_perc=0.0",
         )
     ]
 
@@ -152,7 +152,7 @@ async def test_the_http_fronts_requests_ask_and_hand_over_too() -> None:
         await plain.close()
     assert front_headers == {"Content-Type": "application/json", "User-Agent": "front"}
     assert recorder.sent == [url, url]
-    report = "TEXT named_metrics.kv_cache_usage_perc=0.0, named_metrics.num_requests_waiting=0.0"
+    report = "TEXT named_metrics.num_requests_waiting=0.0, named_metrics.kv_cache_usage_perc=0.0"
     assert recorder.headers == [(url, report), (url, report)]
 
 

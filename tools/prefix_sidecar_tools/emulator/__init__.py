@@ -1,9 +1,9 @@
 """A vLLM-compatible pod emulator: same HTTP API, SSE format and metrics, modelled timing.
 
 To a router it looks like vLLM (OpenAI API, /health, /tokenize, /metrics); inside it
-models a prefix-cached H100: 16-token chained blocks with LRU eviction, prefill time
-proportional to UNCACHED tokens, per-request decode speed, a running limit with a FIFO
-queue, a time scale, and switchable faults. Details: docs/emulator.md.
+models a prefix-cached H100: chained blocks (16 tokens, `--block-size`) with LRU eviction,
+prefill time proportional to UNCACHED tokens, per-request decode speed, a running limit
+with a FIFO queue, a time scale, and switchable faults. Details: docs/emulator.md.
 
 Python API (stable; used by tests, the demo and the benches):
 

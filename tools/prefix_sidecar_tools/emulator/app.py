@@ -54,7 +54,12 @@ def _prepare(engine: Engine, parsed: ParsedRequest) -> Prepared:
     config = engine.config
     max_tokens = parsed.max_tokens
     prepared = Prepared.build(
-        parsed.prompt, max_tokens or 1, parsed.stop, parsed.seed, parsed.temperature
+        parsed.prompt,
+        max_tokens or 1,
+        parsed.stop,
+        parsed.seed,
+        parsed.temperature,
+        config.block_size,
     )
     room = config.max_model_len - prepared.prompt_tokens
     if max_tokens is None:

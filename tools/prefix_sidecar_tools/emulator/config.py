@@ -16,7 +16,8 @@ from typing import Any
 from prefix_sidecar import fields
 from prefix_sidecar.fields import above, at_least, setting
 
-BLOCK_SIZE = 16  # vLLM's default KV block size, in tokens
+BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs, in tokens (128 on CPUs)
+MAX_BLOCK_SIZE = 16384  # a block is hashed as one slice of 4-byte pieces: <= 64 KiB
 FAIL_STATUSES = (429, 500, 503)
 
 
@@ -28,12 +29,8 @@ def _count_or_null(value: int | None) -> str | None:
     return None if value is None or value >= 0 else "must be >= 0 or null"
 
 
-def _kv_tokens(value: int) -> str | None:
-    if value <= 0:
-        return f"must be > 0, got {value}"
-    if value < BLOCK_SIZE:
-        return f"must hold at least one block ({BLOCK_SIZE} tokens)"
-    return None
+def _block_size(value: int) -> str | None:
+    return None if 1 <= value <= MAX_BLOCK_SIZE else f"must be in 1..{MAX_BLOCK_SIZE}"
 
 
 def _message(name: str, reason: str) -> str:
@@ -122,7 +119,13 @@ class EmulatorConfig:
         400_000,
         "KV cache capacity in tokens (LRU eviction beyond it)",
         flag="--kv-tokens",
-        check=_kv_tokens,
+        check=above(0),
+    )
+    block_size: int = setting(
+        BLOCK_SIZE,
+        "KV block size in tokens: the unit of caching and of cached_tokens (vLLM on CPU: 128)",
+        flag="--block-size",
+        check=_block_size,
     )
     prefill_tps: float = setting(
         16_000.0, "prefill throughput, tokens/s", flag="--prefill-tps", check=above(0)
@@ -180,11 +183,13 @@ class EmulatorConfig:
 
     def validate(self) -> None:
         fields.validate(self, _message)
+        if self.kv_tokens < self.block_size:
+            raise ValueError(f"kv_tokens must hold at least one block ({self.block_size} tokens)")
         self.faults.validate()
 
     @property
     def kv_blocks(self) -> int:
-        return self.kv_tokens // BLOCK_SIZE
+        return self.kv_tokens // self.block_size
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

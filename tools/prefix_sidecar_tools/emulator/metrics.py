@@ -1,4 +1,4 @@
-"""The pod's Prometheus metrics, named and labelled like vLLM's (`model_name`).
+"""The pod's Prometheus metrics, named and labelled like vLLM's (`engine`, `model_name`).
 
 Each emulator gets its own CollectorRegistry so several can share a process (tests).
 Gauges are read at scrape time from callables, so they can never go stale. Durations
@@ -76,7 +76,8 @@ class PodMetrics:
         cache_info: dict[str, str] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
-        labels = ["model_name"]
+        labels = ["engine", "model_name"]
+        series = ("0", model)  # one engine, as a pod without data parallelism has
         self.waiting = waiting
         self.kv_usage = kv_usage
         if cache_info:
@@ -99,11 +100,12 @@ class PodMetrics:
             ),
         ):
             gauge = Gauge(name, text, labels, registry=self.registry)
-            gauge.labels(model).set_function(read)
+            gauge.labels(*series).set_function(read)
 
         def model_counter(name: str, text: str) -> Counter:
-            """A counter of this pod's model (vLLM labels every series by model_name)."""
-            return Counter(name, text, labels, registry=self.registry).labels(model)
+            """A counter of this pod's model (vLLM labels every series by engine and
+            model_name)."""
+            return Counter(name, text, labels, registry=self.registry).labels(*series)
 
         self.prefix_queries = model_counter(
             "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
@@ -125,15 +127,15 @@ class PodMetrics:
             labels,
             buckets=TTFT_BUCKETS,
             registry=self.registry,
-        ).labels(model)
+        ).labels(*series)
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Request latency (modelled seconds).",
             labels,
             buckets=E2E_BUCKETS,
             registry=self.registry,
-        ).labels(model)
-        self.model = model
+        ).labels(*series)
+        self.series = series
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -142,9 +144,9 @@ class PodMetrics:
         """vLLM's ORCA load report (vllm/entrypoints/openai/orca_metrics.py): the
         `endpoint-load-metrics` response header in the format asked for by the request's
         `endpoint-load-metrics-format` (TEXT or JSON, any case); other formats get none."""
-        named = (
-            ("kv_cache_usage_perc", float(self.kv_usage())),
+        named = (  # vLLM's order
             ("num_requests_waiting", float(self.waiting())),
+            ("kv_cache_usage_perc", float(self.kv_usage())),
         )
         kind = metrics_format.lower()
         if kind == "text":

@@ -1,9 +1,10 @@
-"""vLLM-style automatic prefix cache: chained 16-token blocks, pinned while used, LRU.
+"""vLLM-style automatic prefix cache: chained blocks (16 tokens by default), pinned while
+used, LRU.
 
 Algorithm (after vLLM v1's KVCacheManager / BlockPool):
 - a request's prompt is a chain of full-block hashes (see tokenizer.block_hashes);
-- cached tokens = 16 * leading blocks already present, capped so that at least the last
-  prompt token is recomputed (vLLM needs its logits), i.e. at most (n_tokens - 1) // 16;
+- cached tokens = B * leading blocks already present (B the block size), capped so that at
+  least the last prompt token is recomputed (vLLM needs its logits): at most (n_tokens - 1) // B;
 - allocating pins every block of the prompt (ref-counted); pinned blocks are never evicted;
 - releasing puts blocks whose count reaches 0 on the LRU free list, tail blocks first, so
   eviction eats a prefix from its end (its head is what other requests share);
@@ -29,10 +30,11 @@ class CacheCounters:
 class PrefixCache:
     """Block store of one pod. Not thread-safe: lives on one asyncio loop."""
 
-    def __init__(self, capacity_blocks: int) -> None:
+    def __init__(self, capacity_blocks: int, block_size: int = BLOCK_SIZE) -> None:
         if capacity_blocks < 1:
             raise ValueError("capacity_blocks must be >= 1")
         self.capacity_blocks = capacity_blocks
+        self.block_size = block_size
         self._refs: dict[int, int] = {}  # pinned blocks -> number of requests using them
         self._free: OrderedDict[int, None] = OrderedDict()  # cached, unpinned; LRU first
         self.counters = CacheCounters()
@@ -50,7 +52,7 @@ class PrefixCache:
 
     def hit_blocks(self, hashes: Sequence[int], prompt_tokens: int) -> int:
         """Leading blocks of `hashes` that are cached (capped: the last token is recomputed)."""
-        limit = min(len(hashes), max(prompt_tokens - 1, 0) // BLOCK_SIZE)
+        limit = min(len(hashes), max(prompt_tokens - 1, 0) // self.block_size)
         hits = 0
         while hits < limit and self.contains(hashes[hits]):
             hits += 1

@@ -3,9 +3,9 @@
 Real tokenizers average ~4 bytes per token on English text, so counts land near vLLM's.
 The hot path (every request of a benchmark, prompts up to 240 KB) never builds the token
 list: the count is arithmetic and the prefix-cache block hashes are taken over whole
-64-byte slices (16 tokens), in one C call (the routing core's chained block keys): a
-60k-token prompt costs ~0.15 ms, where a Python loop of BLAKE2b took ~2.8 ms, most of
-the emulator's CPU per request.
+slices of 4 x block-size bytes (64 bytes at 16 tokens), in one C call (the routing core's
+chained block keys): a 60k-token prompt costs ~0.15 ms, where a Python loop of BLAKE2b
+took ~2.8 ms, most of the emulator's CPU per request.
 
 Token id of a piece = (little-endian uint32 of the piece, zero-padded) * 2654435761
 (Knuth's multiplicative hash) mod 2**32 mod vocab_size: stable across runs and machines.
@@ -20,7 +20,6 @@ from prefix_sidecar import _core
 from prefix_sidecar_tools.emulator.config import BLOCK_SIZE
 
 BYTES_PER_TOKEN = 4
-BLOCK_BYTES = BLOCK_SIZE * BYTES_PER_TOKEN
 
 
 def count_tokens(data: bytes) -> int:
@@ -40,8 +39,9 @@ def token_ids(data: bytes, vocab_size: int) -> list[int]:
     return [(w * 2654435761 & 0xFFFFFFFF) % vocab_size for w in words]
 
 
-def block_hashes(data: bytes) -> list[int]:
-    """Chained hashes of the FULL 16-token blocks of `data`, like vLLM's prefix cache.
+def block_hashes(data: bytes, block_size: int = BLOCK_SIZE) -> list[int]:
+    """Chained hashes of the FULL `block_size`-token blocks of `data`, like vLLM's prefix
+    cache.
 
     hash_i = key(hash_{i-1}, block_i bytes) (`_core.chain_keys`, 64-bit): a block's
     identity depends on everything before it, so two prompts share block i only if they
@@ -49,8 +49,9 @@ def block_hashes(data: bytes) -> list[int]:
     a block whose last token is a partial 4-byte piece is full, its piece zero-padded as
     `token_ids` pads it.
     """
-    full_blocks = count_tokens(data) // BLOCK_SIZE
-    short = full_blocks * BLOCK_BYTES - len(data)
+    block_bytes = block_size * BYTES_PER_TOKEN
+    full_blocks = count_tokens(data) // block_size
+    short = full_blocks * block_bytes - len(data)
     if short > 0:
         data = data + b"\x00" * short
-    return _core.chain_keys(data, BLOCK_BYTES, full_blocks)
+    return _core.chain_keys(data, block_bytes, full_blocks)

@@ -92,7 +92,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help='pod model from emulator flags, e.g. "--kv-tokens 150000"',
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--from-metrics", metavar="URL", help="hit rate from a sidecar's /metrics")
+    source.add_argument(
+        "--from-metrics",
+        metavar="URL",
+        help="hit rate from a sidecar's /metrics; KV budget and hit rate from a vLLM pod's",
+    )
     source.add_argument(
         "--measure", action="store_true", help="hit rate and replicas from the real routing core"
     )

@@ -7,5 +7,6 @@ of it).
 - `fleet`: `VllmFleet`, N pods pinned to cores, stopped with their workers;
 - `reports`: what a pod itself says (/tokenize, usage, /metrics), read around the sidecar;
 - `boundary`: whether the prefix+query join costs a KV block;
+- `fidelity` (with `fidelity_trace`): the emulator and a real pod side by side on one trace;
 - `cli`: `prefix-sidecar vllm-fleet`.
 """
