@@ -1,14 +1,15 @@
 """A large body read in steps of the event loop, by ijson's C parser (yajl).
 
-json.loads is one C call: an 8 MiB body of 4M token ids held the loop 0.2-1.0 s, one of 270k
-chat messages 0.1-0.3 s, and every other caller (gRPC health checks included) waited; a
-thread would not help (json.loads holds the GIL). So a body over SYNC_BYTES goes to ijson's
-push parser SLICE bytes at a time, the loop given back after each slice, and the parser's
-events go to readers that keep only what routing reads: the model and stream, a prompt (of
-token ids, the head that routing reads, every id checked), a chat's first LEARN_MESSAGES + 1
-messages and how many are the assistant's. body._read then checks that reduced body, so
-the decisions and the errors are those of a body read whole. Nothing else is built: memory
-stays near the body's size, and the collector has no growing tree to walk.
+json.loads is one C call: read with it, an 8 MiB body of 4M token ids held the loop ~1.3 s,
+one of 270k chat messages ~0.2 s (`prefix-sidecar bench body`), and every other caller
+(gRPC health checks included) waited; a thread would not help (json.loads holds the GIL).
+So a body over SYNC_BYTES goes to ijson's push parser SLICE bytes at a time, the loop given
+back after each slice, and the parser's events go to readers that keep only what routing
+reads: the model and stream, a prompt (of token ids, the head that routing reads, every id
+checked), a chat's first LEARN_MESSAGES + 1 messages and how many are the assistant's.
+body._read then checks that reduced body, so the decisions and the errors are those of a
+body read whole. Nothing else is built: the read adds ~1 MiB at most, and the collector has
+no growing tree to walk (it stays on).
 
 A body whose route string is most of it (a long prompt or system message) is read as
 body.py reads a small one: the string cut out where it lies, json.loads on the rest.
@@ -43,8 +44,8 @@ from prefix_sidecar.server.openai.body import (
 SYNC_BYTES = 64 * 1024
 # Bytes parsed in one step of the loop: 16 KiB of one-digit token ids (8k events) is ~2 ms.
 SLICE = 16 * 1024
-# The C backend by name: without it ijson falls back to pure Python (~30x slower), and a
-# missing build must fail at start, not slowly. Numbers are read as yajl reads them
+# The C backend by name: without it ijson falls back to pure Python, many times slower, and
+# a missing build must fail at start, not slowly. Numbers are read as yajl reads them
 # (use_float): as exact Python numbers, an integer of over 4,300 digits (past the
 # interpreter's limit) puts a NULL in the event (ijson 3.6 does not check it) and crashes
 # the process. So in a large body an integer past 64 bits or a float past a double's range
