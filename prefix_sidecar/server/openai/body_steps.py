@@ -78,20 +78,20 @@ async def read_request(
 async def read_in_steps(raw: bytes, chat: bool, head_chars: int) -> FrontRequest:
     """What body._read reads of the whole body, parsed a slice per step of the loop: a
     prompt of token ids reads as its head, at least head_chars characters of their text."""
-    if (encoding := json.detect_encoding(raw)) != "utf-8":
-        raw = raw.decode(encoding).encode()  # UTF-16 or 32, or a BOM: yajl reads UTF-8 only
     found: list[Any] = []
     sink = _document(found, chat, head_chars)
     next(sink)
     events = ijson.sendable_list()
     parser = _PARSER.basic_parse_coro(events, use_float=True)
-    view, at, size = memoryview(raw), 0, SLICE
     try:
+        if (encoding := json.detect_encoding(raw)) != "utf-8":
+            raw = raw.decode(encoding).encode()  # UTF-16 or 32, or a BOM: yajl reads UTF-8
+        view, at, size = memoryview(raw), 0, SLICE
         while at < len(raw):
             parser.send(view[at : at + size])
             at += size
             if events:
-                deque(map(sink.send, events), maxlen=0)  # the readers, called from C
+                deque(map(sink.send, events), maxlen=0)  # to the readers, no Python loop
                 events.clear()
                 size = SLICE
             else:  # inside one token, which yajl lexes again from its start each slice:
@@ -115,7 +115,8 @@ async def read_in_steps(raw: bytes, chat: bool, head_chars: int) -> FrontRequest
 
 
 def _document(found: list[Any], chat: bool, head_chars: int) -> Events:
-    """The parser's sink: what routing reads of the top-level value, into `found`."""
+    """The readers' root, sent every event: what routing reads of the top-level value,
+    into `found`."""
     event, value = yield
     if event == "start_map":
         prompt: Reader = partial(_prompt, head_chars)

@@ -131,6 +131,13 @@ async def test_a_large_body_reads_as_json_loads_reads_it(raw: bytes, chat: bool)
         (large(b'{"prompt": "\xff"}'), "not UTF-8"),
         (large(b'{"prompt": "\xed\xa0\x80"}'), "not UTF-8"),  # a lone surrogate
         (large(b'{"prompt": "p", "x": NaN}'), "not valid JSON"),
+        (  # UTF-16 with a lone surrogate
+            large(b'{"prompt": "p"}')
+            .decode()
+            .replace('"p"', '"\ud800"')
+            .encode("utf-16-le", "surrogatepass"),
+            "not UTF-8",
+        ),
         (b"[" + PAD[8:], "must be a JSON object"),
     ],
 )
