@@ -32,7 +32,8 @@ from prefix_sidecar.routing.organic import LEARN_MESSAGES
 # What of a caller's text may reach an error message.
 QUOTE_CHARS = 80
 # The deepest nesting read (json.loads stops at the interpreter's recursion limit, ~1,000
-# levels; prefix_sidecar.server.openai.body_steps at this). vLLM answers 400 as well.
+# levels; prefix_sidecar.server.openai.body_steps, which reads large bodies, at this). vLLM
+# answers 400 as well.
 MAX_DEPTH = 900
 
 
@@ -119,6 +120,13 @@ def parse_request(
     (the router follows conversations, 9h). One step of the loop: for bodies over
     SYNC_BYTES, prefix_sidecar.server.openai.body_steps.read_request reads them in steps."""
     cut = route_string_cut(raw, chat, store)
+    return parse_around(raw, cut, chat=chat, window=window, turns=turns)
+
+
+def parse_around(
+    raw: bytes, cut: Cut | None, *, chat: bool, window: int, turns: bool
+) -> FrontRequest:
+    """parse_request, the route string found already (`cut`; None: not to be cut out)."""
     if cut is not None:
         try:
             data = json.loads(cut_out(raw, cut))

@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "core": "prefix_sidecar_tools.bench.core",
     "fleet": "prefix_sidecar_tools.bench.fleet",
     "hop": "prefix_sidecar_tools.bench.hop",
+    "body": "prefix_sidecar_tools.bench.body",
     "soak": "prefix_sidecar_tools.bench.soak",
     "real": "prefix_sidecar_tools.bench.real",
     "plan-check": "prefix_sidecar_tools.plan.check",
@@ -37,7 +38,7 @@ def _unavailable(name: str, error: str) -> argparse.ArgumentParser:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: core, fleet, hop, soak, real, organic, plan-check",
+        help="benchmarks: core, fleet, hop, body, soak, real, organic, plan-check",
         description="Benchmarks; each measures what it compares side by side in one run.",
     )
     bench_subparsers = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
