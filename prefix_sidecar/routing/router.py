@@ -291,14 +291,13 @@ class Router:
             if backend in preference:
                 preference.remove(backend)
             preference.insert(0, backend)
-        elapsed = time.perf_counter_ns() - started
         return Decision(
             backend=backend,
             preference=preference,
             prefix=entry,
             route_key=key,
             branch=branch,
-            decision_ns=elapsed,
+            decision_ns=time.perf_counter_ns() - started,
             generation=table.generation,
             forced=forced,
         )
