@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefix_sidecar_tools.bench.argtypes import positive_float, positive_int
 from prefix_sidecar_tools.harness import SERVE, SidecarProcess
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.report import (
@@ -515,17 +516,17 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = add_command(bench_subparsers, "soak", SUMMARY, __doc__)
     defaults = SoakOptions()
     add = parser.add_argument
-    add("--concurrency", type=_positive_int, default=defaults.concurrency)
-    add("--seconds", type=_positive_float, default=defaults.seconds)
+    add("--concurrency", type=positive_int, default=defaults.concurrency)
+    add("--seconds", type=positive_float, default=defaults.seconds)
     add(
         "--warmup",
         type=float,
         help="seconds before RSS/fds are compared (default: the ramp-up + S/3, at most 10 s)",
     )
     add("--max-requests", type=int, default=0, help="stop after this many requests (0: none)")
-    add("--pods", type=_positive_int, default=defaults.pods)
-    add("--time-scale", type=_positive_float, default=defaults.time_scale)
-    add("--max-tokens", type=_positive_int, default=defaults.max_tokens)
+    add("--pods", type=positive_int, default=defaults.pods)
+    add("--time-scale", type=positive_float, default=defaults.time_scale)
+    add("--max-tokens", type=positive_int, default=defaults.max_tokens)
     add(
         "--hold",
         type=float,
@@ -533,26 +534,12 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "overlap (default 2, or 20 with --prefixes; 0 = as fast as possible)",
     )
     add("--prefixes", type=int, default=0, help="register N prefixes first (footprint mode)")
-    add("--prefix-tokens", type=_positive_int, default=defaults.prefix_tokens)
-    add("--deadline", type=_positive_float, default=defaults.deadline_s, help="per request, s")
-    add("--channels", type=_positive_int, default=defaults.channels)
+    add("--prefix-tokens", type=positive_int, default=defaults.prefix_tokens)
+    add("--deadline", type=positive_float, default=defaults.deadline_s, help="per request, s")
+    add("--channels", type=positive_int, default=defaults.channels)
     add("--tracemalloc", metavar="FILE", default="", help="trace the sidecar; top sites to FILE")
     add_json_option(parser)
     parser.set_defaults(func=run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
