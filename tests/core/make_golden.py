@@ -551,6 +551,33 @@ def maglev_vectors(spec: dict[str, Any]) -> dict[str, Any]:
     return vectors
 
 
+def pick_case(
+    table: dict[str, str],
+    text: str,
+    loads: list[int],
+    asked: dict[str, Any],
+    factor: float,
+    min_cap: int,
+    chosen: tuple[str, str],
+    why: str,
+) -> dict[str, Any]:
+    """One pick vector as golden.json lays it out: the table or ring, the key, the loads,
+    what the pick was asked (replicas, homes), its cap, and the (member, branch) it chose."""
+    member, branch = chosen
+    return {
+        **table,
+        "key_of": text,
+        "key": str(key(text.encode())),
+        "loads": loads,
+        **asked,
+        "factor": factor,
+        "min_cap": str(min_cap),
+        "member": member,
+        "branch": branch,
+        "why": why,
+    }
+
+
 def maglev_pick_vectors() -> list[dict[str, Any]]:
     tables: dict[str, list[str]] = {}
     cases = []
@@ -562,21 +589,10 @@ def maglev_pick_vectors() -> list[dict[str, Any]]:
         k = key(text.encode())
         order = maglev_preference(table, k, len(members))
         home = order[:replicas] if homes is None else [members[i] for i in homes]
-        member, branch = bounded(members, weights, loads, home, order, factor, min_cap)
+        chosen = bounded(members, weights, loads, home, order, factor, min_cap)
+        asked = {"replicas": replicas, "homes": homes}
         cases.append(
-            {
-                "table": spec["name"],
-                "key_of": text,
-                "key": str(k),
-                "loads": loads,
-                "replicas": replicas,
-                "homes": homes,
-                "factor": factor,
-                "min_cap": str(min_cap),
-                "member": member,
-                "branch": branch,
-                "why": why,
-            }
+            pick_case({"table": spec["name"]}, text, loads, asked, factor, min_cap, chosen, why)
         )
     return cases
 
@@ -589,23 +605,11 @@ def pick_vectors() -> list[dict[str, Any]]:
         if name not in built:
             built[name] = ring_points(spec["members"], spec["weights"], spec["vnodes"])
         k = key(text.encode())
-        member, branch = pick(
+        chosen = pick(
             built[name], spec["members"], spec["weights"], k, loads, replicas, factor, min_cap
         )
-        cases.append(
-            {
-                "ring": name,
-                "key_of": text,
-                "key": str(k),
-                "loads": loads,
-                "replicas": replicas,
-                "factor": factor,
-                "min_cap": str(min_cap),
-                "member": member,
-                "branch": branch,
-                "why": why,
-            }
-        )
+        asked = {"replicas": replicas}
+        cases.append(pick_case({"ring": name}, text, loads, asked, factor, min_cap, chosen, why))
     return cases
 
 
@@ -616,22 +620,10 @@ def pick_among_vectors() -> list[dict[str, Any]]:
         points = ring_points(members, spec["weights"], spec["vnodes"])
         k = key(text.encode())
         home = [members[i] for i in homes]
-        member, branch = pick_among(
-            points, members, spec["weights"], k, loads, home, factor, min_cap
-        )
+        chosen = pick_among(points, members, spec["weights"], k, loads, home, factor, min_cap)
+        asked = {"homes": homes}
         cases.append(
-            {
-                "ring": spec["name"],
-                "key_of": text,
-                "key": str(k),
-                "loads": loads,
-                "homes": homes,
-                "factor": factor,
-                "min_cap": str(min_cap),
-                "member": member,
-                "branch": branch,
-                "why": why,
-            }
+            pick_case({"ring": spec["name"]}, text, loads, asked, factor, min_cap, chosen, why)
         )
     return cases
 
