@@ -312,10 +312,7 @@ class _Table:
         reads only the loads it needs instead of summing them all.
         """
         replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
-        start = self._start(check_key(key))
-        values, total, given = self._loads(loads, total)
-        home = list(islice(self._distinct(start), replicas))
-        return self._choose(start, values, total, given, home, factor, min_cap)
+        return self._pick_from(check_key(key), loads, replicas, factor, min_cap, total)
 
     def pick_bytes(
         self,
@@ -329,11 +326,23 @@ class _Table:
         """pick(route_key(data), ...) in one call; returns (member, branch, key)."""
         replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
         key = route_key(data)
+        member, branch = self._pick_from(key, loads, replicas, factor, min_cap, total)
+        return member, branch, key
+
+    def _pick_from(
+        self,
+        key: int,
+        loads: Sequence[int],
+        replicas: int,
+        factor: float,
+        min_cap: int,
+        total: int | None,
+    ) -> tuple[str, str]:
+        """pick and pick_bytes once the parameters and the key are checked."""
         start = self._start(key)
         values, total, given = self._loads(loads, total)
         home = list(islice(self._distinct(start), replicas))
-        member, branch = self._choose(start, values, total, given, home, factor, min_cap)
-        return member, branch, key
+        return self._choose(start, values, total, given, home, factor, min_cap)
 
     def pick_among(
         self,

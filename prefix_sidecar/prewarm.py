@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from prefix_sidecar.config import DEFAULTS
 from prefix_sidecar.prefixes import PrefixEntry
@@ -64,24 +64,17 @@ class _PodSlots:
     users: int = 0  # pairs holding or waiting for a slot; at 0 the entry is dropped
 
 
+@dataclass(eq=False)
 class Prewarmer:
-    def __init__(
-        self,
-        client: UpstreamClient,
-        *,
-        concurrency: int = CONCURRENCY,
-        attempts: int = ATTEMPTS,
-        backoff_s: float = RETRY_BACKOFF_S,
-        timeout_s: float = TIMEOUT_S,
-        model: str = DEFAULTS.model,
-    ) -> None:
-        self._client = client
-        self._concurrency = concurrency
-        self._slots: dict[str, _PodSlots] = {}  # per pod; only pods with pairs in progress
-        self._attempts = attempts
-        self._backoff_s = backoff_s
-        self._timeout_s = timeout_s
-        self._model = model
+    client: UpstreamClient
+    _: KW_ONLY
+    concurrency: int = CONCURRENCY  # per pod
+    attempts: int = ATTEMPTS
+    backoff_s: float = RETRY_BACKOFF_S
+    timeout_s: float = TIMEOUT_S
+    model: str = DEFAULTS.model
+    # Per pod; only pods with pairs in progress.
+    _slots: dict[str, _PodSlots] = field(default_factory=dict, init=False)
 
     async def run(self, pairs: Sequence[tuple[PrefixEntry, str]]) -> AsyncIterator[WarmEvent]:
         """Warm every (prefix, pod) pair; yield events as they happen."""
@@ -116,7 +109,7 @@ class Prewarmer:
         """One of the pod's `concurrency` slots, for one attempt."""
         slots = self._slots.get(url)
         if slots is None:
-            slots = self._slots[url] = _PodSlots(asyncio.Semaphore(self._concurrency))
+            slots = self._slots[url] = _PodSlots(asyncio.Semaphore(self.concurrency))
         slots.users += 1
         try:
             async with slots.semaphore:
@@ -128,20 +121,20 @@ class Prewarmer:
 
     def _backoff(self, attempt: int) -> float:
         """Exponential, with jitter so that many pairs failing together do not retry in step."""
-        return float(self._backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
+        return float(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
 
     async def _warm(self, entry: PrefixEntry, url: str, emit: Callable[[WarmEvent], None]) -> bool:
-        for attempt in range(1, self._attempts + 1):
+        for attempt in range(1, self.attempts + 1):
             async with self._slot(url):
                 started = time.perf_counter()
                 emit(WarmEvent(url, entry.id, STARTED, attempt))
                 try:
                     prompt, cached = await asyncio.wait_for(
-                        self._complete(entry, url), timeout=self._timeout_s
+                        self._complete(entry, url), timeout=self.timeout_s
                     )
                 except (TimeoutError, UpstreamError) as exc:
-                    error = str(exc) or f"timed out after {self._timeout_s} s"
-                    last = attempt == self._attempts or (
+                    error = str(exc) or f"timed out after {self.timeout_s} s"
+                    last = attempt == self.attempts or (
                         isinstance(exc, UpstreamError) and not exc.retryable
                     )
                     event = WarmEvent(
@@ -177,9 +170,9 @@ class Prewarmer:
         return False  # pragma: no cover - attempts >= 1
 
     async def _complete(self, entry: PrefixEntry, url: str) -> tuple[int, int]:
-        body = completion_body(entry.json_bytes, "", {"max_tokens": 1}, self._model)
-        stream = await self._client.open(
-            url, "/v1/completions", body, timeout_s=self._timeout_s, chat=False
+        body = completion_body(entry.json_bytes, "", {"max_tokens": 1}, self.model)
+        stream = await self.client.open(
+            url, "/v1/completions", body, timeout_s=self.timeout_s, chat=False
         )
         try:
             usage = None

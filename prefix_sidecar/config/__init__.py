@@ -19,7 +19,6 @@ from prefix_sidecar.config.loading import (
     add_arguments,
     build_config,
     describe,
-    field_names,
     from_args,
     load_file,
 )
@@ -46,7 +45,6 @@ __all__ = [
     "add_arguments",
     "build_config",
     "describe",
-    "field_names",
     "from_args",
     "load_file",
     "parse_prefix_flag",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,3 @@ def describe(config: Config) -> dict[str, Any]:
     data = dataclasses.asdict(config)
     data["socket_mode"] = oct(config.socket_mode)
     return data
-
-
-def field_names() -> Sequence[str]:
-    return sorted(FIELDS)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from fractions import Fraction
 
 from prefix_sidecar import _core
@@ -112,6 +112,7 @@ def _place(
     return homes
 
 
+@dataclass(eq=False)
 class HomePlacer:
     """The sidecar's placement, built when the ring or the registered set changes.
 
@@ -122,24 +123,19 @@ class HomePlacer:
     `replicas_of` is the router's: the replica count a registered prefix asks for.
     """
 
-    def __init__(
-        self,
-        store: PrefixStore,
-        replicas_of: Callable[[PrefixEntry], int],
-        *,
-        budget_tokens: int,
-        bytes_per_token: float,
-        balance: float,
-    ) -> None:
-        self.store = store
-        self.replicas_of = replicas_of
-        self.budget_tokens = budget_tokens
-        self.bytes_per_token = bytes_per_token
-        self.balance = balance
-        # id(ring) -> (ring, store generation, homes): the routing and the target ring (one
-        # when every pod serves). Replaced whole, so a reader sees one consistent map.
-        self._placements: dict[int, tuple[_core.HashTable, int, dict[str, Homes]]] = {}
-        self.builds = 0  # placements computed: tests check the request path computes none
+    store: PrefixStore
+    replicas_of: Callable[[PrefixEntry], int]
+    _: KW_ONLY
+    budget_tokens: int
+    bytes_per_token: float
+    balance: float
+    # id(ring) -> (ring, store generation, homes): the routing and the target ring (one
+    # when every pod serves). Replaced whole, so a reader sees one consistent map.
+    _placements: dict[int, tuple[_core.HashTable, int, dict[str, Homes]]] = field(
+        default_factory=dict, init=False
+    )
+    # Placements computed: tests check that the request path computes none.
+    builds: int = field(default=0, init=False)
 
     @property
     def enabled(self) -> bool:

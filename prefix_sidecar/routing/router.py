@@ -89,12 +89,12 @@ class Router:
         organic_balance_starts: bool,
         organic_follow_sessions: bool = True,
     ) -> None:
+        if unregistered_routing not in ("organic", "window"):
+            raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
         self.pool = pool
         self.store = store
         self.policy = policy
         self.route_window_bytes = route_window_bytes
-        if unregistered_routing not in ("organic", "window"):
-            raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
         # A policy that ignores the key (a baseline) gets no organic keys: they would cost
         # time and count decisions it never made.
         organic_on = unregistered_routing == "organic" and not ignores_key(policy)
@@ -291,14 +291,13 @@ class Router:
             if backend in preference:
                 preference.remove(backend)
             preference.insert(0, backend)
-        elapsed = time.perf_counter_ns() - started
         return Decision(
             backend=backend,
             preference=preference,
             prefix=entry,
             route_key=key,
             branch=branch,
-            decision_ns=elapsed,
+            decision_ns=time.perf_counter_ns() - started,
             generation=table.generation,
             forced=forced,
         )

@@ -339,99 +339,62 @@ RING_B = {
     "vnodes": CONTRACT_DEFAULT_VNODES,
 }
 
+# The rings the cases ask, each with the key it is asked about.
+A_HELLO = (RING_A, "hello")
+A_WORLD = (RING_A, "world")
+B_RULES = (RING_B, "compliance-rules-v7")
+
 # (ring, key expression, loads, replicas, factor, min_cap, what the case shows)
 PICK_CASES: list[tuple[dict[str, Any], str, list[int], int, float, int, str]] = [
-    (RING_A, "hello", [0, 0, 0], 1, 1.25, 0, "idle fleet: the owner"),
-    (RING_A, "hello", [3, 1, 0], 1, 1.25, 0, "owner within its cap"),
-    (RING_A, "hello", [0, 9, 0], 1, 1.25, 0, "owner over its cap: spill to the next in preference"),
+    (*A_HELLO, [0, 0, 0], 1, 1.25, 0, "idle fleet: the owner"),
+    (*A_HELLO, [3, 1, 0], 1, 1.25, 0, "owner within its cap"),
+    (*A_HELLO, [0, 9, 0], 1, 1.25, 0, "owner over its cap: spill to the next in preference"),
+    (*A_HELLO, [0, 0, 0], 3, 1.25, 0, "replicas 3, all idle: ties go to the earlier in home"),
+    (*A_WORLD, [0, 0, 5], 2, 1.25, 0, "replicas 2: the less-loaded home member"),
+    (*A_HELLO, [2, 4, 3], 2, 1.0, 0, "chosen home member over cap: spill to the other one"),
+    (*A_WORLD, [0, 4, 2], 1, 1.0, 0, "factor 1.0: the owner at its cap spills"),
+    (*A_WORLD, [0, 0, 9], 1, 1e20, 0, "a cap above 2**63 still admits the owner"),
+    (*A_WORLD, [0, 0, 10**9], 1, 1e300, 0, "the cap overflows to +inf: home"),
     (
-        RING_A,
-        "hello",
-        [0, 0, 0],
-        3,
-        1.25,
-        0,
-        "replicas 3, all idle: ties go to the earlier in home",
-    ),
-    (RING_A, "world", [0, 0, 5], 2, 1.25, 0, "replicas 2: the less-loaded home member"),
-    (RING_A, "hello", [2, 4, 3], 2, 1.0, 0, "chosen home member over cap: spill to the other one"),
-    (RING_A, "world", [0, 4, 2], 1, 1.0, 0, "factor 1.0: the owner at its cap spills"),
-    (RING_A, "world", [0, 0, 9], 1, 1e20, 0, "a cap above 2**63 still admits the owner"),
-    (RING_A, "world", [0, 0, 10**9], 1, 1e300, 0, "the cap overflows to +inf: home"),
-    (
-        RING_A,
-        "hello",
+        *A_HELLO,
         [2**51, 2**52, 2**51],
         1,
         1.0,
         0,
         "fallback: float(L + 1) rounds to L at 2**53, no member fits",
     ),
-    (RING_B, "compliance-rules-v7", [0, 0, 0, 0, 0], 1, 1.25, 0, "default ring, idle"),
-    (RING_B, "compliance-rules-v7", [2, 2, 40, 2, 2], 1, 1.25, 0, "default ring, hot owner spills"),
-    (
-        RING_B,
-        "compliance-rules-v7",
-        [2, 2, 40, 2, 2],
-        2,
-        1.25,
-        0,
-        "replicas 2: the other home member",
-    ),
-    (RING_B, "compliance-rules-v7", [3, 1, 5, 0, 4], 5, 1.25, 0, "replicas 5: least-loaded of all"),
+    (*B_RULES, [0, 0, 0, 0, 0], 1, 1.25, 0, "default ring, idle"),
+    (*B_RULES, [2, 2, 40, 2, 2], 1, 1.25, 0, "default ring, hot owner spills"),
+    (*B_RULES, [2, 2, 40, 2, 2], 2, 1.25, 0, "replicas 2: the other home member"),
+    (*B_RULES, [3, 1, 5, 0, 4], 5, 1.25, 0, "replicas 5: least-loaded of all"),
     # The floor (min_cap): the low-traffic case it exists for, and the cases it must not touch.
-    (RING_B, "compliance-rules-v7", [0, 0, 1, 0, 0], 1, 1.25, 0, "no floor: a 2nd stream spills"),
-    (
-        RING_B,
-        "compliance-rules-v7",
-        [0, 0, 1, 0, 0],
-        1,
-        1.25,
-        8,
-        "floor 8 keeps the 2nd stream home",
-    ),
-    (RING_B, "compliance-rules-v7", [0, 0, 7, 0, 0], 1, 1.25, 8, "floor 8: the 8th stream is home"),
-    (RING_B, "compliance-rules-v7", [0, 0, 8, 0, 0], 1, 1.25, 8, "floor 8: the 9th stream spills"),
-    (RING_B, "compliance-rules-v7", [2, 2, 40, 2, 2], 1, 1.25, 8, "floor below the cap: no change"),
-    (RING_A, "hello", [3, 1, 0], 1, 1.25, 2, "floor below the owner's cap 4: home as before"),
-    (RING_A, "hello", [0, 20, 9], 1, 1.0, 0, "no floor: the spill passes 10.0.0.3 (9 + 1 > cap 8)"),
-    (RING_A, "hello", [0, 20, 9], 1, 1.0, 10, "floor 10: the spill stops at 10.0.0.3"),
-    (RING_A, "world", [0, 0, 2**53], 1, 1.0, 2**53 + 1, "load + 1 = floor above 2**53: home"),
-    (
-        RING_A,
-        "world",
-        [0, 0, 2**53],
-        1,
-        1.0,
-        2**53,
-        "the floor is compared exactly, not as a double",
-    ),
+    (*B_RULES, [0, 0, 1, 0, 0], 1, 1.25, 0, "no floor: a 2nd stream spills"),
+    (*B_RULES, [0, 0, 1, 0, 0], 1, 1.25, 8, "floor 8 keeps the 2nd stream home"),
+    (*B_RULES, [0, 0, 7, 0, 0], 1, 1.25, 8, "floor 8: the 8th stream is home"),
+    (*B_RULES, [0, 0, 8, 0, 0], 1, 1.25, 8, "floor 8: the 9th stream spills"),
+    (*B_RULES, [2, 2, 40, 2, 2], 1, 1.25, 8, "floor below the cap: no change"),
+    (*A_HELLO, [3, 1, 0], 1, 1.25, 2, "floor below the owner's cap 4: home as before"),
+    (*A_HELLO, [0, 20, 9], 1, 1.0, 0, "no floor: the spill passes 10.0.0.3 (9 + 1 > cap 8)"),
+    (*A_HELLO, [0, 20, 9], 1, 1.0, 10, "floor 10: the spill stops at 10.0.0.3"),
+    (*A_WORLD, [0, 0, 2**53], 1, 1.0, 2**53 + 1, "load + 1 = floor above 2**53: home"),
+    (*A_WORLD, [0, 0, 2**53], 1, 1.0, 2**53, "the floor is compared exactly, not as a double"),
 ]
 
 
 # (ring, key expression, loads, home members by index, factor, min_cap, what the case shows)
 PICK_AMONG_CASES: list[tuple[dict[str, Any], str, list[int], list[int], float, int, str]] = [
-    (RING_B, "compliance-rules-v7", [0, 0, 0, 0, 0], [4, 0], 1.25, 0, "idle: the first given"),
-    (RING_B, "compliance-rules-v7", [0, 0, 0, 3, 1], [3, 4], 1.25, 8, "the less-loaded given"),
+    (*B_RULES, [0, 0, 0, 0, 0], [4, 0], 1.25, 0, "idle: the first given"),
+    (*B_RULES, [0, 0, 0, 3, 1], [3, 4], 1.25, 8, "the less-loaded given"),
     (
-        RING_B,
-        "compliance-rules-v7",
+        *B_RULES,
         [2, 2, 2, 2, 30],
         [4],
         1.25,
         0,
         "the given home over its cap spills in the key's preference order",
     ),
-    (
-        RING_B,
-        "compliance-rules-v7",
-        [2, 2, 2, 30, 30],
-        [3, 4],
-        1.25,
-        8,
-        "both given homes over the cap: spill",
-    ),
-    (RING_A, "hello", [0, 0, 0], [2, 0], 1.25, 0, "a home set that is not the ring's first R"),
+    (*B_RULES, [2, 2, 2, 30, 30], [3, 4], 1.25, 8, "both given homes over the cap: spill"),
+    (*A_HELLO, [0, 0, 0], [2, 0], 1.25, 0, "a home set that is not the ring's first R"),
 ]
 
 MAGLEV_A = {
@@ -588,6 +551,33 @@ def maglev_vectors(spec: dict[str, Any]) -> dict[str, Any]:
     return vectors
 
 
+def pick_case(
+    table: dict[str, str],
+    text: str,
+    loads: list[int],
+    asked: dict[str, Any],
+    factor: float,
+    min_cap: int,
+    chosen: tuple[str, str],
+    why: str,
+) -> dict[str, Any]:
+    """One pick vector as golden.json lays it out: the table or ring, the key, the loads,
+    what the pick was asked (replicas, homes), its cap, and the (member, branch) it chose."""
+    member, branch = chosen
+    return {
+        **table,
+        "key_of": text,
+        "key": str(key(text.encode())),
+        "loads": loads,
+        **asked,
+        "factor": factor,
+        "min_cap": str(min_cap),
+        "member": member,
+        "branch": branch,
+        "why": why,
+    }
+
+
 def maglev_pick_vectors() -> list[dict[str, Any]]:
     tables: dict[str, list[str]] = {}
     cases = []
@@ -599,21 +589,10 @@ def maglev_pick_vectors() -> list[dict[str, Any]]:
         k = key(text.encode())
         order = maglev_preference(table, k, len(members))
         home = order[:replicas] if homes is None else [members[i] for i in homes]
-        member, branch = bounded(members, weights, loads, home, order, factor, min_cap)
+        chosen = bounded(members, weights, loads, home, order, factor, min_cap)
+        asked = {"replicas": replicas, "homes": homes}
         cases.append(
-            {
-                "table": spec["name"],
-                "key_of": text,
-                "key": str(k),
-                "loads": loads,
-                "replicas": replicas,
-                "homes": homes,
-                "factor": factor,
-                "min_cap": str(min_cap),
-                "member": member,
-                "branch": branch,
-                "why": why,
-            }
+            pick_case({"table": spec["name"]}, text, loads, asked, factor, min_cap, chosen, why)
         )
     return cases
 
@@ -626,23 +605,11 @@ def pick_vectors() -> list[dict[str, Any]]:
         if name not in built:
             built[name] = ring_points(spec["members"], spec["weights"], spec["vnodes"])
         k = key(text.encode())
-        member, branch = pick(
+        chosen = pick(
             built[name], spec["members"], spec["weights"], k, loads, replicas, factor, min_cap
         )
-        cases.append(
-            {
-                "ring": name,
-                "key_of": text,
-                "key": str(k),
-                "loads": loads,
-                "replicas": replicas,
-                "factor": factor,
-                "min_cap": str(min_cap),
-                "member": member,
-                "branch": branch,
-                "why": why,
-            }
-        )
+        asked = {"replicas": replicas}
+        cases.append(pick_case({"ring": name}, text, loads, asked, factor, min_cap, chosen, why))
     return cases
 
 
@@ -653,22 +620,10 @@ def pick_among_vectors() -> list[dict[str, Any]]:
         points = ring_points(members, spec["weights"], spec["vnodes"])
         k = key(text.encode())
         home = [members[i] for i in homes]
-        member, branch = pick_among(
-            points, members, spec["weights"], k, loads, home, factor, min_cap
-        )
+        chosen = pick_among(points, members, spec["weights"], k, loads, home, factor, min_cap)
+        asked = {"homes": homes}
         cases.append(
-            {
-                "ring": spec["name"],
-                "key_of": text,
-                "key": str(k),
-                "loads": loads,
-                "homes": homes,
-                "factor": factor,
-                "min_cap": str(min_cap),
-                "member": member,
-                "branch": branch,
-                "why": why,
-            }
+            pick_case({"ring": spec["name"]}, text, loads, asked, factor, min_cap, chosen, why)
         )
     return cases
 

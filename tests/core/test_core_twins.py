@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -124,49 +125,27 @@ anything = st.one_of(
 
 
 @FAST
-@given(
-    key=anything,
-    loads=anything,
-    replicas=anything,
-    factor=anything,
-    min_cap=anything,
-    n=anything,
-    homes=anything,
-)
+@given(arguments=st.tuples(*[anything] * 7))
 def test_twins_fail_alike_on_bad_arguments(
-    twins: tuple[ModuleType, ModuleType],
-    key: Any,
-    loads: Any,
-    replicas: Any,
-    factor: Any,
-    min_cap: Any,
-    n: Any,
-    homes: Any,
+    twins: tuple[ModuleType, ModuleType], arguments: tuple[Any, ...]
 ) -> None:
-    c_core, py_core = twins
+    key, loads, replicas, factor, min_cap, n, homes = arguments
+    calls: list[Callable[[ModuleType, Any], Any]] = [
+        lambda core, ring: ring.owner(key),
+        lambda core, ring: ring.preference(key, n),
+        lambda core, ring: ring.pick(key, loads, replicas, factor),
+        lambda core, ring: ring.pick(key, loads, replicas, factor, min_cap),
+        lambda core, ring: ring.pick(7, loads),
+        lambda core, ring: ring.pick(7, [1, 2, 3], min_cap=min_cap),
+        lambda core, ring: core.route_key(key),
+        lambda core, ring: ring.pick_among(key, loads, homes, factor, min_cap),
+        lambda core, ring: ring.pick_among(7, [1, 2, 3], homes),
+    ]
     members = ["a", "b", "c"]
-    c_ring, py_ring = c_core.Ring(members, vnodes=4), py_core.Ring(members, vnodes=4)
-    assert _outcome(lambda: c_ring.owner(key)) == _outcome(lambda: py_ring.owner(key))
-    assert _outcome(lambda: c_ring.preference(key, n)) == _outcome(
-        lambda: py_ring.preference(key, n)
-    )
-    assert _outcome(lambda: c_ring.pick(key, loads, replicas, factor)) == _outcome(
-        lambda: py_ring.pick(key, loads, replicas, factor)
-    )
-    assert _outcome(lambda: c_ring.pick(key, loads, replicas, factor, min_cap)) == _outcome(
-        lambda: py_ring.pick(key, loads, replicas, factor, min_cap)
-    )
-    assert _outcome(lambda: c_ring.pick(7, loads)) == _outcome(lambda: py_ring.pick(7, loads))
-    assert _outcome(lambda: c_ring.pick(7, [1, 2, 3], min_cap=min_cap)) == _outcome(
-        lambda: py_ring.pick(7, [1, 2, 3], min_cap=min_cap)
-    )
-    assert _outcome(lambda: c_core.route_key(key)) == _outcome(lambda: py_core.route_key(key))
-    assert _outcome(lambda: c_ring.pick_among(key, loads, homes, factor, min_cap)) == _outcome(
-        lambda: py_ring.pick_among(key, loads, homes, factor, min_cap)
-    )
-    assert _outcome(lambda: c_ring.pick_among(7, [1, 2, 3], homes)) == _outcome(
-        lambda: py_ring.pick_among(7, [1, 2, 3], homes)
-    )
+    rings = [(core, core.Ring(members, vnodes=4)) for core in twins]
+    for call in calls:
+        c_outcome, py_outcome = (_outcome(partial(call, core, ring)) for core, ring in rings)
+        assert c_outcome == py_outcome
 
 
 @FAST

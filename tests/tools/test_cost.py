@@ -31,16 +31,9 @@ def test_hand_computed_cases() -> None:
     assert no_hits.saving_pct == pytest.approx(0.0)
     # R = 1, 1M requests, 10k prefix, 100 user, 50 out, prices 1/0.1/4:
     # raw = 1e6 * (10100 * 1 + 50 * 4) / 1e6 = 10,300; cached = 10000*0.1 + 100 + 200 = 1,300
-    params = CostParams(
-        requests_per_day=1e6,
-        prefix_tokens=10_000,
-        user_tokens=100,
-        output_tokens=50,
-        price_base=1.0,
-        price_cache=0.1,
-        price_out=4.0,
-    )
-    report = daily_cost(params, 1.0)
+    tokens = {"prefix_tokens": 10_000, "user_tokens": 100, "output_tokens": 50}
+    prices = {"price_base": 1.0, "price_cache": 0.1, "price_out": 4.0}
+    report = daily_cost(CostParams(requests_per_day=1e6, **tokens, **prices), 1.0)
     assert (report.raw, report.cached) == pytest.approx((10_300, 1_300))
 
 

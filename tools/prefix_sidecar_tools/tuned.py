@@ -21,31 +21,42 @@ import yaml
 
 from prefix_sidecar.config import FIELDS
 
-_ORGANIC = "prefix_sidecar.routing.organic"
-_RULES = "prefix_sidecar.membership.load_signals.rules"
-_POLLER = "prefix_sidecar.membership.load_signals.poller"
-_PLACEMENT = "prefix_sidecar.routing.placement"
-
-# name -> (module, constant); each read when the sidecar is built.
+# Each tunable's module and constant, by module; each read when the sidecar is built.
+_CONSTANTS: dict[str, dict[str, str]] = {
+    "prefix_sidecar.routing.router": {
+        "policy": "DEFAULT_POLICY",
+        "route_window_bytes": "ROUTE_WINDOW_BYTES",
+    },
+    "prefix_sidecar.routing.organic": {
+        "organic_home_spread": "HOME_SPREAD",
+        "organic_session_spread": "SESSION_SPREAD",
+        "organic_load_cap_floor": "LOAD_CAP_FLOOR",
+        "organic_balance_starts": "BALANCE_STARTS",
+        "organic_follow_sessions": "FOLLOW_SESSIONS",
+    },
+    "prefix_sidecar.routing.anchors": {"organic_table_blocks": "MAX_BLOCKS"},
+    "prefix_sidecar.membership.load_signals.rules": {
+        "load_report_saturation": "REPORT_SATURATION",
+        "load_fleet_view": "FLEET_VIEW",
+        "load_signal_max_age_s": "MAX_AGE_S",
+        "load_kv_threshold": "KV_THRESHOLD",
+    },
+    "prefix_sidecar.membership.load_signals.poller": {
+        "load_poll_interval_s": "POLL_INTERVAL_S",
+        "load_poll_sample": "POLL_SAMPLE",
+        "load_poll_timeout_s": "POLL_TIMEOUT_S",
+    },
+    "prefix_sidecar.routing.placement": {
+        "home_balance_factor": "HOME_BALANCE_FACTOR",
+        "home_kv_fraction": "HOME_KV_FRACTION",
+        "bytes_per_token": "BYTES_PER_TOKEN",
+    },
+}
+# name -> (module, constant)
 TUNABLES: dict[str, tuple[str, str]] = {
-    "policy": ("prefix_sidecar.routing.router", "DEFAULT_POLICY"),
-    "organic_home_spread": (_ORGANIC, "HOME_SPREAD"),
-    "organic_session_spread": (_ORGANIC, "SESSION_SPREAD"),
-    "organic_load_cap_floor": (_ORGANIC, "LOAD_CAP_FLOOR"),
-    "organic_balance_starts": (_ORGANIC, "BALANCE_STARTS"),
-    "organic_follow_sessions": (_ORGANIC, "FOLLOW_SESSIONS"),
-    "organic_table_blocks": ("prefix_sidecar.routing.anchors", "MAX_BLOCKS"),
-    "load_report_saturation": (_RULES, "REPORT_SATURATION"),
-    "load_fleet_view": (_RULES, "FLEET_VIEW"),
-    "load_signal_max_age_s": (_RULES, "MAX_AGE_S"),
-    "load_kv_threshold": (_RULES, "KV_THRESHOLD"),
-    "load_poll_interval_s": (_POLLER, "POLL_INTERVAL_S"),
-    "load_poll_sample": (_POLLER, "POLL_SAMPLE"),
-    "load_poll_timeout_s": (_POLLER, "POLL_TIMEOUT_S"),
-    "home_balance_factor": (_PLACEMENT, "HOME_BALANCE_FACTOR"),
-    "home_kv_fraction": (_PLACEMENT, "HOME_KV_FRACTION"),
-    "bytes_per_token": (_PLACEMENT, "BYTES_PER_TOKEN"),
-    "route_window_bytes": ("prefix_sidecar.routing.router", "ROUTE_WINDOW_BYTES"),
+    name: (module, constant)
+    for module, constants in _CONSTANTS.items()
+    for name, constant in constants.items()
 }
 LAUNCHER = ("-m", "prefix_sidecar_tools.tuned")
 

@@ -77,34 +77,32 @@ class AcceptLog:
         self._last = -float("inf")
         self._quiet = 0  # events since the last line
 
-    def _due(self) -> int | None:
+    def _line(self, level: int, message: str, *args: object) -> None:
+        """Log `message` with `args` and then the count of events quieted since the last
+        line, or only count this one when a line went out less than `every_s` ago."""
         now = time.monotonic()
         if now - self._last < self._every_s:
             self._quiet += 1
-            return None
+            return
         self._last = now
         quiet, self._quiet = self._quiet, 0
-        return quiet
+        self._log.log(level, message, *args, quiet)
 
     def over_cap(self, cap: int) -> None:
-        quiet = self._due()
-        if quiet is not None:
-            self._log.warning(
-                "the HTTP front is at its %d connections: a new one was answered 503 and "
-                "closed (%d more since the last such line)",
-                cap,
-                quiet,
-            )
+        self._line(
+            logging.WARNING,
+            "the HTTP front is at its %d connections: a new one was answered 503 and closed "
+            "(%d more since the last such line)",
+            cap,
+        )
 
     def accept_failed(self, exc: BaseException | None) -> None:
-        quiet = self._due()
-        if quiet is not None:
-            self._log.error(
-                "accepting a connection failed: %s (%d more since the last such line; "
-                "asyncio retries in 1 s)",
-                exc,
-                quiet,
-            )
+        self._line(
+            logging.ERROR,
+            "accepting a connection failed: %s (%d more since the last such line; asyncio "
+            "retries in 1 s)",
+            exc,
+        )
 
 
 def install_accept_log(loop: asyncio.AbstractEventLoop) -> AcceptLog:

@@ -36,10 +36,6 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 _malloc_trim = _load_malloc_trim()
 
 
-def trim_available() -> bool:
-    return _malloc_trim is not None
-
-
 async def trim_now() -> bool:
     """Return freed heap pages to the OS; True if anything was released."""
     if _malloc_trim is None:

@@ -22,6 +22,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import InitVar, dataclass, field
 
 from prefix_sidecar import __version__
 from prefix_sidecar.config import Config
@@ -75,43 +76,40 @@ Answer = Response | StreamedResponse
 Handler = Callable[[Request], Awaitable[Answer]]
 
 
+@dataclass(eq=False)
 class OpenAIFront:
-    def __init__(
-        self,
-        config: Config,
-        router: Router,
-        store: PrefixStore,
-        relay: Relay,
-        pool: BackendPool,
-        metrics: Metrics,
-        readiness: Readiness,
-        api_key: str,
-    ) -> None:
-        self.config = config
-        self.router = router
-        self.store = store
-        self.relay = relay
-        self.pool = pool
-        self.metrics = metrics
-        self.readiness = readiness
+    """The front's routes and lifecycle; `api_key` goes only into the pods' headers."""
+
+    config: Config
+    router: Router
+    store: PrefixStore
+    relay: Relay
+    pool: BackendPool
+    metrics: Metrics
+    readiness: Readiness
+    api_key: InitVar[str]
+    port: int | None = field(default=None, init=False)  # the TCP port, once listening
+    _pod_headers: dict[str, str] = field(init=False)
+    _routes: dict[tuple[str, str], Handler] = field(init=False)
+    _server: HTTP1Server | None = field(default=None, init=False)
+    _listener: asyncio.AbstractServer | None = field(default=None, init=False)
+    _socket_identity: SocketIdentity | None = field(default=None, init=False)
+    _requests: set[asyncio.Task[object]] = field(default_factory=set, init=False)
+    _draining: bool = field(default=False, init=False)
+
+    def __post_init__(self, api_key: str) -> None:
         self._pod_headers = {
             "Content-Type": "application/json",
             "User-Agent": f"prefix-sidecar/{__version__}",
         }
         if api_key:
             self._pod_headers["Authorization"] = f"Bearer {api_key}"
-        self._routes: dict[tuple[str, str], Handler] = {
+        self._routes = {
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/v1/chat/completions"): self.chat,
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health,
         }
-        self._server: HTTP1Server | None = None
-        self._listener: asyncio.AbstractServer | None = None
-        self._socket_identity: SocketIdentity | None = None
-        self._requests: set[asyncio.Task[object]] = set()
-        self._draining = False
-        self.port: int | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from prefix_sidecar.server.common.connections import AcceptLog
 from prefix_sidecar.server.openai.http1_answer import Response, StreamedResponse, answer_head
@@ -55,29 +56,24 @@ Handler = Callable[[Request], Awaitable[Response | StreamedResponse]]
 ErrorBody = Callable[[int, str], bytes]
 
 
+@dataclass(eq=False)
 class HTTP1Server:
     """The protocol factory for loop.create_server / create_unix_server, and the state its
     connections share. `error_body(status, message)` writes the body of the errors the
     server answers itself (the front's: OpenAI's shape). Over `max_connections` open
     connections, a new one is answered 503 and closed at once (`refused_connections`)."""
 
-    def __init__(
-        self,
-        handler: Handler,
-        *,
-        max_body_bytes: int,
-        error_body: ErrorBody,
-        max_connections: int = 4096,
-    ) -> None:
-        self.handler = handler
-        self.max_body_bytes = max_body_bytes
-        self.error_body = error_body
-        self.max_connections = max_connections
-        self.loop = asyncio.get_running_loop()
-        self.connections: set[Connection] = set()
-        self.draining = False  # set when stopping: every answer then closes its connection
-        self.refused_connections = 0
-        self._log = AcceptLog(logger)
+    handler: Handler
+    _: KW_ONLY
+    max_body_bytes: int
+    error_body: ErrorBody
+    max_connections: int = 4096
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop, init=False)
+    connections: set[Connection] = field(default_factory=set, init=False)
+    # Set when stopping: every answer then closes its connection.
+    draining: bool = field(default=False, init=False)
+    refused_connections: int = field(default=0, init=False)
+    _log: AcceptLog = field(default_factory=lambda: AcceptLog(logger), init=False)
 
     def __call__(self) -> Connection:
         return Connection(self)

@@ -95,7 +95,6 @@ class RequestReader:
         self._connection = connection
         self._max_body = max_body_bytes
         self._parser = httptools.HttpRequestParser(self)
-        self._feeding = False
         self.reset()
 
     def reset(self) -> None:
@@ -103,7 +102,6 @@ class RequestReader:
         self.headers_done = False
         self.complete = False
         self.overrun = False
-        self.upgrade = False  # llhttp skips the body of a request asking for an Upgrade
         self.error: HTTPError | None = None
         self.keep_alive = True
         self.chunked = False
@@ -112,7 +110,6 @@ class RequestReader:
         self.body_size = 0
         self._url = b""
         self._headers: dict[str, str] = {}
-        self._lengths = 0
         self._trailer_bytes = 0
         # A Content-Length body's pieces (one per read, joined once); a chunked body's
         # bytes in one bytearray (a piece per chunk could be one per 2 bytes).
@@ -128,7 +125,6 @@ class RequestReader:
     def feed(self, data: bytes | memoryview) -> None:
         """HTTPError for what the server must refuse; httptools.HttpParserUpgrade when
         llhttp takes the rest of the connection for another protocol."""
-        self._feeding = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -145,8 +141,6 @@ class RequestReader:
             if self.error is not None:
                 raise self.error from None
             raise HTTPError(400, f"a malformed request: {str(exc)[:60]}") from None
-        finally:
-            self._feeding = False
         if self.error is not None:
             raise self.error
 
@@ -200,7 +194,6 @@ class RequestReader:
         if expect is not None and expect.lower() != "100-continue":
             raise HTTPError(417, "only Expect: 100-continue is served")
         self.expect_continue = expect is not None and http11
-        self.upgrade = parser.should_upgrade()
         method = parser.get_method().decode("ascii")
         self.request = Request(self._connection, method, _path(self._url), http11, headers)
 

@@ -3,15 +3,12 @@ M/M/c... (here M/D/c at c = 1 and a two-point M/G/1), and the running-slot limit
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from prefix_sidecar_tools.plan.queueing import (
     PodQueue,
     ServiceMix,
     evaluate,
-    evaluate_fleet,
     max_rate_at_slo,
     stability_limit,
 )
@@ -64,13 +61,3 @@ def test_more_prefill_slots_carry_more_at_the_same_slo() -> None:
     assert four > 3.5 * one
     # an SLO below the service time: nothing
     assert max_rate_at_slo(PodQueue(1, UNLIMITED, 0.0), mix, 0.4) == 0.0
-
-
-def test_uneven_fleet_is_worse_than_even() -> None:
-    mix = ServiceMix((0.1,), (1.0,))
-    queue = PodQueue(1, UNLIMITED, 0.0)
-    _, even = evaluate_fleet(queue, mix, [6.0, 6.0])
-    _, uneven = evaluate_fleet(queue, mix, [8.0, 4.0])
-    assert uneven > even
-    assert evaluate_fleet(queue, mix, [9.0, 3.0])[1] < math.inf
-    assert evaluate_fleet(queue, mix, [12.0, 0.0])[1] == math.inf

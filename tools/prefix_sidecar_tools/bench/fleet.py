@@ -32,7 +32,7 @@ from typing import Any
 
 from prefix_sidecar.membership.load_signals import MetricsError, fetch_metrics
 from prefix_sidecar.upstream.client import UpstreamClient
-from prefix_sidecar_tools.bench.argtypes import positive
+from prefix_sidecar_tools.bench.argtypes import positive_float, positive_int
 from prefix_sidecar_tools.emulator import EmulatorFleet
 from prefix_sidecar_tools.report import (
     add_command,
@@ -443,8 +443,7 @@ def _setting(text: str) -> tuple[str, str]:
 
 
 def _counts(text: str) -> tuple[int, ...]:
-    parse = positive(int, "--also-sidecars")
-    return tuple(parse(part) for part in text.split(",") if part.strip())
+    return tuple(positive_int(part) for part in text.split(",") if part.strip())
 
 
 SUMMARY = "routing policies side by side on one emulated fleet: hit rate, TTFT, load, cost"
@@ -453,24 +452,24 @@ SUMMARY = "routing policies side by side on one emulated fleet: hit rate, TTFT, 
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = add_command(bench_subparsers, "fleet", SUMMARY, __doc__)
     add = parser.add_argument
-    add("--pods", type=positive(int, "--pods"), default=4, help="emulated pods (4)")
-    add("--prefixes", type=positive(int, "--prefixes"), default=10, help="prefixes (10)")
+    add("--pods", type=positive_int, default=4, help="emulated pods (4)")
+    add("--prefixes", type=positive_int, default=10, help="prefixes (10)")
     add("--zipf", type=float, default=1.2, help="Zipf exponent of prefix popularity (1.2)")
-    add("--hot-tokens", type=positive(int, "--hot-tokens"), default=60_000)
-    add("--tail-tokens", type=positive(int, "--tail-tokens"), default=12_000)
-    add("--kv-tokens", type=positive(int, "--kv-tokens"), default=150_000, help="per pod")
-    add("--rate", type=positive(float, "--rate"), default=40.0, help="req/s, modelled (40)")
-    add("--duration", type=positive(float, "--duration"), default=60.0, help="modelled s (60)")
+    add("--hot-tokens", type=positive_int, default=60_000)
+    add("--tail-tokens", type=positive_int, default=12_000)
+    add("--kv-tokens", type=positive_int, default=150_000, help="per pod")
+    add("--rate", type=positive_float, default=40.0, help="req/s, modelled (40)")
+    add("--duration", type=positive_float, default=60.0, help="modelled s (60)")
     add("--warmup", type=float, default=15.0, help="modelled s replayed but not measured (15)")
-    add("--time-scale", type=positive(float, "--time-scale"), default=2.0, help="(2)")
-    add("--max-tokens", type=positive(int, "--max-tokens"), default=16)
+    add("--time-scale", type=positive_float, default=2.0, help="(2)")
+    add("--max-tokens", type=positive_int, default=16)
     add(
         "--prefill-tps",
-        type=positive(float, "--prefill-tps"),
+        type=positive_float,
         default=None,
         help="the pods' prefill tokens/s (default: the emulator's 16,000)",
     )
-    add("--sidecars", type=positive(int, "--sidecars"), default=4, help="K processes (4)")
+    add("--sidecars", type=positive_int, default=4, help="K processes (4)")
     add(
         "--also-sidecars",
         type=_counts,
@@ -503,7 +502,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     add(
         "--first-token-timeout",
-        type=positive(float, "--first-token-timeout"),
+        type=positive_float,
         default=30.0,
         help="callers give up after this many modelled s without a token (30)",
     )

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 from prefix_sidecar_tools.bench.children import ready_child
 from prefix_sidecar_tools.harness import stop_on_signals
 
-KINDS = ("http1", "aiohttp")
 EVENT = b'data: {"choices": [{"text": "x", "index": 0}]}\n\n'
 MAX_BODY = 64 * 1024 * 1024
 

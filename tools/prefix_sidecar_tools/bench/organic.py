@@ -44,7 +44,7 @@ from typing import Any
 import aiohttp
 import grpc
 
-from prefix_sidecar_tools.bench.argtypes import non_negative, positive
+from prefix_sidecar_tools.bench.argtypes import non_negative, positive_float, positive_int
 from prefix_sidecar_tools.bench.organic_driver import (
     PATHS,
     InFlightSampler,
@@ -366,89 +366,89 @@ SUMMARY = "unregistered organic traffic: every policy as a fraction of the oracl
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = add_command(bench_subparsers, "organic", SUMMARY, __doc__)
     add = parser.add_argument
-    add("--pods", type=positive(int, "--pods"), default=4)
+    add("--pods", type=positive_int, default=4)
     add(
         "--sidecars",
-        type=positive(int, "--sidecars"),
+        type=positive_int,
         default=4,
         help="K, the sidecar processes of the _xK runs (default 4)",
     )
     add(
         "--kv-tokens",
-        type=positive(int, "--kv-tokens"),
+        type=positive_int,
         default=12_000,
         help="KV cache of each pod, tokens (default %(default)s: the 4 pods together hold "
         "about two thirds of the trace's distinct prompt tokens, so placement matters)",
     )
     add(
         "--prefill-tps",
-        type=positive(float, "--prefill-tps"),
+        type=positive_float,
         default=1_500.0,
         help="each pod's prefill tokens per modelled second (default %(default)s: slower "
         "than the fleet bench's pod, so that a moderate request rate loads it)",
     )
     add(
         "--time-scale",
-        type=positive(float, "--time-scale"),
+        type=positive_float,
         default=6.0,
         help="modelled seconds per real second (default %(default)s)",
     )
     add(
         "--duration",
-        type=positive(float, "--duration"),
+        type=positive_float,
         default=45.0,
         help="modelled seconds in which flows start (default %(default)s; sessions run on)",
     )
     add(
         "--warmup",
-        type=non_negative("--warmup"),
+        type=non_negative,
         default=10.0,
         help="modelled seconds at the start left out of the TTFT percentiles (default "
         "%(default)s; hit rates and loads cover the whole run unless --measure-after)",
     )
     add(
         "--measure-after",
-        type=non_negative("--measure-after"),
+        type=non_negative,
         default=0.0,
         help="modelled seconds of traffic sent and cached but not measured: a steady "
         "state's warm-up (default %(default)s: the whole run, from empty caches and sidecars "
         "that have learnt nothing)",
     )
-    add("--tenants", type=positive(int, "--tenants"), default=24)
+    add("--tenants", type=positive_int, default=24)
     add(
         "--templates",
-        type=positive(int, "--templates"),
+        type=positive_int,
         default=6,
         help="few-shot templates (default %(default)s)",
     )
     add("--zipf", type=float, default=1.0, help="popularity exponent of tenants and templates")
     add(
         "--tenant-rate",
-        type=non_negative("--tenant-rate"),
+        type=non_negative,
         default=4.0,
         help="one-shot tenant requests per modelled second (default %(default)s)",
     )
     add(
         "--fewshot-rate",
-        type=non_negative("--fewshot-rate"),
+        type=non_negative,
         default=3.0,
         help="few-shot requests per modelled second (default %(default)s)",
     )
     add(
         "--session-rate",
-        type=non_negative("--session-rate"),
+        type=non_negative,
         default=0.7,
         help="sessions started per modelled second, 4-10 turns each (default %(default)s)",
     )
     add(
         "--max-tokens",
-        type=positive(int, "--max-tokens"),
+        type=positive_int,
         default=4,
         help="tokens each answer streams (the next turn's answer text is the trace's own)",
     )
     add(
         "--first-token-timeout",
-        type=positive(float, "--first-token-timeout"),
+        type=positive_float,
         default=30.0,
         help="modelled seconds a caller waits for the first token",
     )
@@ -469,7 +469,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     add(
         "--radix-tree-chars",
-        type=positive(int, "--radix-tree-chars"),
+        type=positive_int,
         default=None,
         help="the radix baseline's per-worker tree size, characters (default 4 x "
         "--kv-tokens: what a pod's KV holds)",

@@ -34,7 +34,12 @@ from prefix_sidecar import _core
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.chat_templates import turn_marks
 from prefix_sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
-from prefix_sidecar_tools.bench.argtypes import non_negative, positive, whole_numbers
+from prefix_sidecar_tools.bench.argtypes import (
+    non_negative,
+    positive_float,
+    positive_int,
+    whole_numbers,
+)
 from prefix_sidecar_tools.bench.organic_oracle import oracle
 from prefix_sidecar_tools.bench.organic_trace import (
     CLASSES,
@@ -253,13 +258,13 @@ def sweep_parser(doc: str, *, seeds: str, rings: int, against: str) -> argparse.
     pods, the modelled seconds flows start in, or a bench organic report to read instead."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     add = parser.add_argument
-    add("--seeds", type=whole_numbers("--seeds"), default=seeds, help=f"comma-separated ({seeds})")
-    add("--rings", type=positive(int, "--rings"), default=rings, help=f"rings per seed ({rings})")
-    add("--sidecars", type=whole_numbers("--sidecars"), default="1,4", help="sidecars K (1,4)")
-    add("--pods", type=positive(int, "--pods"), default=4)
+    add("--seeds", type=whole_numbers, default=seeds, help=f"comma-separated ({seeds})")
+    add("--rings", type=positive_int, default=rings, help=f"rings per seed ({rings})")
+    add("--sidecars", type=whole_numbers, default="1,4", help="sidecars K (1,4)")
+    add("--pods", type=positive_int, default=4)
     add(
         "--duration",
-        type=positive(float, "--duration"),
+        type=positive_float,
         default=45.0,
         help="modelled seconds flows start in (45, as bench organic)",
     )
@@ -276,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--measure-after",
-        type=non_negative("--measure-after"),
+        type=non_negative,
         default=0.0,
         help="modelled seconds routed but not counted: a steady state's warm-up (0)",
     )

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from prefix_sidecar import _core
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.organic import OrganicRouter
-from prefix_sidecar_tools.bench.argtypes import positive
+from prefix_sidecar_tools.bench.argtypes import positive_float
 from prefix_sidecar_tools.bench.organic_oracle import oracle
 from prefix_sidecar_tools.bench.organic_replay import (
     organic_keys,
@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--load",
-        type=positive(float, "--load"),
+        type=positive_float,
         default=1.0,
         help="the trace's flow rates times this (1: bench organic's defaults)",
     )

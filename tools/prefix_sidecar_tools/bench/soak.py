@@ -31,10 +31,11 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from prefix_sidecar_tools.bench.argtypes import non_negative, positive_float, positive_int
 from prefix_sidecar_tools.harness import SERVE, SidecarProcess
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.report import (
@@ -515,71 +516,52 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = add_command(bench_subparsers, "soak", SUMMARY, __doc__)
     defaults = SoakOptions()
     add = parser.add_argument
-    add("--concurrency", type=_positive_int, default=defaults.concurrency)
-    add("--seconds", type=_positive_float, default=defaults.seconds)
+    add("--concurrency", type=positive_int, default=defaults.concurrency)
+    add("--seconds", type=positive_float, default=defaults.seconds)
     add(
         "--warmup",
         type=float,
         help="seconds before RSS/fds are compared (default: the ramp-up + S/3, at most 10 s)",
     )
     add("--max-requests", type=int, default=0, help="stop after this many requests (0: none)")
-    add("--pods", type=_positive_int, default=defaults.pods)
-    add("--time-scale", type=_positive_float, default=defaults.time_scale)
-    add("--max-tokens", type=_positive_int, default=defaults.max_tokens)
+    add("--pods", type=positive_int, default=defaults.pods)
+    add("--time-scale", type=positive_float, default=defaults.time_scale)
+    add("--max-tokens", type=positive_int, default=defaults.max_tokens)
     add(
         "--hold",
-        type=float,
+        dest="hold_s",
+        type=non_negative,
         help="real seconds each pod holds a request before its first token, so the streams "
         "overlap (default 2, or 20 with --prefixes; 0 = as fast as possible)",
     )
     add("--prefixes", type=int, default=0, help="register N prefixes first (footprint mode)")
-    add("--prefix-tokens", type=_positive_int, default=defaults.prefix_tokens)
-    add("--deadline", type=_positive_float, default=defaults.deadline_s, help="per request, s")
-    add("--channels", type=_positive_int, default=defaults.channels)
+    add("--prefix-tokens", type=positive_int, default=defaults.prefix_tokens)
+    add(
+        "--deadline",
+        dest="deadline_s",
+        type=positive_float,
+        default=defaults.deadline_s,
+        help="per request, s",
+    )
+    add("--channels", type=positive_int, default=defaults.channels)
     add("--tracemalloc", metavar="FILE", default="", help="trace the sidecar; top sites to FILE")
     add_json_option(parser)
     parser.set_defaults(func=run)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
     if args.warmup is not None and not 0 <= args.warmup < args.seconds:
         print("bench soak: --warmup must be >= 0 and shorter than --seconds", file=sys.stderr)
         return 2
-    if args.hold is not None and args.hold < 0:
-        print("bench soak: --hold must be >= 0", file=sys.stderr)
-        return 2
     if args.prefixes < 0:
         print("bench soak: --prefixes must be >= 0", file=sys.stderr)
         return 2
+    # Each flag's dest is its option's name.
     options = SoakOptions(
-        concurrency=args.concurrency,
-        seconds=args.seconds,
-        warmup=args.warmup,
-        max_requests=args.max_requests,
-        pods=args.pods,
-        time_scale=args.time_scale,
-        max_tokens=args.max_tokens,
-        hold_s=args.hold,
-        prefixes=args.prefixes,
-        prefix_tokens=args.prefix_tokens,
-        deadline_s=args.deadline,
-        channels=args.channels,
-        tracemalloc=os.path.abspath(args.tracemalloc) if args.tracemalloc else "",
+        **{f.name: getattr(args, f.name) for f in fields(SoakOptions) if hasattr(args, f.name)}
     )
+    if options.tracemalloc:
+        options.tracemalloc = os.path.abspath(options.tracemalloc)
 
     report = run_and_report(
         "bench soak", run_soak(options, progress_printer("bench soak")), render, args.json

@@ -43,7 +43,6 @@ class Column:
     replicas: dict[str, int]
     yuan_per_day: float
     running_limit: int
-    reachable: bool = True
     notes: list[str] = field(default_factory=list)
 
     @property

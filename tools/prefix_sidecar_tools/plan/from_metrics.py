@@ -173,11 +173,10 @@ def hit_rates(
     by_name = {p.name: p for p in t.prefixes}
     mean_prefix = scenario.mean_prefix_tokens()
     rates: dict[str, float] = {}
-    prompt_total = cached_total = prefix_total = 0.0
+    cached_total = prefix_total = 0.0
     for name, (prompt, cached) in counts.items():
         tokens = by_name[name].tokens if name in by_name else mean_prefix
         share = tokens / (tokens + t.query_tokens)
-        prompt_total += prompt
         cached_total += min(cached, prompt)
         prefix_total += prompt * share
         if name in by_name and prompt > 0:

@@ -166,11 +166,6 @@ def script_text(tokens: int = 12_000, seed: int = 0, topic: str = "live-stream")
     return _written(header, tokens, beat_text)
 
 
-def category_text(category: str, tokens: int = 12_000, seed: int = 0) -> str:
-    """Per-category rules (commission table and listing rules of one category)."""
-    return rules_text(tokens, seed, edition=f"{category} category annex")
-
-
 def merchant_query(rng: random.Random, tokens: int = 200) -> str:
     """A merchant's thin query, padded with order context to about `tokens` tokens."""
     product = rng.choice(PRODUCTS)
