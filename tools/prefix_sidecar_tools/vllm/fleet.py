@@ -56,6 +56,9 @@ SERVED_MODEL = "tiny-llama"
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_MODEL_LEN = 32768
 DEFAULT_BLOCK_SIZE = 128  # vLLM's default; on CPU a multiple of 32
+# Seconds a pod may take to answer /health: 20-160 s were seen on two cores, and more than
+# 240 s while other jobs kept the machine's load near 30.
+STARTUP_TIMEOUT_S = 420.0
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # vLLM puts ZMQ ipc sockets in TMPDIR, named by a 36-character uuid; a unix socket path has
 # at most 107 bytes (sun_path), so a pod's TMPDIR may not be longer than this.
@@ -203,7 +206,7 @@ class VllmFleet(AsyncService):
         block_size: int = DEFAULT_BLOCK_SIZE,
         cores: Sequence[int] | None = None,
         scratch: Path | None = None,
-        startup_timeout: float = 240.0,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
         extra_args: Sequence[str] = (),
     ) -> None:
         if n < 1:
