@@ -170,6 +170,19 @@ class Prewarmer:
         return False  # pragma: no cover - attempts >= 1
 
     async def _complete(self, entry: PrefixEntry, url: str) -> tuple[int, int]:
+        # The prompt is the prefix as registered, trailing whitespace included, as text. The
+        # pod caches the whole blocks of its tokens; a query (prefix + query text) hits those
+        # its own tokens share. BPE pre-tokenizers split where whitespace begins (GPT-2 and
+        # Llama-3 style regexes, SentencePiece's Metaspace), so the prefix's tokens are
+        # those of the prefix without its trailing whitespace, then the whitespace's (or,
+        # after punctuation under Llama-3's regex, punctuation and newlines as one token).
+        # Warming the text as registered therefore warms every block that warming it
+        # stripped would, plus the whitespace's block when the query keeps that token (a
+        # newline before a newline); stripping it is never better, and loses that block. A
+        # query starting with a letter takes a trailing space into its first word: that
+        # block cannot be warmed by any text sent ahead of the query, only by sending the
+        # prefix and the query as token ids (the request path, not the prewarm). Measured on
+        # vLLM, per join: python -m prefix_sidecar_tools.vllm.boundary --url URL.
         body = completion_body(entry.json_bytes, "", {"max_tokens": 1}, self.model)
         stream = await self.client.open(
             url, "/v1/completions", body, timeout_s=self.timeout_s, chat=False

@@ -113,6 +113,31 @@ async def test_a_wedged_pod_does_not_take_another_pods_slots() -> None:
     assert [e.state for e in finals] == [WARMED] * 3
 
 
+async def test_the_prewarm_prompt_is_the_prefix_as_registered_trailing_whitespace_too() -> None:
+    """The prewarm sends the prefix text byte for byte, whitespace at its end included: the
+    tokens it warms then cover every whole block a query's tokens can share with it (the
+    reason is in Prewarmer._complete; the vLLM measurement in tests/vllm/)."""
+    texts = ["rules end with a space ", "rules end with newlines.\n\n", "a tab\t", "none."]
+    prompts: list[str] = []
+
+    async def recording(request: web.Request) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        prompts.append(body["prompt"])
+        assert body["max_tokens"] == 1
+        return await answer(request)
+
+    store = PrefixStore()
+    entries = [store.register(f"p{i}", text)[0] for i, text in enumerate(texts)]
+    client = UpstreamClient()
+    try:
+        async with pod(recording) as url:
+            finals = await Prewarmer(client, timeout_s=5).warm_all([(e, url) for e in entries])
+    finally:
+        await client.close()
+    assert [e.state for e in finals] == [WARMED] * len(texts)
+    assert sorted(prompts) == sorted(texts)
+
+
 def test_backoff_is_jittered_around_the_exponential_step() -> None:
     warmer = Prewarmer(UpstreamClient(), backoff_s=0.2)
     for attempt in (1, 2, 3):

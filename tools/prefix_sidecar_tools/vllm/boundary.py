@@ -10,16 +10,25 @@ is the join's cost.
 
 Each case here does what the sidecar does, straight to one pod: a max_tokens=1 completion
 of the prefix (the prewarm), then one of prefix + query; it reads the pod's cached_tokens
-and its /tokenize of both prompts. Joins: how the prefix ends, how the query starts. Each
-join runs on a prefix of a natural length and on one cut so that P is a multiple of B, the
-case where the prefix's last token closes a whole block (at a natural length a change at the
-very end falls in the partial tail block, which is never cached anyway). `join_rates` then
+and its /tokenize of both prompts. Each case is prewarmed both ways of WARMS: with the text
+as registered (what the sidecar sends), and with its trailing whitespace stripped (the
+candidate fix), and compared with `kept`, the whole blocks of the prefix without its
+trailing whitespace: the blocks every query that starts with whitespace shares.
+
+Joins: how the prefix ends, how the query starts. Each join runs on a prefix of a natural
+length and on one cut so that P is a multiple of B, the case where the prefix's last token
+closes a whole block (at a natural length a change at the very end falls in the partial
+tail block, which is never cached anyway). `join_rates` then
 counts, over many prefixes and with /tokenize alone, how often each join changes the
 prefix's last tokens and by how many: the odds that it costs a block.
 
     python -m prefix_sidecar_tools.vllm.boundary --url http://127.0.0.1:PORT
 
-(the URL of a pod of `prefix-sidecar vllm-fleet`).
+(the URL of a pod of `prefix-sidecar vllm-fleet`). Columns: `prefix` and `kept` are token
+counts of the prefix and of the prefix without its trailing whitespace; `shared` the
+leading tokens the prewarm's prompt and the query's share; `floor` and `kept` (the second)
+their whole blocks; `lost` the blocks short of `floor`; `short` the blocks short of `kept`,
+which a better prewarm could have saved. What was found is in docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -55,37 +64,63 @@ NATURAL_WORDS = 1800
 SOURCE_WORDS = 2600  # a block-aligned cut is searched from 1,800 tokens up
 
 
+# How a case prewarms its prefix: with the text as registered (what the sidecar sends), or
+# with its trailing whitespace stripped (the candidate fix of issue 28, measured here).
+WARMS = ("text", "stripped")
+
+
+def warm_text(prefix: str, warm: str) -> str:
+    return prefix.rstrip() if warm == "stripped" else prefix
+
+
 @dataclass(frozen=True)
 class JoinCase:
     """One prewarm + query pair, as the pod reported it."""
 
     join: str
     aligned: bool  # the prefix's token count is a multiple of the block size
+    warm: str  # one of WARMS
     prefix_tokens: int
+    # the prefix without its trailing whitespace: tokens that every query starting with
+    # whitespace shares, whatever its first word (the whitespace may merge into that word)
+    kept_tokens: int
     block_size: int
-    shared_tokens: int  # leading tokens the prefix alone and prefix + query have in common
+    shared_tokens: int  # leading tokens the prewarm's prompt and prefix + query share
     cached: int  # cached_tokens of the query, from the pod's usage
 
     @property
     def whole_blocks(self) -> int:
-        """floor(prefix tokens / block size) x block size: what the join should keep."""
+        """floor(prefix tokens / block size) x block size: the prefix's whole blocks."""
         return whole_blocks(self.prefix_tokens, self.block_size)
 
     @property
+    def kept_blocks(self) -> int:
+        """The whole blocks of the prefix without its trailing whitespace: what no prewarm
+        of text can fail to serve, and all it can promise when the query is unknown."""
+        return whole_blocks(self.kept_tokens, self.block_size)
+
+    @property
     def blocks_lost(self) -> int:
+        """Blocks short of the prefix's whole blocks."""
         return (self.whole_blocks - self.cached) // self.block_size
+
+    @property
+    def blocks_short(self) -> int:
+        """Blocks short of `kept_blocks`: what the join costs that a prewarm could save."""
+        return max(0, self.kept_blocks - self.cached) // self.block_size
 
     def row(self) -> str:
         return (
-            f"{self.join:<20} {'yes' if self.aligned else 'no':<8}{self.prefix_tokens:>7} "
-            f"{self.prefix_tokens % self.block_size:>6} {self.shared_tokens:>7} "
-            f"{self.whole_blocks:>7} {self.cached:>7} {self.blocks_lost:>5}"
+            f"{self.join:<20} {'yes' if self.aligned else 'no':<8}{self.warm:<9}"
+            f"{self.prefix_tokens:>7} {self.kept_tokens:>5} {self.shared_tokens:>7} "
+            f"{self.whole_blocks:>6} {self.kept_blocks:>5} {self.cached:>7} "
+            f"{self.blocks_lost:>5} {self.blocks_short:>6}"
         )
 
 
 HEADER = (
-    f"{'join (prefix | query)':<20} {'aligned':<8}{'prefix':>7} {'P%B':>6} {'shared':>7} "
-    f"{'floor':>7} {'cached':>7} {'lost':>5}"
+    f"{'join (prefix | query)':<20} {'aligned':<8}{'prewarm':<9}{'prefix':>7} {'kept':>5} "
+    f"{'shared':>7} {'floor':>6} {'kept':>5} {'cached':>7} {'lost':>5} {'short':>6}"
 )
 
 
@@ -119,18 +154,23 @@ class Pod:
                 return low
         return None
 
-    async def measure(self, join: str, prefix: str, query: str, aligned: bool) -> JoinCase:
+    async def measure(
+        self, join: str, prefix: str, query: str, aligned: bool, warm: str
+    ) -> JoinCase:
         block = (await cache_counters(self.session, self.url)).block_size
-        alone = await tokenize(self.session, self.url, self.model, prefix)
+        warmed = warm_text(prefix, warm)
+        warmed_ids = await tokenize(self.session, self.url, self.model, warmed)
         joined = await tokenize(self.session, self.url, self.model, prefix + query)
-        await complete(self.session, self.url, self.model, prefix)  # the prewarm
+        await complete(self.session, self.url, self.model, warmed)  # the prewarm
         answer = await complete(self.session, self.url, self.model, prefix + query)
         return JoinCase(
             join=join,
             aligned=aligned,
-            prefix_tokens=len(alone),
+            warm=warm,
+            prefix_tokens=await self.count(prefix),
+            kept_tokens=await self.count(prefix.rstrip()),
             block_size=block,
-            shared_tokens=common_length(alone, joined),
+            shared_tokens=common_length(warmed_ids, joined),
             cached=cached_tokens(answer["usage"]),
         )
 
@@ -138,21 +178,23 @@ class Pod:
 async def measure_joins(
     session: aiohttp.ClientSession, url: str, model: str = SERVED_MODEL, key: str = "boundary"
 ) -> list[JoinCase]:
-    """Every join of JOINS at a natural prefix length and at a block-aligned one. Each case
-    has its own text (`key`, the join and the length in the document key), so no case hits
-    another's cache; pass a new `key` to measure again on the same pod."""
+    """Every join of JOINS at a natural prefix length and at a block-aligned one, each
+    prewarmed both ways of WARMS. Each case has its own text (`key`, the join, the length
+    and the prewarm in the document key), so no case hits another's cache; pass a new `key`
+    to measure again on the same pod."""
     pod = Pod(session, url, model)
     block = (await cache_counters(session, url)).block_size
     cases: list[JoinCase] = []
     for number, (join, (ending, query)) in enumerate(JOINS.items()):
-        words = document(f"{key}-{number}-natural", NATURAL_WORDS).split(" ")
-        natural = prefix_of(words, len(words), ending)
-        cases.append(await pod.measure(join, natural, query, aligned=False))
-        words = document(f"{key}-{number}-aligned", SOURCE_WORDS).split(" ")
-        cut = await pod.aligned_words(words, ending, block, at_least=NATURAL_WORDS)
-        if cut is not None:
-            aligned = prefix_of(words, cut, ending)
-            cases.append(await pod.measure(join, aligned, query, aligned=True))
+        for warm in WARMS:
+            words = document(f"{key}-{number}-{warm}-natural", NATURAL_WORDS).split(" ")
+            natural = prefix_of(words, len(words), ending)
+            cases.append(await pod.measure(join, natural, query, aligned=False, warm=warm))
+            words = document(f"{key}-{number}-{warm}-aligned", SOURCE_WORDS).split(" ")
+            cut = await pod.aligned_words(words, ending, block, at_least=NATURAL_WORDS)
+            if cut is not None:
+                aligned = prefix_of(words, cut, ending)
+                cases.append(await pod.measure(join, aligned, query, aligned=True, warm=warm))
     return cases
 
 

@@ -8,6 +8,8 @@ API (used by tests/vllm and `prefix-sidecar vllm-fleet`):
         fleet.urls                              # ["http://127.0.0.1:PORT", ...]
         fleet.model                             # the served model name
         fleet.pods[0].log_text()                # the pod's own log
+        await fleet.kill(0)                     # SIGKILL to its process group, as a crash
+        await fleet.restart(0)                  # same port and flags, until /health is 200
 
 vLLM lives in a venv of its own (`make vllm-venv`), as in production, so its pins never
 touch ours: a pod is `.venv-vllm/bin/python -m vllm.entrypoints.openai.api_server`
@@ -19,16 +21,22 @@ Each pod is pinned to one core (`VLLM_CPU_OMP_THREADS_BIND`; by default every po
 core 0) and keeps its temp files, caches and config under the run's scratch folder (else
 each start leaves ZMQ sockets in /tmp and a compile cache in the home directory). A pod is
 its own process group: the API server forks EngineCore and its worker, and `stop()` ends
-the whole group.
+the whole group. `kill(i)` SIGKILLs that group, as a crash or an OOM kill would (no
+graceful shutdown, connections reset), and `restart(i)` brings the pod back on its port with
+its flags, its core and its scratch folder, so a router that knew the pod sees the same
+member come back (cold: vLLM's prefix cache lives in the killed process).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,7 +44,7 @@ import aiohttp
 
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar_tools import REPO_ROOT
-from prefix_sidecar_tools.harness import free_port, spawn, terminate_group
+from prefix_sidecar_tools.harness import free_port, group_running, spawn, terminate_group
 from prefix_sidecar_tools.pod_ready import poll_until_ready
 from prefix_sidecar_tools.vllm import tiny_model
 
@@ -48,6 +56,9 @@ SERVED_MODEL = "tiny-llama"
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_MODEL_LEN = 32768
 DEFAULT_BLOCK_SIZE = 128  # vLLM's default; on CPU a multiple of 32
+# Seconds a pod may take to answer /health: 20-160 s were seen on two cores, and more than
+# 240 s while other jobs kept the machine's load near 30.
+STARTUP_TIMEOUT_S = 420.0
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # vLLM puts ZMQ ipc sockets in TMPDIR, named by a 36-character uuid; a unix socket path has
 # at most 107 bytes (sun_path), so a pod's TMPDIR may not be longer than this.
@@ -152,6 +163,22 @@ class VllmPod:
             return None
         return await terminate_group(self.process, grace)
 
+    async def kill(self, timeout: float = 10.0) -> int:
+        """SIGKILL the pod's whole process group, as a crash would; returns once no process
+        of the group runs (EngineCore and its worker die with the server, not after it)."""
+        process = self.process
+        if process is None:
+            raise RuntimeError(f"the pod at {self.url} was never started")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        code = await asyncio.wait_for(process.wait(), timeout)
+        deadline = time.monotonic() + timeout
+        while group_running(process.pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the pod at {self.url} outlived SIGKILL for {timeout} s")
+            await asyncio.sleep(0.05)
+        return code
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text("utf-8", errors="replace")
@@ -179,7 +206,7 @@ class VllmFleet(AsyncService):
         block_size: int = DEFAULT_BLOCK_SIZE,
         cores: Sequence[int] | None = None,
         scratch: Path | None = None,
-        startup_timeout: float = 240.0,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
         extra_args: Sequence[str] = (),
     ) -> None:
         if n < 1:
@@ -225,11 +252,27 @@ class VllmFleet(AsyncService):
             pod = VllmPod(port, core, self.scratch / f"p{index}")  # short: see MAX_TMPDIR_CHARS
             self.pods.append(pod)
             await pod.start(self.server_argv(port))
+        await self._wait_ready(self.pods)
+
+    async def _wait_ready(self, pods: Sequence[VllmPod]) -> None:
         timeout = aiohttp.ClientTimeout(total=2)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            await asyncio.gather(
-                *(pod.wait_ready(session, self.startup_timeout) for pod in self.pods)
-            )
+            await asyncio.gather(*(pod.wait_ready(session, self.startup_timeout) for pod in pods))
+
+    async def kill(self, index: int) -> int:
+        """Pod `index` dies as in a crash (SIGKILL to its process group); its exit code."""
+        return await self.pods[index].kill()
+
+    async def restart(self, index: int) -> float:
+        """Start pod `index` again, killed or stopped, on the same port with the same flags
+        and core; returns once its /health answers 200, with the seconds that took. A pod
+        still running is stopped first."""
+        pod = self.pods[index]
+        if pod.process is not None and pod.process.returncode is None:
+            await pod.stop()
+        await pod.start(self.server_argv(pod.port))
+        await self._wait_ready([pod])
+        return pod.ready_s
 
     async def stop(self) -> None:
         await asyncio.gather(*(pod.stop() for pod in self.pods), return_exceptions=True)
