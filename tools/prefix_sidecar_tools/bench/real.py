@@ -117,6 +117,13 @@ def _vllm_flags(group: argparse._ArgumentGroup) -> None:
         "or POST /reset_prefix_cache (vLLM's dev mode, seconds)",
     )
     group.add_argument("--timeout", type=float, default=60.0, help="first-token timeout, s")
+    group.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a pod may take to answer /health (28-85 s on a quiet 2-core box, "
+        "over 240 s on a busy one)",
+    )
     group.add_argument("--seed", type=int, default=0)
 
 

@@ -94,20 +94,24 @@ def summarize(
     return row
 
 
-def per_request(results: Sequence[Result], urls: Sequence[str]) -> list[list[Any]]:
-    """[seq, pod index (-1: not known to the client), prompt tokens, cached tokens, TTFT ms,
-    error] per request: why a system missed, request by request."""
+def per_request(
+    results: Sequence[Result], owners: Sequence[int], urls: Sequence[str]
+) -> list[list[Any]]:
+    """[seq, prefix (or tenant/template: the request's owner), pod index (-1: not known to
+    the client), prompt tokens, cached tokens, TTFT ms, error] per request: why a system
+    missed, request by request."""
     index = {url: i for i, url in enumerate(urls)}
     return [
         [
             r.seq,
+            owner,
             index.get(r.backend.rstrip("/"), -1),
             r.prompt_tokens,
             r.cached_tokens,
             round(r.ttft_s * 1e3, 1) if r.ok else None,
             r.error,
         ]
-        for r in results
+        for r, owner in zip(results, owners, strict=True)
     ]
 
 

@@ -134,6 +134,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             max_model_len=max_model_len,
             block_size=block,
             scratch=Path(scratch) / "f",
+            startup_timeout=args.startup_timeout,
         )
         timeout = aiohttp.ClientTimeout(total=args.timeout * 2)
         async with fleet, aiohttp.ClientSession(timeout=timeout) as session:
@@ -170,7 +171,9 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                     )
                     results, row = await run_system(name, setup, trace, scale)
                     rows[name] = row
-                    report["requests"][f"{workload}/{name}"] = per_request(results, fleet.urls)
+                    report["requests"][f"{workload}/{name}"] = per_request(
+                        results, [r.owner for r in trace.requests], fleet.urls
+                    )
                     progress(
                         f"{workload} {name}: hit {row['hit_rate']:.3f}, TTFT p99 "
                         f"{row['ttft_p99_ms']:.0f} ms, {row['errors']} errors, "
