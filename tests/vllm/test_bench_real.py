@@ -11,7 +11,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from prefix_sidecar_tools.harness import child_env, python_command, spawn, terminate
+from prefix_sidecar_tools.vllm.fleet import VENV_ENV, vllm_python
 from prefix_sidecar_tools.vllm.sglang import sglang_router_available
 from tests.vllm.conftest import VLLM_TESTS, processes_within
 
@@ -30,6 +33,8 @@ def expected_systems() -> list[str]:
     )
 
 
+# ~3 min on a quiet 2-core box (two pod starts of 30-80 s, then 8 short runs); more under load
+@pytest.mark.timeout(480)
 async def test_a_tiny_bench_writes_vllms_own_figures_per_system(tmp_path: Path) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="br-"))  # short: vLLM's ipc sockets live under it
     report_path = tmp_path / "real.json"
@@ -40,7 +45,9 @@ async def test_a_tiny_bench_writes_vllms_own_figures_per_system(tmp_path: Path) 
         "--organic-duration", "2", "--organic-rate", "2", "--cold", "reset",
         "--json", str(report_path),
     )  # fmt: skip
-    process = await spawn(argv, env=child_env(clean=True, TMPDIR=str(scratch)))
+    # clean: no PREFIX_SIDECAR_* setting of ours leaks in, but the vLLM venv found here
+    env = child_env(clean=True, TMPDIR=str(scratch), **{VENV_ENV: str(vllm_python())})
+    process = await spawn(argv, env=env)
     try:
         assert await process.wait() == 0
     finally:

@@ -21,8 +21,9 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -49,6 +50,8 @@ class Setup:
     max_tokens: int
     first_token_timeout_s: float
     log_dir: Path
+    # What a system reports beside its requests (the sidecar: where each prewarm went).
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 SystemFactory = Callable[[Setup], AbstractAsyncContextManager[Sender]]
@@ -99,12 +102,14 @@ async def sglang(setup: Setup) -> AsyncIterator[Sender]:
         yield _poster(setup, lambda request: router.url)
 
 
-async def register_prewarmed(target: str, prefixes: Sequence[Prefix]) -> None:
+async def register_prewarmed(target: str, prefixes: Sequence[Prefix]) -> list[list[Any]]:
     """Register every prefix with prewarm on the sidecar at `target`; any pod that did not
-    warm is an error (the bench would measure a cold start as routing)."""
+    warm is an error (the bench would measure a cold start as routing). Returns, per warmed
+    pod, [prefix index, pod url, prompt tokens, cached tokens, ms] as the sidecar saw it."""
+    warmed: list[list[Any]] = []
     async with grpc.aio.insecure_channel(target) as channel:
         stub = router_pb2_grpc.RouterStub(channel)
-        for prefix in prefixes:
+        for index, prefix in enumerate(prefixes):
             reply = await stub.RegisterPrefix(
                 router_pb2.RegisterPrefixRequest(name=prefix.name, text=prefix.text, prewarm=True),
                 timeout=PREWARM_TIMEOUT_S,
@@ -112,6 +117,11 @@ async def register_prewarmed(target: str, prefixes: Sequence[Prefix]) -> None:
             cold = [e for e in reply.prewarm if e.state != router_pb2.PrewarmEvent.WARMED]
             if cold:
                 raise RuntimeError(f"prewarm of {prefix.name} failed: {cold}")
+            warmed += [
+                [index, e.backend, e.prompt_tokens, e.cached_tokens, round(e.elapsed_ms, 1)]
+                for e in reply.prewarm
+            ]
+    return warmed
 
 
 @contextlib.asynccontextmanager
@@ -131,7 +141,7 @@ async def sidecar(setup: Setup) -> AsyncIterator[Sender]:
     )
     try:
         async with process:
-            await register_prewarmed(process.target, setup.prefixes)
+            setup.notes["prewarm"] = await register_prewarmed(process.target, setup.prefixes)
             front = f"http://127.0.0.1:{port}"
             yield _poster(setup, lambda request: front)
     finally:

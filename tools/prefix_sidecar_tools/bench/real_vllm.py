@@ -101,7 +101,8 @@ async def run_system(
     found = None
     if setup.prefixes:
         found = ceiling(trace, results, setup.prefixes, setup.fleet.block_size)
-    return results, summarize(results, before, after, elapsed, found)
+    row = summarize(results, before, after, elapsed, found)
+    return results, {**row, **setup.notes}
 
 
 async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
