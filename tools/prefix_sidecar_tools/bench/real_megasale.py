@@ -141,7 +141,9 @@ def ceiling(
 
 def kv_tokens_for(sizes: Sequence[int], share: float, block_size: int) -> int:
     """A pod's KV budget from the prefixes' target sizes: `share` of all their tokens (so
-    they cannot all fit in one pod when share < 1), never less than the largest plus two
-    blocks. Targets, not /tokenize counts: the pods need the budget before they start."""
-    wanted = max(round(sum(sizes) * share), max(sizes) + 2 * block_size)
+    they cannot all fit in one pod when share < 1), never less than the largest plus four
+    blocks (vLLM wants a whole max_model_len sequence to fit, with blocks to spare, and the
+    largest prompt is its prefix, a query and a few tokens of sizing error). Targets, not
+    /tokenize counts: the pods need the budget before they start."""
+    wanted = max(round(sum(sizes) * share), max(sizes) + 4 * block_size)
     return -(-wanted // block_size) * block_size
