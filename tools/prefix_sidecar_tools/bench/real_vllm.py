@@ -145,6 +145,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             report: dict[str, Any] = {
                 "fleet": {
                     "pods": args.pods,
+                    "urls": fleet.urls,  # a per-request row's pod index is into this list
                     "kv_tokens": kv_tokens,
                     "block_size": block,
                     "max_model_len": max_model_len,
