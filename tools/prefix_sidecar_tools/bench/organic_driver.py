@@ -152,13 +152,19 @@ def grpc_sender(
     return send
 
 
-def http_body(request: OrganicRequest, chat: bool, max_tokens: int) -> dict[str, Any]:
+def http_body(
+    request: OrganicRequest, chat: bool, max_tokens: int, model: str = ""
+) -> dict[str, Any]:
+    """The streamed body of one request; `model` named only when given (a pod or the
+    sidecar takes its default, SGLang's router requires it)."""
     body: dict[str, Any] = {
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if model:
+        body["model"] = model
     if chat:
         body["messages"] = request.message_dicts()
     else:
@@ -175,6 +181,7 @@ async def post_streamed(
     chat: bool,
     max_tokens: int,
     first_token_timeout_s: float,
+    model: str = "",
 ) -> None:
     """POST one streamed completion; fills ttft, usage and the backend (header or url)."""
     path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -182,7 +189,7 @@ async def post_streamed(
     try:
         async with asyncio.timeout(first_token_timeout_s) as deadline:
             response = await session.post(
-                base_url + path, json=http_body(request, chat, max_tokens)
+                base_url + path, json=http_body(request, chat, max_tokens, model)
             )
             try:
                 result.backend = response.headers.get(BACKEND_HEADER, base_url)

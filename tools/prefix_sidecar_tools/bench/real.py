@@ -1,315 +1,176 @@
-"""`prefix-sidecar bench real`: TTFT on real llama.cpp pods, by routing policy.
+"""`prefix-sidecar bench real`: the sidecar against other routers on real engine pods.
 
-Generates the tiny GGUF, probes one pod (a cold ~2,000-token prompt, the same prefix with
-a new suffix and, with --cache-states, a prefix restored from the RAM cache), then starts
-one fleet and runs the same workload once per routing, one request at a time, restarting
-the pods between routings (same URLs, every cache cold):
+  --engine llamacpp (the default)  llama.cpp pods (llama-cpp-python, a generated GGUF): one
+      request at a time, round-robin vs affinity vs the sidecar; TTFT and the prompt tokens
+      the pods' logs say they reused (prefix_sidecar_tools.bench.real_llamacpp)
+  --engine vllm  real vLLM pods (the vLLM venv of `make vllm-venv`, the tiny model): the
+      sidecar (a `prefix-sidecar serve` process, prefixes registered and prewarmed, requests
+      through its HTTP front) vs round-robin and least-loaded straight to the pods vs SGLang's
+      router with --policy cache_aware (`pip install sglang-router`), on two workloads:
+      registered mega-sale prefixes (4k-16k tokens, Poisson, Zipf; pods' KV too small for
+      all of them) and `bench organic`'s trace. The pods are made cold between systems. Per
+      system: hit rate from vLLM's own counters and from each answer's cached_tokens, the
+      whole-block ceiling, TTFT p50/p99 (streamed, first chunk), requests per pod, errors,
+      yuan per day by docs/mission.md's model (prefix_sidecar_tools.bench.real_vllm)
 
-  round-robin  straight to pod seq mod N
-  affinity     straight to pod (prefix index mod N): the oracle placement, no sidecar
-  sidecar      a real Sidecar in front of the pods (health path /v1/models): each prefix
-               registered with prewarm, each request a Complete RPC (prefix id + suffix),
-               TTFT timed at the gRPC client, the pod read from the first chunk
+    prefix-sidecar bench real --engine vllm --pods 4 --json real-vllm.json
 
-For each it prints TTFT p50/p99, the prompt tokens the pods evaluated and reused (whole
-pod logs, the sidecar's prewarm included), the hit rate reused/(evaluated+reused), and
-docs/mission.md's cost per day at that hit rate (`prefix_sidecar_tools.cost.daily_cost`).
-
-Placement (--placement): a llama.cpp pod keeps one prompt's KV, so by default the
-prefix texts are chosen to have distinct home pods under the routing contract
-("distinct", needs --prefixes <= --pods); "hashed" takes the first texts as they hash,
-where two prefixes may share a pod (give --cache-states to hold both).
-
-Hook: ROUTES maps a name to a RouteFactory(fleet, requests, max_tokens), an async context
-manager that yields a SendFn(request, seq) -> Served (see prefix_sidecar_tools.realengine.workload).
+Latency is only meaningful with one pod per core (--pods 2 on a 2-core machine): two busy
+pods on one core freeze each other for seconds. Hit rates and placement need more pods.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
 
-import aiohttp
+from prefix_sidecar_tools.bench.argtypes import positive
+from prefix_sidecar_tools.report import add_command, progress_printer
 
-from prefix_sidecar_tools.cost import CostParams, daily_cost
-from prefix_sidecar_tools.realengine.gguf_model import ModelShape, write_model
-from prefix_sidecar_tools.realengine.pods import (
-    LlamaFleet,
-    PromptEval,
-    llama_cpp_available,
-    state_bytes,
-)
-from prefix_sidecar_tools.realengine.workload import (
-    Request,
-    Result,
-    RouteFn,
-    SendFn,
-    affinity,
-    build_requests,
-    direct,
-    prefix_text,
-    round_robin,
-    run_workload,
-    stream_completion,
-    suffix_text,
-    summarize,
-)
-from prefix_sidecar_tools.report import add_command
-
-RouteFactory = Callable[[LlamaFleet, Sequence[Request], int], AbstractAsyncContextManager[SendFn]]
-
-
-def _direct(make: Callable[[list[str]], RouteFn]) -> RouteFactory:
-    @contextlib.asynccontextmanager
-    async def factory(
-        fleet: LlamaFleet, requests: Sequence[Request], max_tokens: int
-    ) -> AsyncIterator[SendFn]:
-        timeout = aiohttp.ClientTimeout(total=60)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            yield direct(make(fleet.urls), session, max_tokens)
-
-    return factory
-
-
-@contextlib.asynccontextmanager
-async def _via_sidecar(
-    fleet: LlamaFleet, requests: Sequence[Request], max_tokens: int
-) -> AsyncIterator[SendFn]:
-    from prefix_sidecar_tools.realengine.via_sidecar import (
-        ViaSidecar,  # grpc and the server: only here
-    )
-
-    async with ViaSidecar(fleet, workload_prefixes(requests), max_tokens=max_tokens) as via:
-        yield via.send
-
-
-ROUTES: dict[str, RouteFactory] = {
-    "round-robin": _direct(round_robin),
-    "affinity": _direct(affinity),
-    "sidecar": _via_sidecar,
-}
-PLACEMENTS = ("distinct", "hashed")
-
-
-def home_counts(urls: Sequence[str], texts: Sequence[str]) -> list[int]:
-    """How many of the prefixes each pod is home for (routing contract v1), most first."""
-    from prefix_sidecar_tools.realengine.via_sidecar import contract_homes
-
-    owners = [home[0] for home in contract_homes(urls, texts)]
-    return sorted((owners.count(url) for url in urls), reverse=True)
-
-
-def workload_prefixes(requests: Sequence[Request]) -> list[str]:
-    """The text of each workload prefix, by index (Request.prefix_id)."""
-    texts: dict[int, str] = {}
-    for request in requests:
-        texts.setdefault(request.prefix_id, request.prefix)
-    return [texts[i] for i in sorted(texts)]
-
-
-SUMMARY = "TTFT on real llama.cpp pods: round-robin vs affinity vs the sidecar"
+ENGINES = ("llamacpp", "vllm")
+SUMMARY = "real engine pods (llama.cpp, vLLM): the sidecar vs round-robin, least-loaded, SGLang"
+# Flags both engines have, whose defaults differ: {flag: (llama.cpp, vLLM)}.
+SHARED_DEFAULTS = {"pods": (4, 4), "prefixes": (4, 8), "max_tokens": (4, 4)}
 
 
 def register_real(bench_subparsers: argparse._SubParsersAction) -> None:
+    from prefix_sidecar_tools.bench.real_llamacpp import PLACEMENTS, ROUTES
+
     parser = add_command(bench_subparsers, "real", SUMMARY, __doc__)
-    parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument("--prefixes", type=int, default=4, help="distinct shared prefixes")
-    parser.add_argument("--rounds", type=int, default=25, help="requests per prefix")
-    parser.add_argument("--prefix-words", type=int, default=2000, help="~tokens per prefix")
-    parser.add_argument("--suffix-words", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=4)
-    parser.add_argument(
+    parser.add_argument("--engine", choices=ENGINES, default="llamacpp")
+    parser.add_argument("--pods", type=int, help="pods in the fleet (4)")
+    parser.add_argument("--prefixes", type=int, help="distinct prefixes (llama.cpp 4, vLLM 8)")
+    parser.add_argument("--max-tokens", type=int, help="tokens per answer (4)")
+    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    llama = parser.add_argument_group("--engine llamacpp")
+    llama.add_argument("--rounds", type=int, default=25, help="requests per prefix")
+    llama.add_argument("--prefix-words", type=int, default=2000, help="~tokens per prefix")
+    llama.add_argument("--suffix-words", type=int, default=16)
+    llama.add_argument(
         "--cache-states",
         type=int,
         default=0,
         help="give each pod a RAM prompt cache of this many saved request states, an LRU "
         "keyed by prompt (0: a pod keeps only the KV of its last prompt)",
     )
-    parser.add_argument(
+    llama.add_argument(
         "--placement",
         choices=PLACEMENTS,
         default="distinct",
         help="distinct: prefix texts with different home pods (needs --prefixes <= --pods); "
         "hashed: the first texts, wherever they hash",
     )
-    parser.add_argument(
+    llama.add_argument(
         "--routes",
         default=",".join(ROUTES),
         help=f"comma-separated routings to compare (known: {', '.join(ROUTES)})",
     )
-    parser.add_argument("--model", type=Path, help="GGUF to serve (default: generate one)")
-    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    llama.add_argument("--model", type=Path, help="GGUF to serve (default: generate one)")
+    _vllm_flags(parser.add_argument_group("--engine vllm"))
     parser.set_defaults(func=run)
+
+
+def _vllm_flags(group: argparse._ArgumentGroup) -> None:
+    from prefix_sidecar_tools.bench.real_systems import SYSTEMS, default_systems
+    from prefix_sidecar_tools.bench.real_vllm import COLD, WORKLOADS
+
+    group.add_argument(
+        "--systems",
+        default=",".join(default_systems()),
+        help=f"comma-separated systems (known: {', '.join(SYSTEMS)}; sglang when installed)",
+    )
+    group.add_argument("--workloads", default=",".join(WORKLOADS), help="registered,organic")
+    group.add_argument(
+        "--requests", type=positive(int, "--requests"), default=120, help="mega-sale requests"
+    )
+    group.add_argument(
+        "--rate", type=positive(float, "--rate"), default=3.0, help="mega-sale requests/s, Poisson"
+    )
+    group.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent over prefixes")
+    group.add_argument(
+        "--min-prefix-tokens", type=positive(int, "--min-prefix-tokens"), default=4096
+    )
+    group.add_argument(
+        "--max-prefix-tokens", type=positive(int, "--max-prefix-tokens"), default=16384
+    )
+    group.add_argument(
+        "--kv-share",
+        type=float,
+        default=0.6,
+        help="each pod's KV cache as a share of all the prefixes' tokens (0.6: below 1, so "
+        "they do not all fit in one pod)",
+    )
+    group.add_argument("--kv-tokens", type=int, default=0, help="each pod's KV, overrides")
+    group.add_argument(
+        "--organic-duration", type=float, default=20.0, help="seconds of organic arrivals"
+    )
+    group.add_argument(
+        "--organic-rate", type=float, default=4.0, help="organic flows started per second"
+    )
+    group.add_argument(
+        "--cold",
+        choices=COLD,
+        default="restart",
+        help="how the pods are made cold between systems: restart them (honest, ~30-80 s), "
+        "or POST /reset_prefix_cache (vLLM's dev mode, seconds)",
+    )
+    group.add_argument("--timeout", type=float, default=60.0, help="first-token timeout, s")
+    group.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a pod may take to answer /health (28-85 s on a quiet 2-core box, "
+        "over 240 s on a busy one)",
+    )
+    group.add_argument("--seed", type=int, default=0)
 
 
 register = register_real  # the name prefix_sidecar_tools/bench/cli.py looks for
 
 
 def run(args: argparse.Namespace) -> int:
-    if not llama_cpp_available():
-        print(
-            "error: llama-cpp-python[server] is not installed; see docs/real-engine.md",
-            file=sys.stderr,
-        )
+    index = ENGINES.index(args.engine)
+    for flag, defaults in SHARED_DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, defaults[index])
+    if args.engine == "llamacpp":
+        from prefix_sidecar_tools.bench.real_llamacpp import run_llamacpp
+
+        return run_llamacpp(args)
+    return run_vllm(args)
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from prefix_sidecar_tools.bench.real_report import render
+    from prefix_sidecar_tools.bench.real_systems import SYSTEMS
+    from prefix_sidecar_tools.bench.real_vllm import WORKLOADS, bench_vllm
+    from prefix_sidecar_tools.vllm.fleet import VllmUnavailable
+
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    unknown += [w for w in args.workloads if w not in WORKLOADS]
+    if unknown or not args.systems or not args.workloads:
+        print(f"error: unknown or no --systems/--workloads: {unknown}", file=sys.stderr)
         return 2
-    routes = [r.strip() for r in args.routes.split(",") if r.strip()]
-    unknown = [r for r in routes if r not in ROUTES]
-    if unknown:
-        print(f"error: unknown --routes {unknown}; known: {sorted(ROUTES)}", file=sys.stderr)
+    if args.pods < 1 or args.prefixes < 1 or args.kv_share <= 0:
+        print("error: need --pods >= 1, --prefixes >= 1, --kv-share > 0", file=sys.stderr)
         return 2
-    if args.placement == "distinct" and args.prefixes > args.pods:
-        print(
-            f"error: --placement distinct needs --prefixes <= --pods ({args.prefixes} > "
-            f"{args.pods}); use --placement hashed with --cache-states to share pods",
-            file=sys.stderr,
-        )
+    try:
+        report = asyncio.run(bench_vllm(args, progress_printer("bench real")))
+    except VllmUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    if min(args.pods, args.prefixes, args.rounds, args.prefix_words) < 1:
-        print(
-            "error: --pods, --prefixes, --rounds and --prefix-words must be >= 1", file=sys.stderr
-        )
-        return 2
-    if args.prefix_words + args.suffix_words + args.max_tokens + 16 > ModelShape().context:
-        print(
-            f"error: --prefix-words too large for the {ModelShape().context}-token context",
-            file=sys.stderr,
-        )
-        return 2
-    report = asyncio.run(_bench(args, routes))
+    except KeyboardInterrupt:
+        print("\nbench real: interrupted; everything started is stopped.", file=sys.stderr)
+        return 130
+    print(render(report))
     if args.json:
+        report["settings"] = {k: str(v) for k, v in report["settings"].items()}
         args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
     return 0
-
-
-async def _bench(args: argparse.Namespace, routes: list[str]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
-        model = args.model or write_model(Path(tmp) / "tiny.gguf")
-        cache_bytes = args.cache_states * state_bytes(args.prefix_words + 64)
-        report: dict[str, Any] = {
-            "settings": {k: str(v) for k, v in vars(args).items() if k != "func"}
-        }
-        async with LlamaFleet(model, n=1, cache_bytes=cache_bytes) as fleet:
-            report["probe"] = await _probe(fleet, args)
-        _print_probe(report["probe"])
-        report["routes"] = {}
-        async with LlamaFleet(model, n=args.pods, cache_bytes=cache_bytes) as fleet:
-            numbers = None
-            if args.placement == "distinct":
-                from prefix_sidecar_tools.realengine.via_sidecar import distinct_home_numbers
-
-                numbers = distinct_home_numbers(fleet.urls, args.prefixes, words=args.prefix_words)
-            requests = build_requests(
-                args.prefixes,
-                args.rounds,
-                prefix_words=args.prefix_words,
-                suffix_words=args.suffix_words,
-                prefix_numbers=numbers,
-            )
-            homes = home_counts(fleet.urls, workload_prefixes(requests))
-            report["prefixes_per_pod"] = homes
-            print(
-                f"\n{args.pods} pods, {args.prefixes} prefixes ({args.placement} placement, "
-                f"texts {numbers or list(range(args.prefixes))}; prefixes per pod by the "
-                f"routing contract {homes}), {len(requests)} requests per routing, cache "
-                f"states per pod {args.cache_states}"
-            )
-            for index, name in enumerate(routes):
-                if index:
-                    await fleet.restart()  # same URLs, cold caches, fresh logs
-                async with ROUTES[name](fleet, requests, args.max_tokens) as send:
-                    results = await run_workload(
-                        fleet, requests, send=send, max_tokens=args.max_tokens
-                    )
-                report["routes"][name] = route_report(results, fleet.prompt_evals())
-        _print_table(report["routes"])
-    return report
-
-
-def route_report(results: Sequence[Result], logs: dict[str, list[PromptEval]]) -> dict[str, Any]:
-    """TTFT from the client's side; tokens from the whole pod logs (prewarm included)."""
-    summary = summarize(results)
-    records = [record for pod in logs.values() for record in pod]
-    evaluated = sum(r.evaluated for r in records)
-    reused = sum(r.reused for r in records)
-    hit_rate = reused / (evaluated + reused) if evaluated + reused else 0.0
-    cost = daily_cost(CostParams(), hit_rate)
-    return {
-        "requests": summary.requests,
-        "p50_ttft_ms": summary.median_ttft_ms,
-        "p90_ttft_ms": summary.p90_ttft_ms,
-        "p99_ttft_ms": summary.p99_ttft_ms,
-        "pod_records": len(records),
-        "evaluated_tokens": evaluated,
-        "reused_tokens": reused,
-        "hit_rate": hit_rate,
-        "cost_raw_per_day": cost.raw,
-        "cost_per_day": cost.cached,
-        "saving_pct": cost.saving_pct,
-    }
-
-
-def _print_table(rows: dict[str, dict[str, Any]]) -> None:
-    params = CostParams()
-    print(
-        f"\ncost per day by docs/mission.md's model ({params.requests_per_day:,.0f} requests, "
-        f"{params.prefix_tokens:,.0f}-token prefix, {params.price_base:g}/"
-        f"{params.price_cache:g}/{params.price_out:g} yuan per M tokens) at the measured hit "
-        f"rate; without any cache {daily_cost(params, 0.0).raw:,.0f} yuan/day"
-    )
-    header = (
-        f"{'routing':<12} {'n':>4} {'TTFT p50':>9} {'TTFT p99':>9} {'evaluated':>10} "
-        f"{'reused':>8} {'hit rate':>8} {'yuan/day':>10} {'saved':>6}"
-    )
-    print(header)
-    print("-" * len(header))
-    for name, row in rows.items():
-        print(
-            f"{name:<12} {row['requests']:>4} {row['p50_ttft_ms']:>6.1f} ms "
-            f"{row['p99_ttft_ms']:>6.1f} ms {row['evaluated_tokens']:>10,} "
-            f"{row['reused_tokens']:>8,} {row['hit_rate']:>8.1%} "
-            f"{row['cost_per_day']:>10,.0f} {row['saving_pct']:>5.1f}%"
-        )
-    if "round-robin" in rows and "sidecar" in rows:
-        ratio = rows["round-robin"]["p50_ttft_ms"] / rows["sidecar"]["p50_ttft_ms"]
-        print(f"sidecar vs round-robin: TTFT p50 {ratio:.1f}x lower")
-
-
-async def _probe(fleet: LlamaFleet, args: argparse.Namespace) -> dict[str, Any]:
-    """One pod: cold prompt, warm prompt (same prefix, new suffix), RAM-cache restore."""
-    url, pod = fleet.urls[0], fleet.pods[0]
-    a, b = (prefix_text(900 + i, args.prefix_words) for i in range(2))
-    steps = [("cold", a + suffix_text(1)), ("warm", a + suffix_text(2))]
-    if fleet.cache_bytes:
-        steps += [("other prefix", b + suffix_text(3)), ("ram cache", a + suffix_text(4))]
-    out: dict[str, Any] = {}
-    async with aiohttp.ClientSession() as session:
-        for label, prompt in steps:
-            mark = pod.log_offset()
-            ttft, total, _ = await stream_completion(session, url, prompt, args.max_tokens)
-            evals = pod.prompt_evals(mark)
-            out[label] = {
-                "ttft_ms": ttft,
-                "total_ms": total,
-                "evaluated": evals[0].evaluated if evals else None,
-                "reused": evals[0].reused if evals else None,
-                "prompt_eval_ms": evals[0].prompt_eval_ms if evals else None,
-            }
-    return out
-
-
-def _print_probe(probe: dict[str, Any]) -> None:
-    print("one pod, streaming /v1/completions:")
-    for label, row in probe.items():
-        print(
-            f"  {label:<13} TTFT {row['ttft_ms']:7.1f} ms  total {row['total_ms']:7.1f} ms  "
-            f"evaluated {row['evaluated']:>5}  reused {row['reused']:>5}"
-        )

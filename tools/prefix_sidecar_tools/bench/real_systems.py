@@ -1,0 +1,161 @@
+"""The systems `bench real --engine vllm` compares, each an async context manager that
+yields a Sender (the organic bench's: fill a Result for one request) over one fleet:
+
+  sidecar      a real `prefix-sidecar serve` process; the workload's prefixes registered
+               with prewarm over gRPC, every request a streamed POST to its HTTP front,
+               which routes a prompt that starts with a registered prefix to its home
+  round-robin  straight to pod seq mod N
+  least-loaded straight to the pod with the fewest of this client's requests in flight
+  sglang       SGLang's router (`--policy cache_aware`), every request a POST to it
+
+Every system gets the same body (prompt, max_tokens, temperature 0, stream with
+include_usage), so TTFT is the first data chunk (completions stream a token in their
+first chunk) and the usage is vLLM's own, relayed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+
+from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
+from prefix_sidecar_tools.bench.organic_driver import Result, Sender, post_streamed
+from prefix_sidecar_tools.bench.organic_trace import OrganicRequest
+from prefix_sidecar_tools.bench.real_megasale import Prefix
+from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
+from prefix_sidecar_tools.vllm.fleet import VllmFleet
+from prefix_sidecar_tools.vllm.sglang import SglangRouter, sglang_router_available
+
+PREWARM_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every system is given: the fleet, the prefixes to register (none for organic
+    traffic), one client session, and the request's knobs."""
+
+    fleet: VllmFleet
+    prefixes: Sequence[Prefix]
+    session: aiohttp.ClientSession
+    max_tokens: int
+    first_token_timeout_s: float
+    log_dir: Path
+    # What a system reports beside its requests (the sidecar: where each prewarm went).
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+SystemFactory = Callable[[Setup], AbstractAsyncContextManager[Sender]]
+
+
+def _poster(setup: Setup, pick: Callable[[OrganicRequest], str]) -> Sender:
+    async def send(request: OrganicRequest, result: Result) -> None:
+        await post_streamed(
+            setup.session,
+            pick(request),
+            request,
+            result,
+            chat=False,
+            max_tokens=setup.max_tokens,
+            first_token_timeout_s=setup.first_token_timeout_s,
+            model=setup.fleet.model,
+        )
+
+    return send
+
+
+@contextlib.asynccontextmanager
+async def round_robin(setup: Setup) -> AsyncIterator[Sender]:
+    turns = itertools.cycle(setup.fleet.urls)
+    yield _poster(setup, lambda request: next(turns))
+
+
+@contextlib.asynccontextmanager
+async def least_loaded(setup: Setup) -> AsyncIterator[Sender]:
+    """Least connections as a client-side balancer does it: ties go to the lower index."""
+    urls = setup.fleet.urls
+    in_flight = dict.fromkeys(urls, 0)
+
+    async def send(request: OrganicRequest, result: Result) -> None:
+        url = min(urls, key=in_flight.__getitem__)
+        in_flight[url] += 1
+        try:
+            await _poster(setup, lambda _: url)(request, result)
+        finally:
+            in_flight[url] -= 1
+
+    yield send
+
+
+@contextlib.asynccontextmanager
+async def sglang(setup: Setup) -> AsyncIterator[Sender]:
+    async with SglangRouter(setup.fleet.urls, policy="cache_aware") as router:
+        yield _poster(setup, lambda request: router.url)
+
+
+async def register_prewarmed(target: str, prefixes: Sequence[Prefix]) -> list[list[Any]]:
+    """Register every prefix with prewarm on the sidecar at `target`; any pod that did not
+    warm is an error (the bench would measure a cold start as routing). Returns, per warmed
+    pod, [prefix index, pod url, prompt tokens, cached tokens, ms] as the sidecar saw it."""
+    warmed: list[list[Any]] = []
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        for index, prefix in enumerate(prefixes):
+            reply = await stub.RegisterPrefix(
+                router_pb2.RegisterPrefixRequest(name=prefix.name, text=prefix.text, prewarm=True),
+                timeout=PREWARM_TIMEOUT_S,
+            )
+            cold = [e for e in reply.prewarm if e.state != router_pb2.PrewarmEvent.WARMED]
+            if cold:
+                raise RuntimeError(f"prewarm of {prefix.name} failed: {cold}")
+            warmed += [
+                [index, e.backend, e.prompt_tokens, e.cached_tokens, round(e.elapsed_ms, 1)]
+                for e in reply.prewarm
+            ]
+    return warmed
+
+
+@contextlib.asynccontextmanager
+async def sidecar(setup: Setup) -> AsyncIterator[Sender]:
+    port = free_port()
+    socket_dir = tempfile.mkdtemp(prefix="sc-")  # short: sun_path is ~107 bytes
+    argv = [f"--backend={url}" for url in setup.fleet.urls]
+    argv += ["--openai-listen", f"127.0.0.1:{port}", "--set", f"model={setup.fleet.model}"]
+    argv += ["--set", "health_interval_s=0.5", "--set", "grace_s=1"]
+    process = SidecarProcess(
+        f"{socket_dir}/sidecar.sock",
+        argv,
+        log_path=str(setup.log_dir / f"sidecar-{port}.log"),
+        env=child_env(clean=True),
+        start_timeout=30.0,
+        backends_serving=len(setup.fleet.urls),
+    )
+    try:
+        async with process:
+            setup.notes["prewarm"] = await register_prewarmed(process.target, setup.prefixes)
+            front = f"http://127.0.0.1:{port}"
+            yield _poster(setup, lambda request: front)
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+SYSTEMS: dict[str, SystemFactory] = {
+    "sidecar": sidecar,
+    "round-robin": round_robin,
+    "least-loaded": least_loaded,
+    "sglang": sglang,
+}
+
+
+def default_systems() -> list[str]:
+    """Every system, SGLang's router only when `sglang-router` is installed."""
+    return [name for name in SYSTEMS if name != "sglang" or sglang_router_available()]
