@@ -293,7 +293,8 @@ class _Table:
         if n < 1:
             raise ValueError(f"n is {n}; ask for at least 1 member")
         walk = self._distinct(self._start(check_key(key)))
-        return [self.members[i] for i in islice(walk, n)]
+        # At most every member, as the extension (islice refuses n over sys.maxsize).
+        return [self.members[i] for i in islice(walk, min(n, len(self.members)))]
 
     def pick(
         self,
