@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from prefix_sidecar_tools.bench.argtypes import positive
+from prefix_sidecar_tools.bench.argtypes import positive_float, positive_int
 from prefix_sidecar_tools.report import add_command, progress_printer
 
 ENGINES = ("llamacpp", "vllm")
@@ -83,17 +83,17 @@ def _vllm_flags(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument("--workloads", default=",".join(WORKLOADS), help="registered,organic")
     group.add_argument(
-        "--requests", type=positive(int, "--requests"), default=120, help="mega-sale requests"
+        "--requests", type=positive_int, default=120, help="mega-sale requests"
     )
     group.add_argument(
-        "--rate", type=positive(float, "--rate"), default=3.0, help="mega-sale requests/s, Poisson"
+        "--rate", type=positive_float, default=3.0, help="mega-sale requests/s, Poisson"
     )
     group.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent over prefixes")
     group.add_argument(
-        "--min-prefix-tokens", type=positive(int, "--min-prefix-tokens"), default=4096
+        "--min-prefix-tokens", type=positive_int, default=4096
     )
     group.add_argument(
-        "--max-prefix-tokens", type=positive(int, "--max-prefix-tokens"), default=16384
+        "--max-prefix-tokens", type=positive_int, default=16384
     )
     group.add_argument(
         "--kv-share",
