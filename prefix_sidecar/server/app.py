@@ -45,7 +45,7 @@ from prefix_sidecar.server.grpc.handlers import SERVICE
 from prefix_sidecar.server.grpc.server import add_services, add_tcp_port, grpc_server
 from prefix_sidecar.server.grpc.servicer import RouterServicer
 from prefix_sidecar.server.openai.front import OpenAIFront
-from prefix_sidecar.server.warm_before_serve import JoinerWarmup
+from prefix_sidecar.server.warm_before_serve import JoinerWarmup, NewHomeWarmup
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import Relay, RelayPolicy
 from prefix_sidecar.upstream.tokenize import PrefixSizer
@@ -109,6 +109,12 @@ class Sidecar(AsyncService):
         self.joiners = JoinerWarmup(
             self.prewarmer, self.store, self.router, self.pool, self.metrics
         )
+        self.new_homes = NewHomeWarmup(
+            self.prewarmer, self.store, self.router, self.pool, self.metrics
+        )
+        # A pass runs as a task of its own, after every watcher (the router's placement too).
+        self.pool.watch(lambda _table: self.new_homes())
+        self.store.watch(self.new_homes)
         self.health: HealthMonitor | None = None
         self.poller: MetricsPoller | None = None
         self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
@@ -207,6 +213,7 @@ class Sidecar(AsyncService):
             self._set_members(first)
         self._tasks.append(asyncio.create_task(source.watch(self._set_members), name="membership"))
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+        self._tasks.append(asyncio.create_task(self.new_homes.run(), name="new-home-warmup"))
         self.sizer = PrefixSizer(
             self.store,
             self.client,
@@ -249,7 +256,7 @@ class Sidecar(AsyncService):
             stopping.append(asyncio.ensure_future(self.openai.stop(grace)))
         await self.health_servicer.enter_graceful_shutdown()
         await asyncio.gather(*stopping)
-        tasks = [*self._tasks, *self.joiners.take_tasks()]
+        tasks = [*self._tasks, *self.joiners.take_tasks(), *self.new_homes.take_tasks()]
         self._tasks.clear()
         for task in tasks:
             task.cancel()
@@ -310,6 +317,7 @@ class Sidecar(AsyncService):
         budget = int(kv_tokens * placement.HOME_KV_FRACTION) if kv_tokens else 0
         logger.info("home KV budget from the pods: %d tokens (pods' KV %s)", budget, kv_tokens)
         self.router.set_kv_budget(budget)
+        self.new_homes()
 
     def _table_changed(self, table: RoutingTable) -> None:
         if self.sizer is not None:

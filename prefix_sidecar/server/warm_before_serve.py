@@ -1,5 +1,6 @@
 """Warm before serve: a (re)joining pod is prewarmed with the prefixes it is home for, then
-admitted to the ring (config `warm_before_serve`).
+admitted to the ring (config `warm_before_serve`); and a warm prefix whose homes move is
+prewarmed on its new homes.
 
 One warm-up per pod: a pod that leaves and rejoins while it warms starts over, and the
 first warm-up is cancelled. A pod that cannot be warmed still serves, cold: losing capacity
@@ -12,13 +13,18 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.membership.pool import SERVING, BackendPool
 from prefix_sidecar.metrics import Metrics
-from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.prewarm import WARMED, Prewarmer
 from prefix_sidecar.routing.router import Router
 
 logger = logging.getLogger(__name__)
+
+# Seconds between NewHomeWarmup's own passes, besides those its triggers ask for: a home
+# that moved while the prefix's first prewarm ran is found by the next one. A pass reads
+# each registered prefix's home set once (~5 ms at max_prefixes 1,024).
+NEW_HOME_CHECK_S = 5.0
 
 
 @dataclass
@@ -59,3 +65,79 @@ class JoinerWarmup:
                     warmed.append(event.prefix_id)
         self._warming.pop(url, None)
         self.pool.mark_warm(url, warmed)
+
+
+@dataclass
+class NewHomeWarmup:
+    """Keeps a warm prefix warm on its homes when the placement moves them.
+
+    The placement changes after registration: the pods report their KV size (vLLM's
+    cache_config_info, read by the first /metrics polls), a pod counts the prefix's tokens,
+    a pod leaves. A prefix prewarmed on its first homes then routes to a pod that never saw
+    it: on a 2-pod vLLM fleet 3 of 8 registered prefixes were, each first request a cold
+    5k-16k-token prefill (`prefix-sidecar bench real --engine vllm`). Called after each
+    such change, this prewarms every prefix already warm somewhere on each serving home
+    that lacks it; joining pods are JoinerWarmup's. One pass at a time; a change during a
+    pass asks for another, and `run` makes one every NEW_HOME_CHECK_S.
+    """
+
+    prewarmer: Prewarmer
+    store: PrefixStore
+    router: Router
+    pool: BackendPool
+    metrics: Metrics
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _again: bool = field(default=False, init=False)
+
+    def __call__(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # a pool changed outside a running sidecar (a test): nothing to warm
+        self._task = loop.create_task(self._warm_new_homes())
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(NEW_HOME_CHECK_S)
+            self()
+
+    def take_tasks(self) -> list[asyncio.Task[None]]:
+        """The pass still running, handed to the caller to cancel and await."""
+        task, self._task = self._task, None
+        return [task] if task is not None and not task.done() else []
+
+    def missing(self) -> list[tuple[PrefixEntry, str]]:
+        """(prefix, pod) pairs to warm: the prefix is warm on some pod, the pod is one of its
+        homes, serving, and not warm with it."""
+        backends = self.pool.backends
+        warm_anywhere: set[str] = set().union(*(b.warm_prefixes for b in backends.values()))
+        pairs = []
+        for entry in self.store:
+            if entry.id not in warm_anywhere:
+                continue  # never prewarmed (or not yet): its registration's prewarm decides
+            for url in self.router.home_set(entry):
+                backend = backends.get(url)
+                if (
+                    backend is not None
+                    and backend.state == SERVING
+                    and entry.id not in backend.warm_prefixes
+                ):
+                    pairs.append((entry, url))
+        return pairs
+
+    async def _warm_new_homes(self) -> None:
+        while True:
+            self._again = False
+            pairs = self.missing()
+            if pairs:
+                logger.info("placement moved: warming %d prefix home(s)", len(pairs))
+                for event in await self.prewarmer.warm_all(pairs):
+                    state = event.state.lower()
+                    self.metrics.child(self.metrics.prewarm, event.backend, state).inc()
+                    if event.state == WARMED and self.store.has_id(event.prefix_id):
+                        self.pool.note_warm_prefix(event.backend, event.prefix_id)
+            if not self._again:
+                return
