@@ -82,19 +82,13 @@ def _vllm_flags(group: argparse._ArgumentGroup) -> None:
         help=f"comma-separated systems (known: {', '.join(SYSTEMS)}; sglang when installed)",
     )
     group.add_argument("--workloads", default=",".join(WORKLOADS), help="registered,organic")
-    group.add_argument(
-        "--requests", type=positive_int, default=120, help="mega-sale requests"
-    )
+    group.add_argument("--requests", type=positive_int, default=120, help="mega-sale requests")
     group.add_argument(
         "--rate", type=positive_float, default=3.0, help="mega-sale requests/s, Poisson"
     )
     group.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent over prefixes")
-    group.add_argument(
-        "--min-prefix-tokens", type=positive_int, default=4096
-    )
-    group.add_argument(
-        "--max-prefix-tokens", type=positive_int, default=16384
-    )
+    group.add_argument("--min-prefix-tokens", type=positive_int, default=4096)
+    group.add_argument("--max-prefix-tokens", type=positive_int, default=16384)
     group.add_argument(
         "--kv-share",
         type=float,
