@@ -283,3 +283,75 @@ def test_a_starts_head_is_what_it_shares_with_its_family() -> None:
         assert keys.start
     fresh = organic.OrganicRouter(AnchorTable()).for_prompt(b"never seen before, " * 20)
     assert fresh is not None and fresh.head == 0
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["prompt", "chat"])
+def test_a_start_pays_a_cold_head_only_while_its_pods_are_busier(
+    make_router: MakeRouter, chat: bool
+) -> None:
+    """Through the Router on 4 pods, a tenant with a quarter of the traffic (home set 4,
+    session set 2): while no request is in flight, evening the counts out buys nothing, and
+    no start goes past the session set to a pod the family was never sent to (a cold
+    head); with the session set's pods holding requests in flight, starts go there."""
+    pool = serving_pool(pods(4))
+    router = make_router(pool, PrefixStore())
+    organic_router = router.organic
+    assert organic_router is not None
+    traffic = Traffic(31, 7)
+    rng = random.Random(8)
+    used: dict[int, set[str]] = {}
+
+    def cold_far_starts(count: int) -> int:
+        """Starts sent past the session set to a pod their family had not been sent to."""
+        cold = 0
+        for _ in range(count):
+            tenant = 0 if rng.random() < 0.25 else rng.randint(1, 6)
+            far = organic_router.decisions["start_far"]
+            backend = route(router, traffic.one_shot(tenant), chat)
+            pods_used = used.setdefault(tenant, set())
+            cold += organic_router.decisions["start_far"] > far and backend not in pods_used
+            pods_used.add(backend)
+        return cold
+
+    assert cold_far_starts(400) == 0
+    assert organic_router.decisions["start_moved"] > 0  # balanced within the session set
+    question = traffic.one_shot(0)
+    keys = (
+        organic_router.for_chat(question)
+        if chat
+        else organic_router.for_prompt(render(question).encode())
+    )
+    ring = pool.table.ring
+    assert keys is not None and ring is not None
+    homes = organic.home_size(keys.share, 4)
+    sessions = organic.home_size(keys.share, 4, organic.SESSION_SPREAD)
+    assert (homes, sessions) == (4, 2), keys.share
+    for url in ring.preference(keys.family, sessions):  # the session set, 3 in flight each
+        for _ in range(3):
+            pool.acquire(url)
+    assert cold_far_starts(400) > 0
+    assert used[0] == set(ring.members)
+
+
+def test_the_far_margin_also_asks_for_fewer_requests_in_flight() -> None:
+    """Past the session set a start needs the far margin and a pod with fewer requests in
+    flight than the session's home (`loads`); within it the counts alone decide."""
+    ring = _core.Ring(pods(4))
+    family = 77
+    order = [ring.members.index(url) for url in ring.preference(family, 4)]
+    home = order[0]
+    balancer = StartBalancer(decay=1.0)
+    for _ in range(3):
+        balancer.sent(ring, ring.members[home])
+    idle, busy, both = [0] * 4, [0] * 4, [0] * 4
+    busy[home] = 2
+    both[home] = both[order[1]] = 2
+
+    def choose(loads: list[int] | None, sessions: int = 1) -> int:
+        return balancer.choose(ring, family, 4, home, sessions, 2.0, loads)
+
+    assert choose(idle) == home  # counted 3 lower, but nothing is in flight: stay
+    assert choose(busy) == order[1]  # the home is busier now: the least counted idler pod
+    assert choose(both) == order[2]  # order[1] as busy as the home: the next one
+    assert choose(None) == order[1]  # loads not asked: the counts alone
+    assert choose(idle, sessions=2) == order[1]  # within the session set: counts alone
