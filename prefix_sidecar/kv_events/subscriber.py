@@ -166,7 +166,8 @@ class KvEventSubscriber:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.context.destroy(linger=0)
+        if not self.context.closed:
+            self.context.destroy(linger=0)
 
     async def _follow(self, feed: Feed) -> None:
         while True:
