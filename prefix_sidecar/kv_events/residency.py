@@ -8,12 +8,12 @@ vLLM's Python, and two pods set differently never agree), while the token ids in
 are what the pod cached. As llm-d does, each stored block's engine hash is mapped to our key,
 so a BlockRemoved (hashes only) finds it.
 
-Only blocks on a registered prefix's chain are kept: a stored block whose key is not on one
-ends its event's chain at once (a chained key cannot lead back onto one). So memory is
-prefixes x blocks x pods, never the size of the fleet's caches. Chains are made per block
-size the pods report (at most MAX_BLOCK_SIZES).
+Kept per pod: the blocks on a registered prefix's chain, and the latest RECENT_BLOCKS others
+(a prefix's token ids come from /tokenize, often after its prewarm was already stored). So
+memory is (prefixes x blocks + RECENT_BLOCKS) x pods, never the size of the fleet's caches.
+Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
 
-A block is ~2 us to key (128 tokens); an event that matches nothing costs one key.
+A block is ~2 us to key (128 tokens).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 MAX_BLOCK_SIZES = 4
+RECENT_BLOCKS = 2048  # ~0.4 MB a pod
 
 
 def root_key(lora_name: str | None) -> bytes:
@@ -44,6 +45,13 @@ def chain(tokens: Sequence[int], block_size: int, lora_name: str | None = None) 
     return keys
 
 
+def _salted(event: BlockStored, index: int) -> bool:
+    """Block `index` was hashed with more than its LoRA name (a cache_salt, media): it is
+    not a block of any prefix of ours."""
+    extra = event.extra_keys[index] if event.extra_keys and index < len(event.extra_keys) else None
+    return bool(extra) and extra != (event.lora_name,)
+
+
 class Residency:
     """The KV-event sink (subscriber.KvEventSink) that answers `resident(prefix_id)`."""
 
@@ -51,8 +59,10 @@ class Residency:
         self._prefixes: dict[str, tuple[tuple[int, ...], str | None]] = {}
         self._chains: dict[int, dict[str, list[bytes]]] = {}  # block size -> prefix -> keys
         self._wanted: dict[int, set[bytes]] = {}  # block size -> every key on a chain
-        self._held: dict[str, set[bytes]] = {}  # pod -> our keys it holds
-        self._engine: dict[str, dict[int, bytes]] = {}  # pod -> engine hash -> our key
+        self._held: dict[str, dict[bytes, int]] = {}  # pod -> our key -> engine hash
+        self._engine: dict[
+            str, dict[int, bytes]
+        ] = {}  # pod -> engine hash -> our key, oldest first
         self._block_size: dict[str, int] = {}  # pod -> the block size it reports
 
     # --- registered prefixes --------------------------------------------------------------
@@ -80,7 +90,7 @@ class Residency:
         pods = []
         for pod, held in self._held.items():
             keys = self._chains.get(self._block_size.get(pod, 0), {}).get(prefix_id)
-            if keys and held.issuperset(keys):
+            if keys and all(key in held for key in keys):
                 pods.append(pod)
         return sorted(pods)
 
@@ -89,7 +99,7 @@ class Residency:
     def reset(self, pod: str, known: bool) -> None:
         """Everything heard of `pod` is void: empty (`known`) or unknown, then forgotten."""
         if known:
-            self._held[pod], self._engine[pod] = set(), {}
+            self._held[pod], self._engine[pod] = {}, {}
         else:
             self._held.pop(pod, None)
             self._engine.pop(pod, None)
@@ -106,41 +116,42 @@ class Residency:
                 for engine_hash in event.block_hashes:
                     key = engine.pop(engine_hash, None)
                     if key is not None:
-                        held.discard(key)
+                        held.pop(key, None)
             elif isinstance(event, AllBlocksCleared):
                 held.clear()
                 engine.clear()
 
     def _stored(
-        self, pod: str, event: BlockStored, held: set[bytes], engine: dict[int, bytes]
+        self, pod: str, event: BlockStored, held: dict[bytes, int], engine: dict[int, bytes]
     ) -> None:
         size = event.block_size
         self._block_size[pod] = size
-        wanted = self._wanted_at(size)
-        if not wanted:
+        if len(self._chains) >= MAX_BLOCK_SIZES and size not in self._chains:
             return
         if event.parent_block_hash is None:
             key: bytes | None = root_key(event.lora_name)
         else:
-            key = engine.get(event.parent_block_hash)  # off every chain when not ours
+            key = engine.get(event.parent_block_hash)  # None: a block we never keyed
         for index, engine_hash in enumerate(event.block_hashes):
             tokens = event.token_ids[index * size : (index + 1) * size]
             if key is None or len(tokens) != size:
-                return
-            if event.extra_keys and index < len(event.extra_keys) and event.extra_keys[index]:
-                extra = event.extra_keys[index]
-                if extra != (event.lora_name,):  # a cache_salt or media: not a prefix of ours
-                    return
+                break
+            if _salted(event, index):
+                break
             key = block_key(key, tokens)
-            if key not in wanted:
-                return
-            held.add(key)
+            held[key] = engine_hash
             engine[engine_hash] = key
+        wanted = self._wanted_at(size)
+        while len(engine) > RECENT_BLOCKS + len(wanted):  # the oldest block off every chain
+            oldest, key = next(iter(engine.items()))
+            del engine[oldest]
+            if key in wanted:
+                engine[oldest] = key  # kept, now the newest
+            else:
+                held.pop(key, None)
 
     def _wanted_at(self, size: int) -> set[bytes]:
         if size not in self._chains:
-            if len(self._chains) >= MAX_BLOCK_SIZES:
-                return set()
             self._chains[size] = {
                 name: chain(tokens, size, lora) for name, (tokens, lora) in self._prefixes.items()
             }

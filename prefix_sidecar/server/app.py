@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from prefix_sidecar.config import Config
+from prefix_sidecar.kv_events.prefix_tokens import PrefixTokens
 from prefix_sidecar.kv_events.residency import Residency
 from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.lifecycle import AsyncService
@@ -217,6 +218,17 @@ class Sidecar(AsyncService):
                 ).inc(),
                 on_lag=lambda url, s: self.metrics.child(self.metrics.kv_event_lag, url).set(s),
             )
+            tokens = PrefixTokens(
+                self.store,
+                self.client,
+                self.residency,
+                lambda: sorted(u for u, b in self.pool.backends.items() if b.healthy),
+                model=self.config.model,
+            )
+            self.store.watch(tokens.wake)
+            self.pool.watch(lambda _table: tokens.wake())
+            tokens.wake()
+            self._tasks.append(asyncio.create_task(tokens.run(), name="prefix-token-ids"))
         try:
             first = await source.resolve()
         except MembershipError as exc:

@@ -23,6 +23,10 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 TOPIC = b"kv"
 
 
+def byte_tokens(text: str) -> list[int]:
+    return list(text.encode())
+
+
 def stored(*hashes: int, tokens: int = 2) -> dict[str, Any]:
     return {
         "type": "BlockStored",
@@ -64,8 +68,17 @@ class Publisher:
         async def answer(_: web.Request) -> web.Response:
             return web.json_response(sources)
 
+        async def tokenize(request: web.Request) -> web.Response:
+            text = (await request.json())["prompt"]
+            return web.json_response({"tokens": byte_tokens(text), "count": len(text)})
+
+        async def health(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
         app = web.Application()
         app.router.add_get("/kv_event_sources", answer)
+        app.router.add_post("/tokenize", tokenize)  # a byte-level tokenizer
+        app.router.add_get("/health", health)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

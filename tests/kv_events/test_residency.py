@@ -4,7 +4,7 @@ blocks in chained events, evictions by engine hash, resets, other traffic not ke
 from __future__ import annotations
 
 from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored
-from prefix_sidecar.kv_events.residency import Residency, chain
+from prefix_sidecar.kv_events.residency import RECENT_BLOCKS, Residency
 
 BLOCK = 4
 PREFIX = list(range(100, 111))  # 2 whole blocks and a partial tail
@@ -64,12 +64,23 @@ def test_cleared_reset_and_unknown_pods_hold_nothing() -> None:
     assert residency.resident("p") == []
 
 
-def test_other_traffic_is_not_kept() -> None:
+def test_other_traffic_is_kept_only_for_its_latest_blocks() -> None:
     residency = residency_with_prefix()
-    other = list(range(500, 500 + 40 * BLOCK))
-    residency.apply("a", tuple(stored_chunks(other, 1000)))
-    residency.apply("a", tuple(stored_chunks([100, 101, 102, 103, 9, 9, 9, 9], 2000)))
-    assert residency._engine["a"] == {2000: chain(PREFIX, BLOCK)[0]}  # the shared first block
+    residency.apply("a", tuple(stored_chunks(PREFIX, 1)))
+    other = list(range(500, 500 + (RECENT_BLOCKS + 10) * BLOCK))
+    residency.apply("a", tuple(stored_chunks(other, 1000, per_event=64)))
+    engine = residency._engine["a"]
+    assert len(engine) == RECENT_BLOCKS + 2 and {1, 2} <= engine.keys()  # the prefix's stay
+    assert residency.resident("p") == ["a"]
+
+
+def test_a_prefix_whose_ids_come_after_its_blocks_is_resident() -> None:
+    """Its prewarm was stored before /tokenize answered: the recent blocks tell."""
+    residency = Residency()
+    residency.reset("a", known=True)
+    residency.apply("a", tuple(stored_chunks(PREFIX, 1)))
+    residency.watch_prefix("p", PREFIX)
+    assert residency.resident("p") == ["a"]
 
 
 def test_a_lora_or_a_salt_is_a_different_prefix() -> None:

@@ -8,6 +8,7 @@ import itertools
 import random
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest_asyncio
@@ -15,8 +16,11 @@ import pytest_asyncio
 from prefix_sidecar.kv_events.decode import BlockRemoved, BlockStored
 from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
+from prefix_sidecar_tools.vllm.tiny_model import document
 from tests.kv_events.publisher import RecordingSink
+from tests.server.conftest import running_sidecar, sidecar_config, wait_for
 from tests.vllm.conftest import VLLM_TESTS
 
 pytestmark = VLLM_TESTS
@@ -98,3 +102,30 @@ def stored_tokens(sink: RecordingSink) -> int:
 
 def removed(sink: RecordingSink) -> set[int]:
     return {h for e in sink.events() if isinstance(e, BlockRemoved) for h in e.block_hashes}
+
+
+async def test_a_sidecar_knows_where_a_registered_prefix_lives_and_when_it_is_evicted(
+    kv_fleet: VllmFleet, tmp_path: Path
+) -> None:
+    """`kv_events=true` in-process: the prefix registered and prewarmed is resident on its
+    pod from the pod's own events, and no longer once a flood straight to the pod (not
+    through the sidecar) evicted it."""
+    config = sidecar_config(
+        tmp_path, kv_fleet.urls, kv_events=True, model=kv_fleet.model, first_token_timeout_s=60
+    )
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with (
+        running_sidecar(config) as (sidecar, stub),
+        aiohttp.ClientSession(timeout=timeout) as session,
+    ):
+        request = router_pb2.RegisterPrefixRequest(
+            name="kv", text=document("kv-resident", 700), prewarm=True
+        )
+        registered = await stub.RegisterPrefix(request, timeout=120)
+        started = time.monotonic()
+        await wait_for(lambda: sidecar.residency.resident(registered.id) == kv_fleet.urls, 30)
+        known_after = time.monotonic() - started
+        for seed in range(100, 112):  # more distinct blocks than the cache holds
+            await complete(session, kv_fleet, prompt(seed))
+        await wait_for(lambda: sidecar.residency.resident(registered.id) == [], 30)
+    print(f"\nresident {known_after * 1e3:.0f} ms after RegisterPrefix returned; evicted after")
