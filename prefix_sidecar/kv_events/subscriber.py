@@ -53,8 +53,9 @@ RETRY_S = 2.0  # x U(0.5, 1.5): a pod without events is asked again
 RCVHWM = 10_000
 STEP_MESSAGES = 64
 STEP_SECONDS = 0.002
-REPLAY_TIMEOUT_S = 1.0
+REPLAY_TIMEOUT_S = 1.0  # for each message
 REPLAY_MAX_MESSAGES = 10_000  # vLLM's buffer_steps default
+REPLAY_MAX_BYTES = 16 * 1024 * 1024  # held until the whole range is there
 REPLAY_INTERVAL_S = 1.0
 MAX_LAG_S = 3600.0
 SUB_OPTIONS = (
@@ -63,6 +64,20 @@ SUB_OPTIONS = (
     (zmq.MAXMSGSIZE, MAX_PAYLOAD_BYTES + 1024),  # a larger frame drops the peer unread
     (zmq.IPV6, 1),
 )
+
+
+class StepBudget:
+    """Yield to the loop every STEP_MESSAGES batches or STEP_SECONDS of work: awaiting a
+    ready socket never suspends, so a flood would otherwise hold the loop."""
+
+    def __init__(self) -> None:
+        self.count, self.start = 0, time.perf_counter()
+
+    async def spend(self) -> None:
+        self.count += 1
+        if self.count >= STEP_MESSAGES or time.perf_counter() - self.start > STEP_SECONDS:
+            await asyncio.sleep(0)
+            self.count, self.start = 0, time.perf_counter()
 
 
 class KvEventSink(Protocol):
@@ -191,6 +206,7 @@ class KvEventSubscriber:
                     monitor.close(linger=0)
                     sub.close(linger=0)
                 self._note(feed, "disconnected", "the publisher went away")
+                feed.next_seq = None  # a restarted pod numbers from 0 again: start over
             await asyncio.sleep(self.retry_s * random.uniform(0.5, 1.5))
 
     async def find_source(self, url: str) -> Source:
@@ -216,13 +232,10 @@ class KvEventSubscriber:
             ready = dict(await poller.poll())
             if monitor in ready:
                 return
-            handled, step_start = 0, time.perf_counter()
+            budget = StepBudget()
             while int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 await self._accept(feed, source, await sub.recv_multipart())
-                handled += 1
-                if handled >= STEP_MESSAGES or time.perf_counter() - step_start > STEP_SECONDS:
-                    await asyncio.sleep(0)
-                    handled, step_start = 0, time.perf_counter()
+                await budget.spend()
 
     async def _accept(self, feed: Feed, source: Source, frames: list[bytes]) -> None:
         try:
@@ -258,7 +271,7 @@ class KvEventSubscriber:
         if source.replay_endpoint is None or now - feed.replayed_at < REPLAY_INTERVAL_S:
             return False
         feed.replayed_at = now
-        wanted = stop - start
+        wanted, size, budget = stop - start, 0, StepBudget()
         batches: list[EventBatch] = []
         dealer = self.context.socket(zmq.DEALER)
         try:
@@ -266,19 +279,21 @@ class KvEventSubscriber:
                 dealer.setsockopt(option, value)
             dealer.connect(source.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            async with asyncio.timeout(REPLAY_TIMEOUT_S):
-                for count in range(REPLAY_MAX_MESSAGES + 1):
+            for _ in range(REPLAY_MAX_MESSAGES + 1):
+                async with asyncio.timeout(REPLAY_TIMEOUT_S):
                     frames = await dealer.recv_multipart()
-                    if len(frames) != 4 or frames[0]:
-                        return False
-                    seq = decode_seq(frames[2])
-                    if seq < 0 or seq >= stop:
-                        break
-                    if seq != start + len(batches):
-                        return False  # the pod no longer holds the start, or skipped
-                    batches.append(decode_message(frames[1:]))
-                    if count % STEP_MESSAGES == STEP_MESSAGES - 1:
-                        await asyncio.sleep(0)
+                if len(frames) != 4 or frames[0]:
+                    return False
+                seq = decode_seq(frames[2])
+                if seq < 0 or seq >= stop:
+                    break
+                if seq != start + len(batches):
+                    return False  # the pod no longer holds the start, or skipped
+                size += len(frames[3])
+                if size > REPLAY_MAX_BYTES:
+                    return False
+                batches.append(decode_message(frames[1:]))
+                await budget.spend()
         except (TimeoutError, DecodeError, zmq.ZMQError):
             return False
         finally:
@@ -290,6 +305,7 @@ class KvEventSubscriber:
             self._reset(feed, known=True)
         for batch in batches:
             self._deliver(feed, batch)
+            await budget.spend()
         return True
 
     def _deliver(self, feed: Feed, batch: EventBatch) -> None:

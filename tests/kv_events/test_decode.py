@@ -101,10 +101,10 @@ def test_bad_frames_are_decode_errors(frames: list[bytes]) -> None:
 
 def test_a_100_mb_batch_is_refused_before_unpacking() -> None:
     payload = b"\x93\x00\xdd" + b"\x00" * (100 * 1024 * 1024)
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time: the other jobs on this machine do not count
     with pytest.raises(DecodeError, match="over"):
         decode_payload(0, payload)
-    assert time.perf_counter() - started < 0.001
+    assert time.thread_time() - started < 0.001
 
 
 def test_too_many_lists_or_maps_are_refused_before_unpacking() -> None:
