@@ -38,16 +38,8 @@ _LIMITS: dict[str, int] = {
     "max_ext_len": 0,
 }
 # Field order of vLLM's structs (array_like encoding), after the tag.
-_STORED_FIELDS = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-)
+_STORED_FIELDS: tuple[str, ...] = ("block_hashes", "parent_block_hash", "token_ids")
+_STORED_FIELDS += ("block_size", "lora_id", "medium", "lora_name", "extra_keys")
 _REMOVED_FIELDS = ("block_hashes", "medium")
 
 

@@ -2,9 +2,10 @@
 
 The pod's publisher is found from its `GET /kv_event_sources` (a `*` host read as the pod's
 own host). Every batch's sequence number is checked against the one expected:
-- the first batch, or a number going backwards (the pod restarted): what the pod held before
-  is forgotten; the history is replayed from 0 where the pod offers replay and still holds
-  it, and the pod's state is known (empty at seq 0) or else unknown;
+- the first batch (also after a disconnect), or a number going backwards (the pod
+  restarted): what the pod held before is forgotten; the history is replayed from 0 where
+  the pod offers replay and still holds it, and the state is known (empty at seq 0) or
+  else unknown;
 - a gap (zmq dropped batches at a high-water mark, or a publisher skipped): replayed from
   the pod's replay ROUTER when it offers one, at most once per REPLAY_INTERVAL_S, or else
   the pod's state is unknown;
@@ -102,7 +103,6 @@ class Source:
 class Feed:
     url: str
     next_seq: int | None = None
-    known: bool = False
     replayed_at: float = float("-inf")
     task: asyncio.Task[None] | None = None
 
@@ -315,7 +315,6 @@ class KvEventSubscriber:
             self.sink.apply(feed.url, batch.events)
 
     def _reset(self, feed: Feed, known: bool) -> None:
-        feed.known = known
         self.sink.reset(feed.url, known)
 
     def _lose(self, feed: Feed, reason: str, detail: str) -> None:
