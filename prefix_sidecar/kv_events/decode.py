@@ -102,7 +102,21 @@ def decode_payload(seq: int, payload: bytes) -> EventBatch:
         raise DecodeError(f"payload of {len(payload)} bytes, over {MAX_PAYLOAD_BYTES}")
     if len(payload) - len(payload.translate(None, _CONTAINER_TYPE_BYTES)) > MAX_CONTAINER_BYTES:
         raise DecodeError("payload has too many lists or maps")
-    body = _unpack(payload)
+    # Thousands of fresh containers would set off collections of the whole heap: the
+    # collector waits until msgpack's objects are built, read and freed again.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _batch(seq, _unpack(payload))
+    except DecodeError as exc:
+        message = str(exc)  # not raised from here: its traceback would keep msgpack's objects
+    finally:
+        if paused:
+            gc.enable()
+    raise DecodeError(message)
+
+
+def _batch(seq: int, body: Any) -> EventBatch:
     if not isinstance(body, list) or not 2 <= len(body) <= 3:
         raise DecodeError("payload is not [ts, events, dp_rank]")
     ts, events = body[0], body[1]
@@ -116,21 +130,14 @@ def decode_payload(seq: int, payload: bytes) -> EventBatch:
 
 def _unpack(payload: bytes) -> Any:
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, use_list=True, **_LIMITS)
-    paused = gc.isenabled()
-    gc.disable()  # thousands of fresh containers would set off collections of the whole heap
     try:
         unpacker.feed(payload)
         body = unpacker.unpack()
-        if unpacker.tell() != len(payload):
-            raise DecodeError("trailing bytes after the payload")
-        return body
-    except DecodeError:
-        raise
     except Exception as exc:  # msgpack's errors are many (OutOfData, StackError, ValueError, ...)
         raise DecodeError(f"bad msgpack: {type(exc).__name__}") from None
-    finally:
-        if paused:
-            gc.enable()
+    if unpacker.tell() != len(payload):
+        raise DecodeError("trailing bytes after the payload")
+    return body
 
 
 def _event(raw: object) -> KvEvent:

@@ -187,27 +187,30 @@ class KvEventSubscriber:
     async def _follow(self, feed: Feed) -> None:
         while True:
             try:
-                source = await self.find_source(feed.url)
+                await self._subscribe(feed, await self.find_source(feed.url))
+                self._note(feed, "disconnected", "the publisher went away")
             except SourceError as exc:
                 self._note(feed, "no_source", str(exc))
-            else:
-                sub = self.context.socket(zmq.SUB)
-                # zmq does not reconnect after a peer broke the protocol (a frame over
-                # MAXMSGSIZE): the monitor says so, and the socket is made anew.
-                monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-                try:
-                    for option, value in SUB_OPTIONS:
-                        sub.setsockopt(option, value)
-                    sub.setsockopt(zmq.SUBSCRIBE, source.topic)
-                    sub.connect(source.endpoint)
-                    await self._consume(feed, source, sub, monitor)
-                finally:
-                    sub.disable_monitor()
-                    monitor.close(linger=0)
-                    sub.close(linger=0)
-                self._note(feed, "disconnected", "the publisher went away")
-                feed.next_seq = None  # a restarted pod numbers from 0 again: start over
+            except zmq.ZMQError as exc:  # an endpoint zmq cannot use
+                self._note(feed, "disconnected", str(exc))
+            feed.next_seq = None  # a restarted pod numbers from 0 again: start over
             await asyncio.sleep(self.retry_s * random.uniform(0.5, 1.5))
+
+    async def _subscribe(self, feed: Feed, source: Source) -> None:
+        sub = self.context.socket(zmq.SUB)
+        # zmq does not reconnect after a peer broke the protocol (a frame over MAXMSGSIZE):
+        # the monitor says so, and the socket is made anew.
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            for option, value in SUB_OPTIONS:
+                sub.setsockopt(option, value)
+            sub.setsockopt(zmq.SUBSCRIBE, source.topic)
+            sub.connect(source.endpoint)
+            await self._consume(feed, source, sub, monitor)
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
 
     async def find_source(self, url: str) -> Source:
         try:
