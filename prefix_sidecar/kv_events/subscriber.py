@@ -188,11 +188,11 @@ class KvEventSubscriber:
         while True:
             try:
                 await self._subscribe(feed, await self.find_source(feed.url))
-                self._note(feed, "disconnected", "the publisher went away")
+                self._lose(feed, "disconnected", "the publisher went away")  # a restart?
             except SourceError as exc:
                 self._note(feed, "no_source", str(exc))
             except zmq.ZMQError as exc:  # an endpoint zmq cannot use
-                self._note(feed, "disconnected", str(exc))
+                self._lose(feed, "disconnected", str(exc))
             feed.next_seq = None  # a restarted pod numbers from 0 again: start over
             await asyncio.sleep(self.retry_s * random.uniform(0.5, 1.5))
 
