@@ -9,7 +9,8 @@ own host). Every batch's sequence number is checked against the one expected:
 - a gap (zmq dropped batches at a high-water mark, or a publisher skipped): replayed from
   the pod's replay ROUTER when it offers one, at most once per REPLAY_INTERVAL_S, or else
   the pod's state is unknown;
-- a batch that does not decode: its events are lost, so the state is unknown.
+- a batch that does not decode: its events are lost, so the state is unknown;
+- the publisher goes away (a restart?): unknown at once.
 The sink hears `reset(pod, known)` for each of those and `apply(pod, events)` for the rest,
 in sequence order. "Unknown" is never "nothing changed".
 
