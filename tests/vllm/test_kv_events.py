@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import pytest
 import pytest_asyncio
 
 from prefix_sidecar.kv_events.decode import BlockRemoved, BlockStored
@@ -20,8 +21,8 @@ from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
 from prefix_sidecar_tools.vllm.tiny_model import document
 from tests.kv_events.publisher import RecordingSink
-from tests.server.conftest import running_sidecar, sidecar_config, wait_for
-from tests.vllm.conftest import VLLM_TESTS
+from tests.server.conftest import running_sidecar, sidecar_config, wait_for, wait_serving
+from tests.vllm.conftest import VLLM_TESTS, complete_usage
 
 pytestmark = VLLM_TESTS
 
@@ -129,3 +130,41 @@ async def test_a_sidecar_knows_where_a_registered_prefix_lives_and_when_it_is_ev
             await complete(session, kv_fleet, prompt(seed))
         await wait_for(lambda: sidecar.residency.resident(registered.id) == [], 30)
     print(f"\nresident {known_after * 1e3:.0f} ms after RegisterPrefix returned; evicted after")
+
+
+@pytest.mark.timeout(900)  # a pod's restart takes minutes on this box when it is busy
+async def test_a_restarted_pod_is_followed_from_scratch(
+    kv_fleet: VllmFleet, tmp_path: Path
+) -> None:
+    """The pod restarts (its cache empty, its sequence from 0): the sidecar takes it as
+    unknown when its publisher goes, reconnects, and follows the new process from 0."""
+    config = sidecar_config(
+        tmp_path, kv_fleet.urls, kv_events=True, model=kv_fleet.model, first_token_timeout_s=60
+    )
+    async with running_sidecar(config) as (sidecar, stub):
+        request = router_pb2.RegisterPrefixRequest(
+            name="kv-restart", text=document("kv-restart", 700), prewarm=True
+        )
+        registered = await stub.RegisterPrefix(request, timeout=120)
+        await wait_for(lambda: sidecar.residency.resident(registered.id) == kv_fleet.urls, 30)
+        resets: list[bool] = []
+        reset = sidecar.residency.reset
+
+        def noting_reset(pod: str, known: bool) -> None:
+            resets.append(known)
+            reset(pod, known)
+
+        sidecar.residency.reset = noting_reset  # type: ignore[method-assign]
+        await kv_fleet.pods[0].stop()
+        await wait_for(lambda: False in resets, 30, "the stopped pod taken as unknown")
+        assert sidecar.residency.resident(registered.id) == []
+        await kv_fleet.restart(0)
+        started = time.monotonic()
+        await wait_serving(stub, kv_fleet.urls, timeout=60)
+        await complete_usage(stub, registered.id, " Question: is it back?", max_tokens=1)
+        await wait_for(lambda: sidecar.residency.resident(registered.id) == kv_fleet.urls, 60)
+        again = time.monotonic() - started
+        page = sidecar.metrics.render().decode()
+    assert resets[-1] is True  # the new process, from seq 0 (or its replayed history)
+    assert f'backend="{kv_fleet.urls[0]}",outcome="disconnected"' in page
+    print(f"\nafter the restart: unknown at once, resident again {again:.1f} s after it was up")
