@@ -93,3 +93,8 @@ class MembershipSettings:
     eject_after_failures: int = setting(
         3, "consecutive failures that take a pod out", check=AT_LEAST_ONE
     )
+    kv_events: bool = setting(
+        False,
+        "follow each pod's KV cache events (vLLM --kv-events-config, found from its "
+        "GET /kv_event_sources)",
+    )

@@ -45,6 +45,8 @@ from prefix_sidecar.metrics.series import (
     DECISION,
     FAILOVERS,
     IN_FLIGHT,
+    KV_EVENT_LAG,
+    KV_EVENTS,
     NONE_LABEL,
     PREWARM,
     PROMPT_TOKENS,
@@ -97,6 +99,8 @@ class Metrics:
         self.backend_healthy = self._register(BACKEND_HEALTHY)
         self.backend_state = self._register(BACKEND_STATE)
         self.prewarm = self._register(PREWARM)
+        self.kv_events = self._register(KV_EVENTS)
+        self.kv_event_lag = self._register(KV_EVENT_LAG)
         self.cost_raw = self._register(COST_WITHOUT_CACHE)
         self.cost_actual = self._register(COST)
         self.saving_ratio = self._register(SAVING_RATIO)

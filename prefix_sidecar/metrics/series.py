@@ -107,6 +107,19 @@ BACKEND_STATE = Series(
 PREWARM = Series(
     Counter, "prefix_sidecar_prewarm", "Prewarm attempts by result", ("backend", "result")
 )
+KV_EVENTS = Series(
+    Counter,
+    "prefix_sidecar_kv_events",
+    "A pod's KV-event batches by outcome: batch, replayed, start, restart, and the losses "
+    "gap, decode_error, disconnected, no_source (prefix_sidecar/kv_events/subscriber.py)",
+    ("backend", "outcome"),
+)
+KV_EVENT_LAG = Series(
+    Gauge,
+    "prefix_sidecar_kv_event_lag_seconds",
+    "Seconds from a pod's latest KV-event batch (its timestamp) to its arrival here",
+    ("backend",),
+)
 COST_WITHOUT_CACHE = Series(
     Counter,
     "prefix_sidecar_cost_without_cache_yuan",

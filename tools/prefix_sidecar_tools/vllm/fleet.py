@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -208,7 +209,10 @@ class VllmFleet(AsyncService):
         scratch: Path | None = None,
         startup_timeout: float = STARTUP_TIMEOUT_S,
         extra_args: Sequence[str] = (),
+        kv_events: bool = False,
     ) -> None:
+        """`kv_events`: each pod publishes its KV events (vLLM's ZMQ PUB, bound on a free
+        port of its own, with a replay ROUTER beside it), the same ports across restarts."""
         if n < 1:
             raise ValueError(f"n={n}: a fleet needs at least one pod")
         if block_size % 32:
@@ -225,6 +229,8 @@ class VllmFleet(AsyncService):
         self.scratch = scratch or Path(tempfile.mkdtemp(prefix="vllm-"))
         self.startup_timeout = startup_timeout
         self.extra_args = list(extra_args)
+        self.kv_events = kv_events
+        self.kv_event_ports: dict[int, tuple[int, int]] = {}  # pod port -> (PUB, replay)
         self.pods: list[VllmPod] = []
 
     @property
@@ -242,8 +248,24 @@ class VllmFleet(AsyncService):
             "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
             "--max-model-len", str(self.max_model_len),
             "--block-size", str(self.block_size),
+            *self.kv_events_args(port),
             *self.extra_args,
         ]  # fmt: skip
+
+    def kv_events_args(self, port: int) -> list[str]:
+        if not self.kv_events:
+            return []
+        if port not in self.kv_event_ports:
+            self.kv_event_ports[port] = (free_port(), free_port())
+        pub, replay = self.kv_event_ports[port]
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{pub}",
+            "replay_endpoint": f"tcp://*:{replay}",
+            "topic": "kv",
+        }
+        return ["--kv-events-config", json.dumps(config)]
 
     async def start(self) -> None:
         for index in range(self.n):

@@ -1,0 +1,162 @@
+"""Which pods hold all of a registered prefix's whole blocks, from the pods' KV events.
+
+Key design (issue 29 asks for one): a key of our own per block, chained,
+key(i) = blake2b(key(i-1) + the block's token ids), the first block's parent a root made of
+the LoRA name, as vLLM folds it into its own hash. Not the engine's hashes: those depend on
+the pod's --prefix-caching-hash-algo (sha256 over pickle by default: not reproducible outside
+vLLM's Python, and two pods set differently never agree), while the token ids in BlockStored
+are what the pod cached. As llm-d does, each stored block's engine hash is mapped to our key,
+so a BlockRemoved (hashes only) finds it.
+
+Kept per pod: the blocks on a registered prefix's chain, and the latest RECENT_BLOCKS others
+(a prefix's token ids come from /tokenize, often after its prewarm was already stored). So
+memory is (prefixes x blocks + RECENT_BLOCKS) x pods, never the size of the fleet's caches.
+Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
+
+A block is ~2 us to key (128 tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+
+MAX_BLOCK_SIZES = 4
+RECENT_BLOCKS = 2048  # ~0.4 MB a pod
+
+
+def root_key(lora_name: str | None) -> bytes:
+    return hashlib.blake2b(b"root\0" + (lora_name or "").encode(), digest_size=16).digest()
+
+
+def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+    return hashlib.blake2b(parent + array("Q", tokens).tobytes(), digest_size=16).digest()
+
+
+def chain(tokens: Sequence[int], block_size: int, lora_name: str | None = None) -> list[bytes]:
+    """The keys of `tokens`' whole blocks, in order."""
+    keys, key = [], root_key(lora_name)
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        key = block_key(key, tokens[start : start + block_size])
+        keys.append(key)
+    return keys
+
+
+def _salted(event: BlockStored, index: int) -> bool:
+    """Block `index` was hashed with more than its LoRA name (a cache_salt, media): it is
+    not a block of any prefix of ours."""
+    extra = event.extra_keys[index] if event.extra_keys and index < len(event.extra_keys) else None
+    return bool(extra) and extra != (event.lora_name,)
+
+
+class Residency:
+    """The KV-event sink (subscriber.KvEventSink) that answers `resident(prefix_id)`."""
+
+    def __init__(self) -> None:
+        self._prefixes: dict[str, tuple[tuple[int, ...], str | None]] = {}
+        self._chains: dict[int, dict[str, list[bytes]]] = {}  # block size -> prefix -> keys
+        self._wanted: dict[int, set[bytes]] = {}  # block size -> every key on a chain
+        self._held: dict[str, dict[bytes, int]] = {}  # pod -> our key -> engine hash
+        self._engine: dict[
+            str, dict[int, bytes]
+        ] = {}  # pod -> engine hash -> our key, oldest first
+        self._block_size: dict[str, int] = {}  # pod -> the block size it reports
+
+    # --- registered prefixes --------------------------------------------------------------
+
+    def watch_prefix(
+        self, prefix_id: str, token_ids: Sequence[int], lora_name: str | None = None
+    ) -> None:
+        """Follow `prefix_id`, whose prompt starts with `token_ids` (from the pod's
+        /tokenize; only whole blocks count, so a partial tail never matters)."""
+        self._prefixes[prefix_id] = (tuple(token_ids), lora_name)
+        for size in self._chains:
+            self._chains[size][prefix_id] = chain(token_ids, size, lora_name)
+            self._rebuild(size)
+
+    def forget_prefix(self, prefix_id: str) -> None:
+        if self._prefixes.pop(prefix_id, None) is None:
+            return
+        for size, chains in self._chains.items():
+            chains.pop(prefix_id, None)
+            self._rebuild(size)
+        # Keys held for that prefix alone stay until removed or reset: bounded, and harmless.
+
+    def resident(self, prefix_id: str) -> list[str]:
+        """The pods known to hold every whole block of the prefix, sorted."""
+        pods = []
+        for pod, held in self._held.items():
+            keys = self._chains.get(self._block_size.get(pod, 0), {}).get(prefix_id)
+            if keys and all(key in held for key in keys):
+                pods.append(pod)
+        return sorted(pods)
+
+    # --- the sink ---------------------------------------------------------------------------
+
+    def reset(self, pod: str, known: bool) -> None:
+        """Everything heard of `pod` is void: empty (`known`) or unknown, then forgotten."""
+        if known:
+            self._held[pod], self._engine[pod] = {}, {}
+        else:
+            self._held.pop(pod, None)
+            self._engine.pop(pod, None)
+            self._block_size.pop(pod, None)
+
+    def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None:
+        if pod not in self._held:
+            return  # unknown until the subscriber says it is known again
+        held, engine = self._held[pod], self._engine[pod]
+        for event in events:
+            if isinstance(event, BlockStored):
+                self._stored(pod, event, held, engine)
+            elif isinstance(event, BlockRemoved):
+                for engine_hash in event.block_hashes:
+                    key = engine.pop(engine_hash, None)
+                    if key is not None:
+                        held.pop(key, None)
+            elif isinstance(event, AllBlocksCleared):
+                held.clear()
+                engine.clear()
+
+    def _stored(
+        self, pod: str, event: BlockStored, held: dict[bytes, int], engine: dict[int, bytes]
+    ) -> None:
+        size = event.block_size
+        self._block_size[pod] = size
+        if len(self._chains) >= MAX_BLOCK_SIZES and size not in self._chains:
+            return
+        if event.parent_block_hash is None:
+            key: bytes | None = root_key(event.lora_name)
+        else:
+            key = engine.get(event.parent_block_hash)  # None: a block we never keyed
+        for index, engine_hash in enumerate(event.block_hashes):
+            tokens = event.token_ids[index * size : (index + 1) * size]
+            if key is None or len(tokens) != size:
+                break
+            if _salted(event, index):
+                break
+            key = block_key(key, tokens)
+            held[key] = engine_hash
+            engine[engine_hash] = key
+        wanted = self._wanted_at(size)
+        while len(engine) > RECENT_BLOCKS + len(wanted):  # the oldest block off every chain
+            oldest, key = next(iter(engine.items()))
+            del engine[oldest]
+            if key in wanted:
+                engine[oldest] = key  # kept, now the newest
+            else:
+                held.pop(key, None)
+
+    def _wanted_at(self, size: int) -> set[bytes]:
+        if size not in self._chains:
+            self._chains[size] = {
+                name: chain(tokens, size, lora) for name, (tokens, lora) in self._prefixes.items()
+            }
+            self._rebuild(size)
+        return self._wanted[size]
+
+    def _rebuild(self, size: int) -> None:
+        self._wanted[size] = {key for keys in self._chains[size].values() for key in keys}

@@ -1,0 +1,336 @@
+"""Per pod, a ZMQ SUB socket on vLLM's KV events, its sequence checked, its gaps replayed.
+
+The pod's publisher is found from its `GET /kv_event_sources` (a `*` host read as the pod's
+own host). Every batch's sequence number is checked against the one expected:
+- the first batch (also after a disconnect), or a number going backwards (the pod
+  restarted): what the pod held before is forgotten; the history is replayed from 0 where
+  the pod offers replay and still holds it, and the state is known (empty at seq 0) or
+  else unknown;
+- a gap (zmq dropped batches at a high-water mark, or a publisher skipped): replayed from
+  the pod's replay ROUTER when it offers one, at most once per REPLAY_INTERVAL_S, or else
+  the pod's state is unknown;
+- a batch that does not decode: its events are lost, so the state is unknown;
+- the publisher goes away (a restart?): unknown at once.
+The sink hears `reset(pod, known)` for each of those and `apply(pod, events)` for the rest,
+in sequence order. "Unknown" is never "nothing changed".
+
+Bounded: zmq holds at most RCVHWM batches per pod and disconnects a peer whose frame is over
+the decoder's cap before reading it; a task handles at most STEP_MESSAGES batches or
+STEP_SECONDS of work before it yields to the loop, so a flood costs that pod's events (the
+drops show as gaps), never a loop stall. Each failure is logged once per pod and reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import zmq
+import zmq.asyncio
+
+from prefix_sidecar.kv_events.decode import (
+    MAX_PAYLOAD_BYTES,
+    DecodeError,
+    EventBatch,
+    KvEvent,
+    decode_message,
+    decode_seq,
+)
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.errors import UpstreamError
+
+logger = logging.getLogger(__name__)
+
+SOURCES_PATH = "/kv_event_sources"
+SOURCES_TIMEOUT_S = 2.0
+SOURCES_MAX_BYTES = 16 * 1024
+RETRY_S = 2.0  # x U(0.5, 1.5): a pod without events is asked again
+RCVHWM = 10_000
+STEP_MESSAGES = 64
+STEP_SECONDS = 0.002
+REPLAY_TIMEOUT_S = 1.0  # for each message
+REPLAY_MAX_MESSAGES = 10_000  # vLLM's buffer_steps default
+REPLAY_MAX_BYTES = 16 * 1024 * 1024  # held until the whole range is there
+REPLAY_INTERVAL_S = 1.0
+MAX_LAG_S = 3600.0
+SUB_OPTIONS = (
+    (zmq.LINGER, 0),
+    (zmq.RCVHWM, RCVHWM),
+    (zmq.MAXMSGSIZE, MAX_PAYLOAD_BYTES + 1024),  # a larger frame drops the peer unread
+    (zmq.IPV6, 1),
+)
+
+
+class StepBudget:
+    """Yield to the loop every STEP_MESSAGES batches or STEP_SECONDS of work: awaiting a
+    ready socket never suspends, so a flood would otherwise hold the loop."""
+
+    def __init__(self) -> None:
+        self.count, self.start = 0, time.perf_counter()
+
+    async def spend(self) -> None:
+        self.count += 1
+        if self.count >= STEP_MESSAGES or time.perf_counter() - self.start > STEP_SECONDS:
+            await asyncio.sleep(0)
+            self.count, self.start = 0, time.perf_counter()
+
+
+class KvEventSink(Protocol):
+    def reset(self, pod: str, known: bool) -> None:
+        """Everything heard from `pod` so far is void; `known`: its cache is now empty."""
+
+    def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None: ...
+
+
+class SourceError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Source:
+    endpoint: str
+    replay_endpoint: str | None
+    topic: bytes
+
+
+@dataclass
+class Feed:
+    url: str
+    next_seq: int | None = None
+    replayed_at: float = float("-inf")
+    task: asyncio.Task[None] | None = None
+
+
+def zmq_endpoint(value: object, pod_host: str) -> str:
+    """`tcp://HOST:PORT` with a wildcard host read as the pod's own; only TCP, validated."""
+    if not isinstance(value, str) or not value.startswith("tcp://") or len(value) > 300:
+        raise SourceError("not a tcp:// endpoint")
+    host, _, port = value[6:].rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise SourceError("no port in the endpoint")
+    if host in ("*", "0.0.0.0", "::", "[::]"):
+        host = f"[{pod_host}]" if ":" in pod_host else pod_host
+    else:  # a concrete address makes the pod connect to its subscriber: not supported
+        raise SourceError("the pod connects out (a concrete endpoint): bind it on tcp://*:PORT")
+    return f"tcp://{host}:{int(port)}"
+
+
+def parse_sources(body: bytes, pod_url: str) -> Source:
+    """vLLM's `{rank: KVEventsConfig}`: rank 0's publisher (one per data-parallel rank)."""
+    try:
+        ranks = json.loads(body)
+        config = ranks["0"] if "0" in ranks else ranks[0]
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise SourceError("no rank 0 in the answer") from None
+    if not isinstance(config, dict) or config.get("publisher") != "zmq":
+        raise SourceError("KV events are not published over zmq")
+    host = urlsplit(pod_url).hostname or "127.0.0.1"
+    replay = config.get("replay_endpoint")
+    topic = config.get("topic") or ""
+    if not isinstance(topic, str) or len(topic) > 256:
+        raise SourceError("bad topic")
+    return Source(
+        zmq_endpoint(config.get("endpoint"), host),
+        None if replay is None else zmq_endpoint(replay, host),
+        topic.encode(),
+    )
+
+
+class KvEventSubscriber:
+    """Follows the KV events of the pods given to `set_pods`, one task per pod."""
+
+    def __init__(
+        self,
+        client: UpstreamClient,
+        sink: KvEventSink,
+        *,
+        on_outcome: Callable[[str, str], None] = lambda pod, outcome: None,
+        on_lag: Callable[[str, float], None] = lambda pod, seconds: None,
+        retry_s: float = RETRY_S,
+    ) -> None:
+        self.client = client
+        self.sink = sink
+        self.on_outcome = on_outcome
+        self.on_lag = on_lag
+        self.retry_s = retry_s
+        self.feeds: dict[str, Feed] = {}
+        self.context = zmq.asyncio.Context()
+        self._logged: set[tuple[str, str]] = set()
+
+    def set_pods(self, urls: Iterable[str]) -> None:
+        wanted = set(urls)
+        for url in [u for u in self.feeds if u not in wanted]:
+            feed = self.feeds.pop(url)
+            if feed.task is not None:
+                feed.task.cancel()
+            self._logged = {key for key in self._logged if key[0] != url}
+            self.sink.reset(url, known=False)
+        for url in sorted(wanted - self.feeds.keys()):
+            feed = self.feeds[url] = Feed(url)
+            feed.task = asyncio.create_task(self._follow(feed), name=f"kv-events {url}")
+
+    async def stop(self) -> None:
+        tasks = [f.task for f in self.feeds.values() if f.task is not None]
+        self.feeds.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if not self.context.closed:
+            self.context.destroy(linger=0)
+
+    async def _follow(self, feed: Feed) -> None:
+        while True:
+            try:
+                await self._subscribe(feed, await self.find_source(feed.url))
+                self._lose(feed, "disconnected", "the publisher went away")  # a restart?
+            except SourceError as exc:
+                self._note(feed, "no_source", str(exc))
+            except zmq.ZMQError as exc:  # an endpoint zmq cannot use
+                self._lose(feed, "disconnected", str(exc))
+            feed.next_seq = None  # a restarted pod numbers from 0 again: start over
+            await asyncio.sleep(self.retry_s * random.uniform(0.5, 1.5))
+
+    async def _subscribe(self, feed: Feed, source: Source) -> None:
+        sub = self.context.socket(zmq.SUB)
+        # zmq does not reconnect after a peer broke the protocol (a frame over MAXMSGSIZE):
+        # the monitor says so, and the socket is made anew.
+        monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            for option, value in SUB_OPTIONS:
+                sub.setsockopt(option, value)
+            sub.setsockopt(zmq.SUBSCRIBE, source.topic)
+            sub.connect(source.endpoint)
+            await self._consume(feed, source, sub, monitor)
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    async def find_source(self, url: str) -> Source:
+        try:
+            answer = await self.client.fetch(
+                "GET", url, SOURCES_PATH, timeout_s=SOURCES_TIMEOUT_S, limit=SOURCES_MAX_BYTES
+            )
+        except UpstreamError as exc:
+            raise SourceError(exc.message) from None
+        if answer.status != 200 or answer.body is None:
+            raise SourceError(f"HTTP {answer.status} (or over {SOURCES_MAX_BYTES} bytes)")
+        return parse_sources(answer.body, url)
+
+    async def _consume(
+        self, feed: Feed, source: Source, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
+    ) -> None:
+        """Until the publisher goes away: each wake-up reads what is queued, yielding to
+        the loop every STEP_MESSAGES batches or STEP_SECONDS (a ready socket never does)."""
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        while True:
+            ready = dict(await poller.poll())
+            if monitor in ready:
+                return
+            budget = StepBudget()
+            while int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                await self._accept(feed, source, await sub.recv_multipart())
+                await budget.spend()
+
+    async def _accept(self, feed: Feed, source: Source, frames: list[bytes]) -> None:
+        try:
+            seq = decode_seq(frames[1]) if len(frames) == 3 else -1
+        except DecodeError:
+            seq = -1
+        if seq < 0:
+            self._lose(feed, "decode_error", "a message without a sequence number")
+            feed.next_seq = None  # the next one starts over
+            return
+        expected = feed.next_seq
+        if expected is None or seq < expected:
+            # A (re)start: whatever the pod held before is void, its history from 0 if kept.
+            self._outcome(feed, "start" if expected is None else "restart")
+            if seq == 0:
+                self._reset(feed, known=True)
+            elif not await self._replay(feed, source, 0, seq):
+                self._reset(feed, known=False)
+        elif seq > expected and not await self._replay(feed, source, expected, seq):
+            self._lose(feed, "gap", f"batches {expected}..{seq - 1} lost")
+        feed.next_seq = seq + 1
+        try:
+            batch = decode_message(frames)
+        except DecodeError as exc:
+            self._lose(feed, "decode_error", str(exc))
+            return
+        self._deliver(feed, batch)
+
+    async def _replay(self, feed: Feed, source: Source, start: int, stop: int) -> bool:
+        """Deliver batches start..stop-1 from the pod's replay socket; False when it has
+        none, was asked within REPLAY_INTERVAL_S, or cannot give them all in order."""
+        now = time.monotonic()
+        if source.replay_endpoint is None or now - feed.replayed_at < REPLAY_INTERVAL_S:
+            return False
+        feed.replayed_at = now
+        wanted, size, budget = stop - start, 0, StepBudget()
+        batches: list[EventBatch] = []
+        dealer = self.context.socket(zmq.DEALER)
+        try:
+            for option, value in SUB_OPTIONS:
+                dealer.setsockopt(option, value)
+            dealer.connect(source.replay_endpoint)
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            for _ in range(REPLAY_MAX_MESSAGES + 1):
+                async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                    frames = await dealer.recv_multipart()
+                if len(frames) != 4 or frames[0]:
+                    return False
+                seq = decode_seq(frames[2])
+                if seq < 0 or seq >= stop:
+                    break
+                if seq != start + len(batches):
+                    return False  # the pod no longer holds the start, or skipped
+                size += len(frames[3])
+                if size > REPLAY_MAX_BYTES:
+                    return False
+                batches.append(decode_message(frames[1:]))
+                await budget.spend()
+        except (TimeoutError, DecodeError, zmq.ZMQError):
+            return False
+        finally:
+            dealer.close(linger=0)
+        if len(batches) != wanted:
+            return False
+        self._outcome(feed, "replayed")
+        if start == 0:
+            self._reset(feed, known=True)
+        for batch in batches:
+            self._deliver(feed, batch)
+            await budget.spend()
+        return True
+
+    def _deliver(self, feed: Feed, batch: EventBatch) -> None:
+        self._outcome(feed, "batch")
+        self.on_lag(feed.url, min(max(time.time() - batch.ts, 0.0), MAX_LAG_S))
+        if batch.events:
+            self.sink.apply(feed.url, batch.events)
+
+    def _reset(self, feed: Feed, known: bool) -> None:
+        self.sink.reset(feed.url, known)
+
+    def _lose(self, feed: Feed, reason: str, detail: str) -> None:
+        self._note(feed, reason, detail)
+        self._reset(feed, known=False)
+
+    def _note(self, feed: Feed, reason: str, detail: str) -> None:
+        self._outcome(feed, reason)
+        key = (feed.url, reason)
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.warning("KV events of %s: %s: %s (logged once)", feed.url, reason, detail)
+
+    def _outcome(self, feed: Feed, outcome: str) -> None:
+        self.on_outcome(feed.url, outcome)

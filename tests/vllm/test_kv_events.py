@@ -1,0 +1,170 @@
+"""The KV-events subscriber against a real vLLM pod publishing its events (issue 29): the
+blocks of a prompt arrive as BlockStored with the prompt's own tokens, chained, and a flood of
+distinct prompts makes vLLM evict them, which arrives as BlockRemoved."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from prefix_sidecar.kv_events.decode import BlockRemoved, BlockStored
+from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
+from prefix_sidecar_tools.vllm.tiny_model import document
+from tests.kv_events.publisher import RecordingSink
+from tests.server.conftest import running_sidecar, sidecar_config, wait_for, wait_serving
+from tests.vllm.conftest import VLLM_TESTS, complete_usage
+
+pytestmark = VLLM_TESTS
+
+BLOCK = 128
+KV_BLOCKS = 64  # a small cache, so that a few prompts evict the first
+PROMPT_TOKENS = 1000  # 7 whole blocks and a partial one
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="package")
+async def kv_fleet() -> AsyncIterator[VllmFleet]:
+    python = vllm_python()
+    assert python is not None
+    fleet = VllmFleet(
+        ensure_tiny_model(python),
+        1,
+        python=python,
+        kv_events=True,
+        kv_cache_bytes=KV_BLOCKS * BLOCK * 2048,  # 2,048 bytes a token (docs: VLLM-CPU.md)
+        max_model_len=KV_BLOCKS // 2 * BLOCK,  # vLLM keeps a little of the cache back
+        block_size=BLOCK,
+    )
+    async with fleet:
+        yield fleet
+
+
+def prompt(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 4000) for _ in range(PROMPT_TOKENS)]
+
+
+async def complete(session: aiohttp.ClientSession, fleet: VllmFleet, tokens: list[int]) -> None:
+    body = {"model": fleet.model, "prompt": tokens, "max_tokens": 1, "temperature": 0.0}
+    async with session.post(f"{fleet.urls[0]}/v1/completions", json=body) as reply:
+        assert reply.status == 200, await reply.text()
+
+
+async def test_stored_blocks_carry_the_prompt_and_a_flood_removes_them(
+    kv_fleet: VllmFleet,
+) -> None:
+    sink = RecordingSink()
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with UpstreamClient() as client, aiohttp.ClientSession(timeout=timeout) as session:
+        subscriber = KvEventSubscriber(client, sink, retry_s=0.2)
+        subscriber.set_pods(kv_fleet.urls)
+        try:
+            await sink.until(lambda: subscriber.feeds[kv_fleet.urls[0]].task is not None)
+            first = prompt(0)
+            # The SUB connects in the background: a lost first batch would show as a
+            # replayed history, so the test just waits for the prompt's blocks.
+            started = time.monotonic()
+            await complete(session, kv_fleet, first)
+            whole = PROMPT_TOKENS // BLOCK * BLOCK
+            await sink.until(lambda: stored_tokens(sink) >= whole, timeout_s=30)
+            lag = time.monotonic() - started
+            stored = [e for e in sink.events() if isinstance(e, BlockStored)]
+            assert [t for e in stored for t in e.token_ids] == first[:whole]
+            hashes = [h for e in stored for h in e.block_hashes]
+            assert len(hashes) == whole // BLOCK and all(e.block_size == BLOCK for e in stored)
+            for before, after in itertools.pairwise(stored):
+                assert after.parent_block_hash == before.block_hashes[-1]  # one chain
+
+            for seed in range(1, 12):  # 11 x 7 distinct blocks: more than the cache holds
+                await complete(session, kv_fleet, prompt(seed))
+            await sink.until(lambda: bool(removed(sink) & set(hashes)), timeout_s=30)
+            assert sink.heard[0] == ("reset", True)  # from seq 0, or its replayed history
+            assert ("reset", False) not in sink.heard
+        finally:
+            await subscriber.stop()
+    print(
+        f"\n{len(hashes)} blocks stored ({lag * 1e3:.0f} ms from the request to the last "
+        f"block's event); {len(removed(sink) & set(hashes))} of them removed by the flood"
+    )
+
+
+def stored_tokens(sink: RecordingSink) -> int:
+    return sum(len(e.token_ids) for e in sink.events() if isinstance(e, BlockStored))
+
+
+def removed(sink: RecordingSink) -> set[int]:
+    return {h for e in sink.events() if isinstance(e, BlockRemoved) for h in e.block_hashes}
+
+
+async def test_a_sidecar_knows_where_a_registered_prefix_lives_and_when_it_is_evicted(
+    kv_fleet: VllmFleet, tmp_path: Path
+) -> None:
+    """`kv_events=true` in-process: the prefix registered and prewarmed is resident on its
+    pod from the pod's own events, and no longer once a flood straight to the pod (not
+    through the sidecar) evicted it."""
+    config = sidecar_config(
+        tmp_path, kv_fleet.urls, kv_events=True, model=kv_fleet.model, first_token_timeout_s=60
+    )
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with (
+        running_sidecar(config) as (sidecar, stub),
+        aiohttp.ClientSession(timeout=timeout) as session,
+    ):
+        request = router_pb2.RegisterPrefixRequest(
+            name="kv", text=document("kv-resident", 700), prewarm=True
+        )
+        registered = await stub.RegisterPrefix(request, timeout=120)
+        started = time.monotonic()
+        await wait_for(lambda: sidecar.residency.resident(registered.id) == kv_fleet.urls, 30)
+        known_after = time.monotonic() - started
+        for seed in range(100, 112):  # more distinct blocks than the cache holds
+            await complete(session, kv_fleet, prompt(seed))
+        await wait_for(lambda: sidecar.residency.resident(registered.id) == [], 30)
+    print(f"\nresident {known_after * 1e3:.0f} ms after RegisterPrefix returned; evicted after")
+
+
+@pytest.mark.timeout(900)  # a pod's restart takes minutes on this box when it is busy
+async def test_a_restarted_pod_is_followed_from_scratch(
+    kv_fleet: VllmFleet, tmp_path: Path
+) -> None:
+    """The pod restarts (its cache empty, its sequence from 0): the sidecar takes it as
+    unknown when its publisher goes, reconnects, and follows the new process from 0."""
+    config = sidecar_config(
+        tmp_path, kv_fleet.urls, kv_events=True, model=kv_fleet.model, first_token_timeout_s=60
+    )
+    async with running_sidecar(config) as (sidecar, stub):
+        request = router_pb2.RegisterPrefixRequest(
+            name="kv-restart", text=document("kv-restart", 700), prewarm=True
+        )
+        registered = await stub.RegisterPrefix(request, timeout=120)
+        await wait_for(lambda: sidecar.residency.resident(registered.id) == kv_fleet.urls, 30)
+        resets: list[bool] = []
+        reset = sidecar.residency.reset
+
+        def noting_reset(pod: str, known: bool) -> None:
+            resets.append(known)
+            reset(pod, known)
+
+        sidecar.residency.reset = noting_reset  # type: ignore[method-assign]
+        await kv_fleet.pods[0].stop()
+        await wait_for(lambda: False in resets, 30, "the stopped pod taken as unknown")
+        assert sidecar.residency.resident(registered.id) == []
+        await kv_fleet.restart(0)
+        started = time.monotonic()
+        await wait_serving(stub, kv_fleet.urls, timeout=60)
+        await complete_usage(stub, registered.id, " Question: is it back?", max_tokens=1)
+        await wait_for(lambda: sidecar.residency.resident(registered.id) == kv_fleet.urls, 60)
+        again = time.monotonic() - started
+        page = sidecar.metrics.render().decode()
+    assert resets[-1] is True  # the new process, from seq 0 (or its replayed history)
+    assert f'backend="{kv_fleet.urls[0]}",outcome="disconnected"' in page
+    print(f"\nafter the restart: unknown at once, resident again {again:.1f} s after it was up")
