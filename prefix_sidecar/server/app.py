@@ -26,9 +26,8 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from prefix_sidecar.config import Config
-from prefix_sidecar.kv_events.prefix_tokens import PrefixTokens
+from prefix_sidecar.kv_events.follow import KvEventsFollow
 from prefix_sidecar.kv_events.residency import Residency
-from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.load_signals import LoadSignals, MetricsPoller, poller, rules
@@ -122,7 +121,7 @@ class Sidecar(AsyncService):
         self.poller: MetricsPoller | None = None
         self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
         self.residency = Residency()  # fed by the pods' KV events when kv_events is on
-        self.kv_events: KvEventSubscriber | None = None
+        self.kv_events: KvEventsFollow | None = None
         self.server: grpc.aio.Server | None = None
         self.openai: OpenAIFront | None = None  # the HTTP front, when openai_listen is set
         self.health_servicer = health_aio.HealthServicer()
@@ -210,25 +209,10 @@ class Sidecar(AsyncService):
         if self.config.openai_listen:
             await self._start_openai()
         if self.config.kv_events:
-            self.kv_events = KvEventSubscriber(
-                self.client,
-                self.residency,
-                on_outcome=lambda url, outcome: self.metrics.child(
-                    self.metrics.kv_events, url, outcome
-                ).inc(),
-                on_lag=lambda url, s: self.metrics.child(self.metrics.kv_event_lag, url).set(s),
+            self.kv_events = KvEventsFollow(
+                self.client, self.residency, self.store, self.pool, self.metrics, self.config.model
             )
-            tokens = PrefixTokens(
-                self.store,
-                self.client,
-                self.residency,
-                lambda: sorted(u for u, b in self.pool.backends.items() if b.healthy),
-                model=self.config.model,
-            )
-            self.store.watch(tokens.wake)
-            self.pool.watch(lambda _table: tokens.wake())
-            tokens.wake()
-            self._tasks.append(asyncio.create_task(tokens.run(), name="prefix-token-ids"))
+            self._tasks.append(self.kv_events.start())
         try:
             first = await source.resolve()
         except MembershipError as exc:
