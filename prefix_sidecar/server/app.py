@@ -112,9 +112,6 @@ class Sidecar(AsyncService):
         self.new_homes = NewHomeWarmup(
             self.prewarmer, self.store, self.router, self.pool, self.metrics
         )
-        # A pass runs as a task of its own, after every watcher (the router's placement too).
-        self.pool.watch(lambda _table: self.new_homes())
-        self.store.watch(self.new_homes)
         self.health: HealthMonitor | None = None
         self.poller: MetricsPoller | None = None
         self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
@@ -213,6 +210,9 @@ class Sidecar(AsyncService):
             self._set_members(first)
         self._tasks.append(asyncio.create_task(source.watch(self._set_members), name="membership"))
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+        # A pass runs as a task of its own, after every watcher (the router's placement too).
+        self.pool.watch(lambda _table: self.new_homes())
+        self.store.watch(self.new_homes)
         self._tasks.append(asyncio.create_task(self.new_homes.run(), name="new-home-warmup"))
         self.sizer = PrefixSizer(
             self.store,
