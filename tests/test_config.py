@@ -40,6 +40,7 @@ from prefix_sidecar_tools.emulator.config import (
     add_config_arguments,
     config_from_args,
     config_to_argv,
+    to_argv,
 )
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
@@ -297,7 +298,7 @@ def test_add_flags_given_and_to_argv_are_inverse() -> None:
     values = fields.given(args, _Small)
     assert values == {"count": 5, "names": ["a", "b"], "loud": True}
     small = _Small(count=5, names=("a", "b"), loud=True)
-    assert fields.to_argv(small) == ["--count", "5", "--name", "a", "--name", "b", "--loud"]
+    assert to_argv(small) == ["--count", "5", "--name", "a", "--name", "b", "--loud"]
     assert fields.given(parser.parse_args([]), _Small) == {}
 
 
