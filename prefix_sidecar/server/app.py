@@ -49,7 +49,6 @@ from prefix_sidecar.server.warm_before_serve import JoinerWarmup, NewHomeWarmup
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import Relay, RelayPolicy
 from prefix_sidecar.upstream.tokenize import PrefixSizer
-from prefix_sidecar.v1 import router_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -377,4 +376,4 @@ async def serve(
         await sidecar.stop()
 
 
-__all__ = ["Sidecar", "router_pb2", "serve"]
+__all__ = ["Sidecar", "serve"]
