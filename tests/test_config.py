@@ -33,7 +33,7 @@ from prefix_sidecar.metrics import Prices
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
 from prefix_sidecar.routing import anchors, organic, placement, router
-from prefix_sidecar.upstream.tokenize import PrefixSizer
+from prefix_sidecar.upstream.tokenize import count_tokens
 from prefix_sidecar_tools.emulator.config import (
     EmulatorConfig,
     Faults,
@@ -181,7 +181,7 @@ FORMER_FIELDS = [
     ("prewarm_backoff_s", prewarm.RETRY_BACKOFF_S, 0.2),
     ("prewarm_timeout_s", prewarm.TIMEOUT_S, 120.0),
     ("api_key_env", API_KEY_ENV, "PREFIX_SIDECAR_API_KEY"),
-    ("tokenize_path", inspect.signature(PrefixSizer).parameters["path"].default, "/tokenize"),
+    ("tokenize_path", inspect.signature(count_tokens).parameters["path"].default, "/tokenize"),
     ("policy", router.DEFAULT_POLICY, "prefix_affinity"),
 ]
 
