@@ -2,9 +2,10 @@
 
 `setting()` stores that declaration in the field's metadata, so the dataclass is the table:
 the defaults, the coercion of YAML/env/flag values, the validation that names the field,
-the argparse flags, the argv that rebuilds a config in a child process and the docs table
-all read it, and cannot drift apart. The sidecar's Config (prefix_sidecar/config/) and the
-emulator's pod model (prefix_sidecar_tools/emulator/config.py) are both declared this way.
+the argparse flags and the docs table all read it (and the tooling's argv that rebuilds a
+config in a child process, prefix_sidecar_tools/emulator/config.py), and cannot drift apart.
+The sidecar's Config (prefix_sidecar/config/) and the emulator's pod model are both
+declared this way.
 """
 
 from __future__ import annotations
@@ -201,20 +202,3 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
         if value is not None:
             values[name] = value
     return values
-
-
-def to_argv(config: Any) -> list[str]:
-    """Flags that rebuild `config`'s flagged fields in a child process (the inverse of given)."""
-    argv: list[str] = []
-    for entry in table(type(config)).values():
-        value = getattr(config, entry.name)
-        if entry.spec.flag is None or value is None:
-            continue
-        if entry.kind is bool:
-            argv += [entry.spec.flag] if value else []
-        elif entry.spec.repeat:
-            for item in value:
-                argv += [entry.spec.flag, str(item)]
-        else:
-            argv += [entry.spec.flag, str(value)]
-    return argv

@@ -284,20 +284,17 @@ class PrefixStore:
         # Only the head that could hold a prefix is escaped: O(longest prefix), not O(prompt).
         return self.match_escaped(escape(prompt[: self._max_chars]))
 
-    def match_escaped(
-        self, escaped: bytes, start: int = 0, end: int | None = None
-    ) -> PrefixEntry | None:
-        """`match` for a prompt already escaped: `escaped[start:end]` is escape(prompt), or
-        a head of it (the OpenAI front matches a caller's body where its prompt is, when the
-        caller escaped it as `escape` does)."""
+    def match_escaped(self, escaped: bytes, start: int = 0) -> PrefixEntry | None:
+        """`match` for a prompt already escaped: `escaped[start:]` is escape(prompt), or
+        begins with it (the OpenAI front matches a caller's body where its prompt is, when
+        the caller escaped it as `escape` does)."""
         if not self._by_id:
             return None
-        stop = len(escaped) if end is None else end
         best: PrefixEntry | None = None
-        head = escaped[start : min(start + MATCH_HEAD_BYTES, stop)]
+        head = escaped[start : start + MATCH_HEAD_BYTES]
         candidates = [*self._by_head.get(head, ()), *self._short]
         for candidate in candidates:
-            if escaped.startswith(candidate.json_bytes, start, stop) and (
+            if escaped.startswith(candidate.json_bytes, start) and (
                 best is None or candidate.size > best.size
             ):
                 best = candidate

@@ -33,13 +33,14 @@ from prefix_sidecar.metrics import Prices
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
 from prefix_sidecar.routing import anchors, organic, placement, router
-from prefix_sidecar.upstream.tokenize import PrefixSizer
+from prefix_sidecar.upstream.tokenize import count_tokens
 from prefix_sidecar_tools.emulator.config import (
     EmulatorConfig,
     Faults,
     add_config_arguments,
     config_from_args,
     config_to_argv,
+    to_argv,
 )
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
@@ -180,7 +181,7 @@ FORMER_FIELDS = [
     ("prewarm_backoff_s", prewarm.RETRY_BACKOFF_S, 0.2),
     ("prewarm_timeout_s", prewarm.TIMEOUT_S, 120.0),
     ("api_key_env", API_KEY_ENV, "PREFIX_SIDECAR_API_KEY"),
-    ("tokenize_path", inspect.signature(PrefixSizer).parameters["path"].default, "/tokenize"),
+    ("tokenize_path", inspect.signature(count_tokens).parameters["path"].default, "/tokenize"),
     ("policy", router.DEFAULT_POLICY, "prefix_affinity"),
 ]
 
@@ -297,7 +298,7 @@ def test_add_flags_given_and_to_argv_are_inverse() -> None:
     values = fields.given(args, _Small)
     assert values == {"count": 5, "names": ["a", "b"], "loud": True}
     small = _Small(count=5, names=("a", "b"), loud=True)
-    assert fields.to_argv(small) == ["--count", "5", "--name", "a", "--name", "b", "--loud"]
+    assert to_argv(small) == ["--count", "5", "--name", "a", "--name", "b", "--loud"]
     assert fields.given(parser.parse_args([]), _Small) == {}
 
 

@@ -14,18 +14,9 @@ became one, so a config that still sets one fails naming where it went.
 
 from prefix_sidecar.config.checks import ConfigError
 from prefix_sidecar.config.listen import DEFAULT_SOCKET
-from prefix_sidecar.config.loading import (
-    ENV_PREFIX,
-    add_arguments,
-    build_config,
-    describe,
-    from_args,
-    load_file,
-)
-from prefix_sidecar.config.operations import LOG_FORMATS, LOG_LEVELS
+from prefix_sidecar.config.loading import add_arguments, build_config, describe, from_args
 from prefix_sidecar.config.removed import REMOVED_FIELDS
-from prefix_sidecar.config.routing import UNREGISTERED_ROUTING
-from prefix_sidecar.config.startup import PrefixSpec, parse_prefix_flag
+from prefix_sidecar.config.startup import PrefixSpec
 from prefix_sidecar.config.table import DEFAULTS, FIELDS, Config
 from prefix_sidecar.config.upstream import API_KEY_ENV
 
@@ -33,12 +24,8 @@ __all__ = [
     "API_KEY_ENV",
     "DEFAULTS",
     "DEFAULT_SOCKET",
-    "ENV_PREFIX",
     "FIELDS",
-    "LOG_FORMATS",
-    "LOG_LEVELS",
     "REMOVED_FIELDS",
-    "UNREGISTERED_ROUTING",
     "Config",
     "ConfigError",
     "PrefixSpec",
@@ -46,6 +33,4 @@ __all__ = [
     "build_config",
     "describe",
     "from_args",
-    "load_file",
-    "parse_prefix_flag",
 ]

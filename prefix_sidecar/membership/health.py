@@ -4,7 +4,7 @@ Design (after Envoy's health checker: interval, unhealthy threshold, faster edge
 - Each member has its own check loop: `GET {url}{path}` every `interval_s` (with a little
   jitter so a thousand sidecars do not check in lock-step); 2xx is healthy.
 - A member is ejected after `failure_threshold` consecutive failures, active or passive.
-  After any failure it is re-checked after `failure_recheck_s` instead of a full interval,
+  After any failure it is re-checked after FAILURE_RECHECK_S instead of a full interval,
   so a sick pod leaves in ~threshold x recheck, while a healthy one costs one GET per
   interval. A passive failure also wakes that recheck at once.
 - A dead pod must leave within 2 s even when no traffic reaches it, and a 2 s interval
@@ -35,6 +35,7 @@ from prefix_sidecar.upstream.errors import UpstreamError
 logger = logging.getLogger(__name__)
 
 ChangeCallback = Callable[[str, bool, "str | None"], None]
+FAILURE_RECHECK_S = 0.2  # after a failure: a sick pod leaves in ~threshold x this
 HEALTH_BODY_BYTES = 64 * 1024  # a healthy answer longer than this leaves with its connection
 
 
@@ -98,13 +99,12 @@ class HealthMonitor:
         timeout_s: float = DEFAULTS.health_timeout_s,
         failure_threshold: int = DEFAULTS.eject_after_failures,
         on_change: ChangeCallback,
-        failure_recheck_s: float = 0.2,
         watch_connections: bool = True,
     ) -> None:
         if not path.startswith("/"):
             raise ValueError(f"health path {path!r} must start with '/', e.g. '/health'")
-        if not (interval_s > 0 and timeout_s > 0 and failure_recheck_s > 0):
-            raise ValueError("health interval_s, timeout_s and failure_recheck_s must be > 0")
+        if not (interval_s > 0 and timeout_s > 0):
+            raise ValueError("health interval_s and timeout_s must be > 0")
         if failure_threshold < 1:
             raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold}")
         self._client = client
@@ -112,7 +112,6 @@ class HealthMonitor:
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._threshold = failure_threshold
-        self._recheck_s = failure_recheck_s
         self._watch_connections = watch_connections
         self._on_change = on_change
         self._members: dict[str, _Tracked] = {}
@@ -207,14 +206,14 @@ class HealthMonitor:
         loop = asyncio.get_running_loop()
         while True:
             # Wake-ups (passive failures, liveness EOF) may come in bursts: keep checks
-            # at least failure_recheck_s apart.
+            # at least FAILURE_RECHECK_S apart.
             await asyncio.sleep(
-                max(0.0, tracked.last_check_started + self._recheck_s - loop.time())
+                max(0.0, tracked.last_check_started + FAILURE_RECHECK_S - loop.time())
             )
             tracked.woken = False
             await self._check(tracked)
             if tracked.failures and tracked.status is MemberStatus.HEALTHY:
-                delay = self._recheck_s  # confirm or clear a failure quickly
+                delay = FAILURE_RECHECK_S  # confirm or clear a failure quickly
             else:
                 delay = self._interval_s * random.uniform(0.85, 1.0)
             await tracked.nap(delay)

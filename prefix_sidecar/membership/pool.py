@@ -115,7 +115,6 @@ class BackendPool:
 
     def __init__(
         self,
-        vnodes: int = _core.DEFAULT_VNODES,
         hash_table: str = DEFAULTS.hash_table,
         warm_before_serve: bool = DEFAULTS.warm_before_serve,
         needs_warming: Callable[[], bool] = lambda: False,
@@ -123,7 +122,6 @@ class BackendPool:
         on_change: Callable[[RoutingTable], None] | None = None,
     ) -> None:
         """`on_change` is the first watcher (see `watch`)."""
-        self._vnodes = vnodes  # routing contract section 3: part of the contract, no setting
         if hash_table not in _core.HASH_TABLES:
             choices = ", ".join(_core.HASH_TABLES)
             raise ValueError(f"unknown hash table {hash_table!r}; choose one of {choices}")
@@ -326,9 +324,9 @@ class BackendPool:
         if not backends:
             return None
         ordered = sorted(backends, key=lambda b: b.url)
-        return _core.make_table(
-            self._hash_table, [b.url for b in ordered], [b.weight for b in ordered], self._vnodes
-        )
+        urls, weights = [b.url for b in ordered], [b.weight for b in ordered]
+        # vnodes is part of routing contract section 3 (every client must agree): no setting.
+        return _core.make_table(self._hash_table, urls, weights, _core.DEFAULT_VNODES)
 
 
 def _checked_report(load: int | None) -> int | None:

@@ -8,20 +8,11 @@ when scraped; endpoint: the metrics port. Every name callers use is importable f
 from prefix_sidecar.metrics.endpoint import start_metrics_server
 from prefix_sidecar.metrics.registry import Metrics, Prices
 from prefix_sidecar.metrics.scrape_time import OrganicState, PodLoads
-from prefix_sidecar.metrics.series import (
-    DECISION_BUCKETS,
-    FRONT_GRPC,
-    FRONT_HTTP,
-    NONE_LABEL,
-    TTFT_BUCKETS,
-)
+from prefix_sidecar.metrics.series import FRONT_GRPC, FRONT_HTTP
 
 __all__ = [
-    "DECISION_BUCKETS",
     "FRONT_GRPC",
     "FRONT_HTTP",
-    "NONE_LABEL",
-    "TTFT_BUCKETS",
     "Metrics",
     "OrganicState",
     "PodLoads",

@@ -5,7 +5,7 @@ depends on every byte before it, so two prompts share key i only if they share t
 (i + 1) blocks, as in vLLM's prefix cache. The table remembers, for the first `learn_blocks`
 blocks of every prompt it sees, each block's first successor. When a new prompt follows a
 known block with a block never seen after it, that block is a branch point and gains one
-distinct successor. A block with at least `min_fanout` distinct successors is an anchor:
+distinct successor. A block with at least MIN_FANOUT distinct successors is an anchor:
 a tenant's system prompt end (its sessions and one-shot questions branch there), a few-shot
 template's end (its queries branch there).
 
@@ -22,12 +22,12 @@ each (a full generation becomes the previous one, the older is dropped: LRU-like
 generation granularity, and O(1): no pause on the request path); branch points are two
 generations of at most `max_blocks // 8` (a branch point's count is carried into the new
 generation when it branches again, so an anchor in use lives on); family counts are two
-generations of at most `share_window` requests and `max_blocks // 8` families. About 100
+generations of at most SHARE_WINDOW requests and `max_blocks // 8` families. About 100
 bytes per entry in CPython: the defaults (32,768) bound the table near 8 MB.
 
 K sidecars that see the same traffic statistics learn the same anchors: a branch point is a
 property of the traffic (where prompts diverge), found by each sidecar from its own sample;
-with `min_fanout` 2 a sidecar needs two distinct continuations of a block to see it.
+with MIN_FANOUT 2 a sidecar needs two distinct continuations of a block to see it.
 """
 
 from __future__ import annotations
@@ -48,22 +48,10 @@ SHARE_FLOOR = 100
 class AnchorTable:
     """Branch points and family shares seen by one sidecar (never shared with another)."""
 
-    def __init__(
-        self,
-        *,
-        max_blocks: int = MAX_BLOCKS,
-        min_fanout: int = MIN_FANOUT,
-        share_window: int = SHARE_WINDOW,
-    ) -> None:
+    def __init__(self, *, max_blocks: int = MAX_BLOCKS) -> None:
         if max_blocks < 16:
             raise ValueError(f"max_blocks is {max_blocks}; the table needs at least 16 entries")
-        if min_fanout < 2:
-            raise ValueError(f"min_fanout is {min_fanout}; a branch has at least 2 successors")
-        if share_window < 1:
-            raise ValueError(f"share_window is {share_window}; it must be >= 1")
         self.max_blocks = max_blocks
-        self.min_fanout = min_fanout
-        self.share_window = share_window
         self.max_fanout = max(8, max_blocks // 8)
         self.max_families = max(8, max_blocks // 8)
         # chain key -> its first successor's chain key (0: none seen yet), two generations.
@@ -90,7 +78,7 @@ class AnchorTable:
 
     def sizes(self) -> dict[str, int]:
         """Entries per map, both generations: block keys remembered, branch points (an
-        anchor is one with min_fanout successors), families counted."""
+        anchor is one with MIN_FANOUT successors), families counted."""
         return {
             "blocks": len(self._seen) + len(self._seen_old),
             "branch_points": len(self._fanout) + len(self._fanout_old),
@@ -155,7 +143,7 @@ class AnchorTable:
 
     def anchor(self, chain: list[int]) -> int:
         """The depth of the shallowest anchor on the prompt's path, or -1 when it has none."""
-        fanout, old, least = self._fanout, self._fanout_old, self.min_fanout
+        fanout, old, least = self._fanout, self._fanout_old, MIN_FANOUT
         for depth, block in enumerate(chain):
             count = fanout.get(block)
             if count is None:
@@ -171,7 +159,7 @@ class AnchorTable:
         self._requests += 1
         seen = max(SHARE_FLOOR, self._requests + self._requests_old)
         share = (count + self._families_old.get(family, 0)) / seen
-        if self._requests >= self.share_window or len(families) >= self.max_families:
+        if self._requests >= SHARE_WINDOW or len(families) >= self.max_families:
             self._families_old, self._requests_old = families, self._requests
             self._families, self._requests = {}, 0
         return share

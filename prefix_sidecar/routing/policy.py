@@ -46,19 +46,19 @@ class PolicySettings(Protocol):
 
 
 # Each name of policy_names.POLICIES with its factory (config validation reads the names).
-_REGISTRY: dict[str, Callable[[PolicySettings, int], Policy]] = {
-    "prefix_affinity": lambda s, _seed: PrefixAffinity(s.load_factor, s.load_cap_floor),
-    "consistent_hash": lambda _s, _seed: ConsistentHash(),
-    "round_robin": lambda _s, _seed: RoundRobin(),
-    "random": lambda _s, seed: RandomPick(seed),
-    "least_loaded": lambda _s, _seed: LeastLoaded(),
+_REGISTRY: dict[str, Callable[[PolicySettings], Policy]] = {
+    "prefix_affinity": lambda s: PrefixAffinity(s.load_factor, s.load_cap_floor),
+    "consistent_hash": lambda _s: ConsistentHash(),
+    "round_robin": lambda _s: RoundRobin(),
+    "random": lambda _s: RandomPick(),
+    "least_loaded": lambda _s: LeastLoaded(),
 }
 assert tuple(_REGISTRY) == POLICIES, "policy_names.POLICIES lists every policy, in order"
 
 
-def make_policy(name: str, settings: PolicySettings, seed: int = 0) -> Policy:
-    """The named policy, given only the settings it uses (`seed`: the random baseline's)."""
+def make_policy(name: str, settings: PolicySettings) -> Policy:
+    """The named policy, given only the settings it uses."""
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(POLICIES)}")
-    return factory(settings, seed)
+    return factory(settings)

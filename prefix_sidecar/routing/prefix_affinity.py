@@ -48,15 +48,13 @@ class PrefixAffinity:
         return member, _BRANCHES[branch]
 
     def select_bytes(
-        self, table: RoutingTable, data: bytes, replicas: int, min_cap: int | None = None
+        self, table: RoutingTable, data: bytes, replicas: int
     ) -> tuple[str, Branch, int]:
         """select() for the key of `data` (no budgeted homes), hashing and picking in one
-        core call; returns (pod, branch, route key). `min_cap` is Pick's: None is the
-        configured floor."""
+        core call with the configured floor; returns (pod, branch, route key)."""
         ring = table.ring
         assert ring is not None
-        floor = self.load_cap_floor if min_cap is None else min_cap
         member, branch, key = ring.pick_bytes(
-            data, table.loads, replicas, self.load_factor, floor, table.total
+            data, table.loads, replicas, self.load_factor, self.load_cap_floor, table.total
         )
         return member, _BRANCHES[branch], key

@@ -51,7 +51,6 @@ from prefix_sidecar.server.warm_before_serve import JoinerWarmup, NewHomeWarmup
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import Relay, RelayPolicy
 from prefix_sidecar.upstream.tokenize import PrefixSizer
-from prefix_sidecar.v1 import router_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +113,6 @@ class Sidecar(AsyncService):
         self.new_homes = NewHomeWarmup(
             self.prewarmer, self.store, self.router, self.pool, self.metrics
         )
-        # A pass runs as a task of its own, after every watcher (the router's placement too).
-        self.pool.watch(lambda _table: self.new_homes())
-        self.store.watch(self.new_homes)
         self.health: HealthMonitor | None = None
         self.poller: MetricsPoller | None = None
         self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
@@ -222,6 +218,9 @@ class Sidecar(AsyncService):
             self._set_members(first)
         self._tasks.append(asyncio.create_task(source.watch(self._set_members), name="membership"))
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+        # A pass runs as a task of its own, after every watcher (the router's placement too).
+        self.pool.watch(lambda _table: self.new_homes())
+        self.store.watch(self.new_homes)
         self._tasks.append(asyncio.create_task(self.new_homes.run(), name="new-home-warmup"))
         self.sizer = PrefixSizer(
             self.store,
@@ -390,4 +389,4 @@ async def serve(
         await sidecar.stop()
 
 
-__all__ = ["Sidecar", "router_pb2", "serve"]
+__all__ = ["Sidecar", "serve"]

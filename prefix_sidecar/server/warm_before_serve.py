@@ -23,8 +23,10 @@ logger = logging.getLogger(__name__)
 
 # Seconds between NewHomeWarmup's own passes, besides those its triggers ask for: a home
 # that moved while the prefix's first prewarm ran is found by the next one. A pass reads
-# each registered prefix's home set once (~5 ms at max_prefixes 1,024).
+# each registered prefix's home set once (~5 ms at max_prefixes 1,024), so it yields to
+# the loop every PREFIXES_PER_STEP prefixes.
 NEW_HOME_CHECK_S = 5.0
+PREFIXES_PER_STEP = 256
 
 
 @dataclass
@@ -78,7 +80,8 @@ class NewHomeWarmup:
     5k-16k-token prefill (`prefix-sidecar bench real --engine vllm`). Called after each
     such change, this prewarms every prefix already warm somewhere on each serving home
     that lacks it; joining pods are JoinerWarmup's. One pass at a time; a change during a
-    pass asks for another, and `run` makes one every NEW_HOME_CHECK_S.
+    pass asks for another, and `run` makes one every NEW_HOME_CHECK_S. The sidecar calls
+    it only once it has started, from its event loop.
     """
 
     prewarmer: Prewarmer
@@ -93,11 +96,7 @@ class NewHomeWarmup:
         if self._task is not None and not self._task.done():
             self._again = True
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # a pool changed outside a running sidecar (a test): nothing to warm
-        self._task = loop.create_task(self._warm_new_homes())
+        self._task = asyncio.get_running_loop().create_task(self._warm_new_homes())
 
     async def run(self) -> None:
         while True:
@@ -109,13 +108,15 @@ class NewHomeWarmup:
         task, self._task = self._task, None
         return [task] if task is not None and not task.done() else []
 
-    def missing(self) -> list[tuple[PrefixEntry, str]]:
+    async def missing(self) -> list[tuple[PrefixEntry, str]]:
         """(prefix, pod) pairs to warm: the prefix is warm on some pod, the pod is one of its
         homes, serving, and not warm with it."""
         backends = self.pool.backends
         warm_anywhere: set[str] = set().union(*(b.warm_prefixes for b in backends.values()))
         pairs = []
-        for entry in self.store:
+        for count, entry in enumerate(self.store, 1):
+            if count % PREFIXES_PER_STEP == 0:
+                await asyncio.sleep(0)
             if entry.id not in warm_anywhere:
                 continue  # never prewarmed (or not yet): its registration's prewarm decides
             for url in self.router.home_set(entry):
@@ -131,7 +132,7 @@ class NewHomeWarmup:
     async def _warm_new_homes(self) -> None:
         while True:
             self._again = False
-            pairs = self.missing()
+            pairs = await self.missing()
             if pairs:
                 logger.info("placement moved: warming %d prefix home(s)", len(pairs))
                 for event in await self.prewarmer.warm_all(pairs):

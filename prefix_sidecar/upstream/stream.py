@@ -17,10 +17,6 @@ from prefix_sidecar.upstream.lean_http import PodAnswer
 from prefix_sidecar.upstream.sse import Delta, SSEDecoder, SSEProtocolError, clip
 
 
-def _close(answer: PodAnswer) -> None:
-    answer.close()
-
-
 class UpstreamStream:
     """One open streaming answer; iterate for coalesced deltas."""
 
@@ -29,8 +25,8 @@ class UpstreamStream:
         backend: str,
         answer: PodAnswer,
         chat: bool,
-        redact: Callable[[str], str] = str,
-        recycle: Callable[[PodAnswer], None] = _close,
+        redact: Callable[[str], str],
+        recycle: Callable[[PodAnswer], None],
         *,
         raw_events: bool = False,
     ) -> None:

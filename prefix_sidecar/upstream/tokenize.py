@@ -123,16 +123,12 @@ class PrefixSizer:
         client: UpstreamClient,
         pods: Callable[[], Sequence[str]],
         *,
-        path: str = "/tokenize",
         model: str = "",
-        timeout_s: float = 10.0,
     ) -> None:
         self.store = store
         self.client = client
         self.pods = pods
-        self.path = path
         self.model = model
-        self.timeout_s = timeout_s
         self.counted: dict[str, int] = {}  # prefix id -> tokens (a re-registration reuses it)
         self.failures: dict[str, int] = {}
         self._wake = asyncio.Event()
@@ -161,14 +157,7 @@ class PrefixSizer:
                 if not pods:
                     return  # woken again when pods are there
                 try:
-                    known = await count_tokens(
-                        self.client,
-                        pods[0],
-                        entry.text,
-                        model=self.model,
-                        path=self.path,
-                        timeout_s=self.timeout_s,
-                    )
+                    known = await count_tokens(self.client, pods[0], entry.text, model=self.model)
                 except TokenizeError as exc:
                     self.failures[entry.id] = self.failures.get(entry.id, 0) + 1
                     logger.info("prefix %s: no token count (%s); sized from bytes", entry.name, exc)

@@ -60,10 +60,11 @@ async def fetch_metrics(
 
 class MetricsPoller:
     """Every ~interval_s (jittered +-50 %, so a thousand sidecars do not poll in step) ask
-    at most `sample` pods for /metrics, chosen among the ones not heard from for
-    refresh_after_s: first those this sidecar sent requests to lately (it is about to pick
-    among them), then the rest, at random. Cost per sidecar: sample / interval_s requests
-    per second, whatever the fleet size (arithmetic in docs/load-signals.md)."""
+    at most `sample` pods for /metrics, chosen among the ones not heard from for half the
+    readings' max age (so a reading is refreshed before it ages out): first those this
+    sidecar sent requests to lately (it is about to pick among them), then the rest, at
+    random. Cost per sidecar: sample / interval_s requests per second, whatever the fleet
+    size (arithmetic in docs/load-signals.md)."""
 
     def __init__(
         self,
@@ -73,8 +74,6 @@ class MetricsPoller:
         interval_s: float = POLL_INTERVAL_S,
         sample: int = POLL_SAMPLE,
         timeout_s: float = POLL_TIMEOUT_S,
-        refresh_after_s: float | None = None,
-        max_bytes: int = MAX_METRICS_BYTES,
         rng: random.Random | None = None,
     ) -> None:
         self.signals = signals
@@ -82,10 +81,7 @@ class MetricsPoller:
         self.interval_s = interval_s
         self.sample = sample
         self.timeout_s = timeout_s
-        self.refresh_after_s = (
-            refresh_after_s if refresh_after_s is not None else signals.rule.max_age_s / 2
-        )
-        self.max_bytes = max_bytes
+        self.refresh_after_s = signals.rule.max_age_s / 2
         self.rng = rng or random.Random()
         self.polls = 0
         self.failures = 0
@@ -112,9 +108,7 @@ class MetricsPoller:
         if pod is not None:
             pod.asked_at = self.signals.now()  # a failing pod is not asked again at once
         try:
-            report = await fetch_metrics(
-                self.client, url, timeout_s=self.timeout_s, max_bytes=self.max_bytes
-            )
+            report = await fetch_metrics(self.client, url, timeout_s=self.timeout_s)
         except MetricsError as exc:
             self.failures += 1
             logger.debug("load poll failed: %s", exc)

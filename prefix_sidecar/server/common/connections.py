@@ -71,9 +71,8 @@ def front_cap(fronts: int, fd_limit: int | None = None) -> int:
 class AcceptLog:
     """A warning that cannot flood: at most one line per LOG_EVERY_S, counting the rest."""
 
-    def __init__(self, log: logging.Logger, every_s: float = LOG_EVERY_S) -> None:
+    def __init__(self, log: logging.Logger) -> None:
         self._log = log
-        self._every_s = every_s
         self._last = -float("inf")
         self._quiet = 0  # events since the last line
 
@@ -81,7 +80,7 @@ class AcceptLog:
         """Log `message` with `args` and then the count of events quieted since the last
         line, or only count this one when a line went out less than `every_s` ago."""
         now = time.monotonic()
-        if now - self._last < self._every_s:
+        if now - self._last < LOG_EVERY_S:
             self._quiet += 1
             return
         self._last = now

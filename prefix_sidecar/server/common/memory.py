@@ -4,7 +4,7 @@ An abusive burst (HTTP/2 rapid reset: thousands of calls queued in grpc core, ea
 buffers) is freed when it ends, but glibc keeps the freed heap pages mapped, so the RSS a
 pod's memory limit counts stays at the burst's peak. `malloc_trim(0)` returns every whole
 free page of every arena. It runs in a thread (ctypes drops the GIL around the call, so the
-event loop goes on) every `interval_s`, and only on glibc: elsewhere this is a no-op.
+event loop goes on) every TRIM_INTERVAL_S, and only on glibc: elsewhere this is a no-op.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ async def trim_now() -> bool:
     return bool(await asyncio.to_thread(_malloc_trim, 0))
 
 
-async def trim_forever(interval_s: float = TRIM_INTERVAL_S) -> None:
-    """Trim every `interval_s` until cancelled (a task of the running sidecar)."""
+async def trim_forever() -> None:
+    """Trim every TRIM_INTERVAL_S until cancelled (a task of the running sidecar)."""
     if _malloc_trim is None:
         logger.debug("malloc_trim is not available (not glibc): freed memory is not trimmed")
         return
     while True:
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(TRIM_INTERVAL_S)
         await trim_now()

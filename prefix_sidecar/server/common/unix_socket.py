@@ -41,50 +41,6 @@ class UnsafeSocketDirectory(SocketPathError):
 SocketIdentity = tuple[int, int]  # (st_dev, st_ino) of the socket file
 
 
-def prepare_socket_path(path: str) -> None:
-    directory = os.path.dirname(path) or "."
-    make_socket_directory(directory)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise SocketInUse(f"{path} exists and is not a socket; remove it or choose another path")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(0.5)
-    try:
-        probe.connect(path)
-    except OSError as exc:
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)  # stale: its server is gone
-            return
-        raise SocketInUse(f"cannot check existing socket {path}: {exc}") from None
-    finally:
-        probe.close()
-    raise SocketInUse(f"another process is listening on {path}; stop it or choose another path")
-
-
-@contextlib.contextmanager
-def restrictive_umask(mode: int) -> Iterator[None]:
-    """Create the socket with no more than `mode` from the start (no window at 0777)."""
-    previous = os.umask(0o777 & ~mode)
-    try:
-        yield
-    finally:
-        os.umask(previous)
-
-
-def apply_socket_permissions(path: str, mode: int, group: str) -> None:
-    if group:
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise ValueError(f"config field 'socket_group': no group named {group!r}") from None
-        os.chown(path, -1, gid)
-    os.chmod(path, mode)
-
-
 def make_socket_directory(directory: str) -> None:
     """Create the missing levels of `directory` 0750 each (chmod after mkdir: the umask may
     be 000), then refuse it if it or a directory above it is world-writable, not sticky."""
@@ -119,21 +75,6 @@ def check_socket_directory(directory: str) -> None:
         level = parent
 
 
-def socket_identity(path: str) -> SocketIdentity:
-    """What identifies the file bound at `path`, taken right after bind."""
-    st = os.lstat(path)
-    return st.st_dev, st.st_ino
-
-
-def remove_own_socket(path: str, identity: SocketIdentity | None) -> None:
-    """Unlink `path` only if it is still the socket this process bound."""
-    if identity is None:
-        return
-    with contextlib.suppress(FileNotFoundError):
-        if socket_identity(path) == identity:
-            os.unlink(path)
-
-
 class SocketFile:
     """One listener's socket file from start to exit: the path made safe to bind (`prepare`),
     the file created no more open than `mode` (bind inside `creating`, then `bound`), its
@@ -146,20 +87,62 @@ class SocketFile:
         self.identity: SocketIdentity | None = None
 
     def prepare(self) -> None:
-        prepare_socket_path(self.path)
+        path = self.path
+        make_socket_directory(os.path.dirname(path) or ".")
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise SocketInUse(
+                f"{path} exists and is not a socket; remove it or choose another path"
+            )
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(0.5)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # stale: its server is gone
+                return
+            raise SocketInUse(f"cannot check existing socket {path}: {exc}") from None
+        finally:
+            probe.close()
+        raise SocketInUse(f"another process is listening on {path}; stop it or choose another path")
 
     @contextlib.contextmanager
     def creating(self) -> Iterator[None]:
-        with restrictive_umask(self.mode):
+        """Create the socket with no more than `mode` from the start (no window at 0777)."""
+        previous = os.umask(0o777 & ~self.mode)
+        try:
             yield
+        finally:
+            os.umask(previous)
 
     def bound(self) -> None:
         """Remember the file just bound, right after bind."""
-        self.identity = socket_identity(self.path)
+        self.identity = self._identity()
 
     def secure(self) -> None:
-        apply_socket_permissions(self.path, self.mode, self.group)
+        if self.group:
+            try:
+                gid = grp.getgrnam(self.group).gr_gid
+            except KeyError:
+                raise ValueError(
+                    f"config field 'socket_group': no group named {self.group!r}"
+                ) from None
+            os.chown(self.path, -1, gid)
+        os.chmod(self.path, self.mode)
 
     def remove(self) -> None:
-        remove_own_socket(self.path, self.identity)
+        """Unlink the path only if it is still the socket this process bound."""
+        if self.identity is not None:
+            with contextlib.suppress(FileNotFoundError):
+                if self._identity() == self.identity:
+                    os.unlink(self.path)
         self.identity = None
+
+    def _identity(self) -> SocketIdentity:
+        st = os.lstat(self.path)
+        return st.st_dev, st.st_ino

@@ -42,14 +42,7 @@ from prefix_sidecar.server.common.trace_context import (
     valid_request_id,
     valid_traceparent,
 )
-from prefix_sidecar.server.common.unix_socket import (
-    SocketIdentity,
-    apply_socket_permissions,
-    prepare_socket_path,
-    remove_own_socket,
-    restrictive_umask,
-    socket_identity,
-)
+from prefix_sidecar.server.common.unix_socket import SocketFile
 from prefix_sidecar.server.openai.body import FrontError, FrontRequest, bad_request
 from prefix_sidecar.server.openai.body_steps import read_request
 from prefix_sidecar.server.openai.http1 import HTTP1Server, Request, Response, StreamedResponse
@@ -93,7 +86,7 @@ class OpenAIFront:
     _routes: dict[tuple[str, str], Handler] = field(init=False)
     _server: HTTP1Server | None = field(default=None, init=False)
     _listener: asyncio.AbstractServer | None = field(default=None, init=False)
-    _socket_identity: SocketIdentity | None = field(default=None, init=False)
+    _socket_file: SocketFile | None = field(default=None, init=False)
     _requests: set[asyncio.Task[object]] = field(default_factory=set, init=False)
     _draining: bool = field(default=False, init=False)
 
@@ -129,11 +122,13 @@ class OpenAIFront:
         install_accept_log(loop)
         if listen.startswith("unix://"):
             path = listen[len("unix://") :]
-            prepare_socket_path(path)
-            with restrictive_umask(self.config.socket_mode):
+            socket_file = SocketFile(path, self.config.socket_mode, self.config.socket_group)
+            socket_file.prepare()
+            self._socket_file = socket_file
+            with socket_file.creating():
                 self._listener = await loop.create_unix_server(self._server, path)
-                self._socket_identity = socket_identity(path)
-            apply_socket_permissions(path, self.config.socket_mode, self.config.socket_group)
+                socket_file.bound()
+            socket_file.secure()
         else:
             host, port = split_host_port(listen)
             self._listener = await loop.create_server(
@@ -161,10 +156,8 @@ class OpenAIFront:
                     await asyncio.wait(late, timeout=1.0)
             if self._server is not None:
                 self._server.close_all()  # idle keep-alive connections, and any left
-        listen = self.config.openai_listen
-        if listen.startswith("unix://"):
-            remove_own_socket(listen[len("unix://") :], self._socket_identity)
-            self._socket_identity = None
+        if self._socket_file is not None:
+            self._socket_file.remove()
 
     def _tls(self, host: str) -> ssl.SSLContext | None:
         """Loopback serves plain HTTP; anything else TLS (the config demands the files)."""

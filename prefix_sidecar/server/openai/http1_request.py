@@ -5,8 +5,8 @@ Everything here comes from a caller and is untrusted. llhttp (Node's parser, uvi
 path) reads the framing strictly: header names are tokens right before their colon, no
 folded lines, no control character but tab in a value, one Content-Length of digits, never
 beside a Transfer-Encoding, chunk sizes of hex digits only, CRLF line ends, a chunk
-extension ended by CRLF. What it does not enforce, `RequestReader` does, as the hand-written
-parser it replaced did (tests/server/openai/test_http1.py covers each):
+extension ended by CRLF. What it does not enforce, `RequestReader` does
+(tests/server/openai/test_http1.py covers each):
 - the request line: one space between its three parts, a method of at most 32 token
   characters, a target of 1 to 8,192 visible ASCII characters, HTTP/1.1 or HTTP/1.0 only
   (505: llhttp also takes 0.9 and 2.0), the target a path or an absolute http(s) URL;

@@ -26,7 +26,12 @@ import json
 import sys
 from pathlib import Path
 
-from prefix_sidecar_tools.bench.argtypes import positive_float, positive_int
+from prefix_sidecar_tools.bench.argtypes import (
+    non_negative,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from prefix_sidecar_tools.report import add_command, progress_printer
 
 ENGINES = ("llamacpp", "vllm")
@@ -40,17 +45,19 @@ def register_real(bench_subparsers: argparse._SubParsersAction) -> None:
 
     parser = add_command(bench_subparsers, "real", SUMMARY, __doc__)
     parser.add_argument("--engine", choices=ENGINES, default="llamacpp")
-    parser.add_argument("--pods", type=int, help="pods in the fleet (4)")
-    parser.add_argument("--prefixes", type=int, help="distinct prefixes (llama.cpp 4, vLLM 8)")
-    parser.add_argument("--max-tokens", type=int, help="tokens per answer (4)")
+    parser.add_argument("--pods", type=positive_int, help="pods in the fleet (4)")
+    parser.add_argument(
+        "--prefixes", type=positive_int, help="distinct prefixes (llama.cpp 4, vLLM 8)"
+    )
+    parser.add_argument("--max-tokens", type=positive_int, help="tokens per answer (4)")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     llama = parser.add_argument_group("--engine llamacpp")
-    llama.add_argument("--rounds", type=int, default=25, help="requests per prefix")
-    llama.add_argument("--prefix-words", type=int, default=2000, help="~tokens per prefix")
-    llama.add_argument("--suffix-words", type=int, default=16)
+    llama.add_argument("--rounds", type=positive_int, default=25, help="requests per prefix")
+    llama.add_argument("--prefix-words", type=positive_int, default=2000, help="~tokens per prefix")
+    llama.add_argument("--suffix-words", type=positive_int, default=16)
     llama.add_argument(
         "--cache-states",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="give each pod a RAM prompt cache of this many saved request states, an LRU "
         "keyed by prompt (0: a pod keeps only the KV of its last prompt)",
@@ -86,22 +93,24 @@ def _vllm_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--rate", type=positive_float, default=3.0, help="mega-sale requests/s, Poisson"
     )
-    group.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent over prefixes")
+    group.add_argument("--zipf", type=non_negative, default=1.0, help="Zipf exponent over prefixes")
     group.add_argument("--min-prefix-tokens", type=positive_int, default=4096)
     group.add_argument("--max-prefix-tokens", type=positive_int, default=16384)
     group.add_argument(
         "--kv-share",
-        type=float,
+        type=positive_float,
         default=0.6,
         help="each pod's KV cache as a share of all the prefixes' tokens (0.6: below 1, so "
         "they do not all fit in one pod)",
     )
-    group.add_argument("--kv-tokens", type=int, default=0, help="each pod's KV, overrides")
     group.add_argument(
-        "--organic-duration", type=float, default=20.0, help="seconds of organic arrivals"
+        "--kv-tokens", type=non_negative_int, default=0, help="each pod's KV, overrides"
     )
     group.add_argument(
-        "--organic-rate", type=float, default=4.0, help="organic flows started per second"
+        "--organic-duration", type=positive_float, default=20.0, help="seconds of organic arrivals"
+    )
+    group.add_argument(
+        "--organic-rate", type=positive_float, default=4.0, help="organic flows started per second"
     )
     group.add_argument(
         "--cold",
@@ -110,10 +119,12 @@ def _vllm_flags(group: argparse._ArgumentGroup) -> None:
         help="how the pods are made cold between systems: restart them (honest, ~30-80 s), "
         "or POST /reset_prefix_cache (vLLM's dev mode, seconds)",
     )
-    group.add_argument("--timeout", type=float, default=60.0, help="first-token timeout, s")
+    group.add_argument(
+        "--timeout", type=positive_float, default=60.0, help="first-token timeout, s"
+    )
     group.add_argument(
         "--startup-timeout",
-        type=float,
+        type=positive_float,
         default=600.0,
         help="seconds a pod may take to answer /health (28-85 s on a quiet 2-core box, "
         "over 240 s on a busy one)",
@@ -150,9 +161,6 @@ def run_vllm(args: argparse.Namespace) -> int:
     unknown += [w for w in args.workloads if w not in WORKLOADS]
     if unknown or not args.systems or not args.workloads:
         print(f"error: unknown or no --systems/--workloads: {unknown}", file=sys.stderr)
-        return 2
-    if args.pods < 1 or args.prefixes < 1 or args.kv_share <= 0:
-        print("error: need --pods >= 1, --prefixes >= 1, --kv-share > 0", file=sys.stderr)
         return 2
     try:
         report = asyncio.run(bench_vllm(args, progress_printer("bench real")))

@@ -134,11 +134,6 @@ def run_llamacpp(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if min(args.pods, args.prefixes, args.rounds, args.prefix_words) < 1:
-        print(
-            "error: --pods, --prefixes, --rounds and --prefix-words must be >= 1", file=sys.stderr
-        )
-        return 2
     if args.prefix_words + args.suffix_words + args.max_tokens + 16 > ModelShape().context:
         print(
             f"error: --prefix-words too large for the {ModelShape().context}-token context",

@@ -209,4 +209,21 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
 def config_to_argv(config: EmulatorConfig) -> list[str]:
     """The inverse of config_from_args: flags that rebuild `config` in a child process."""
-    return fields.to_argv(config) + fields.to_argv(config.faults)
+    return to_argv(config) + to_argv(config.faults)
+
+
+def to_argv(config: Any) -> list[str]:
+    """Flags that rebuild `config`'s flagged fields (the inverse of fields.given)."""
+    argv: list[str] = []
+    for entry in fields.table(type(config)).values():
+        value = getattr(config, entry.name)
+        if entry.spec.flag is None or value is None:
+            continue
+        if entry.kind is bool:
+            argv += [entry.spec.flag] if value else []
+        elif entry.spec.repeat:
+            for item in value:
+                argv += [entry.spec.flag, str(item)]
+        else:
+            argv += [entry.spec.flag, str(value)]
+    return argv
