@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Self
 
 
@@ -26,3 +27,20 @@ class BackgroundWatch:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+class LoopWatch(BackgroundWatch):
+    """The loop's longest step while it runs: a task that wakes every turn of the loop and
+    measures, in the loop thread's CPU time (what another caller waits for; a busy box's
+    preemption is not counted) and in wall time, how long it waited."""
+
+    def __init__(self) -> None:
+        self.cpu_ms = 0.0
+        self.wall_ms = 0.0
+
+    async def watch(self) -> None:
+        while True:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            await asyncio.sleep(0)
+            self.cpu_ms = max(self.cpu_ms, (time.thread_time() - cpu) * 1e3)
+            self.wall_ms = max(self.wall_ms, (time.perf_counter() - wall) * 1e3)

@@ -22,7 +22,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.lifecycle import WokenPass
+from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 
@@ -112,10 +113,29 @@ async def count_tokens(
     raise TokenizeError(f"{url}{path}: " + "; ".join(errors))
 
 
-class PrefixSizer:
-    """Counts each registered prefix's tokens once, on one pod (the first of `pods()`, which
-    the caller orders), in one background task; `wake()` after a registration or a
-    membership change. A prefix is tried ATTEMPTS_PER_PREFIX times, then sized from bytes."""
+async def token_ids(
+    client: UpstreamClient, url: str, text: str, *, model: str = "", timeout_s: float = 10.0
+) -> list[int]:
+    """The pod's token ids of `text` (vLLM's shape only: llama.cpp's blocks are not
+    reported), each checked to be an id, no more of them than the text has bytes + slack."""
+    size = len(text.encode("utf-8"))
+    body: dict[str, str] = {"model": model, "prompt": text} if model else {"prompt": text}
+    data = await _post(client, url, "/tokenize", body, timeout_s, _max_answer_bytes(size))
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if not isinstance(tokens, list) or len(tokens) > size + SPECIAL_TOKENS_SLACK:
+        raise TokenizeError("no token ids in the answer")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in tokens):
+        raise TokenizeError("the token ids are not ids")
+    return tokens
+
+
+class PrefixPass(WokenPass):
+    """Asks the first of `pods()` (the caller orders them) one thing about each registered
+    prefix, in one background task; `wake()` after a registration or a membership change. A
+    prefix is tried ATTEMPTS_PER_PREFIX times, then given up on; what was unregistered is
+    forgotten, so the state is bounded by the store."""
+
+    what = "answer"  # what a failure's log line says is missing
 
     def __init__(
         self,
@@ -125,43 +145,74 @@ class PrefixSizer:
         *,
         model: str = "",
     ) -> None:
+        super().__init__()
         self.store = store
         self.client = client
         self.pods = pods
         self.model = model
-        self.counted: dict[str, int] = {}  # prefix id -> tokens (a re-registration reuses it)
         self.failures: dict[str, int] = {}
-        self._wake = asyncio.Event()
 
-    def wake(self) -> None:
-        self._wake.set()
+    def forget(self, live: set[str]) -> None:
+        """Drop what is kept for prefixes no longer registered."""
 
-    async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            await self.size_all()
+    def done(self, entry: PrefixEntry) -> bool:
+        raise NotImplementedError
 
-    async def size_all(self) -> None:
+    async def ask(self, pod: str, entry: PrefixEntry) -> None:
+        """Ask `pod` about `entry` and keep the answer; TokenizeError when there is none."""
+        raise NotImplementedError
+
+    async def run_pass(self) -> None:
         entries = list(self.store)
         live = {entry.id for entry in entries}
-        # Bounded by the store: what was unregistered is forgotten.
-        self.counted = {k: v for k, v in self.counted.items() if k in live}
+        self.forget(live)
         self.failures = {k: v for k, v in self.failures.items() if k in live}
         for entry in entries:
-            if entry.tokens or self.failures.get(entry.id, 0) >= ATTEMPTS_PER_PREFIX:
+            if self.done(entry) or self.failures.get(entry.id, 0) >= ATTEMPTS_PER_PREFIX:
                 continue
-            known = self.counted.get(entry.id)
-            if known is None:
-                pods = self.pods()
-                if not pods:
-                    return  # woken again when pods are there
-                try:
-                    known = await count_tokens(self.client, pods[0], entry.text, model=self.model)
-                except TokenizeError as exc:
-                    self.failures[entry.id] = self.failures.get(entry.id, 0) + 1
-                    logger.info("prefix %s: no token count (%s); sized from bytes", entry.name, exc)
-                    continue
-                self.counted[entry.id] = known
-            if self.store.set_tokens(entry.id, known):
-                logger.info("prefix %s is %d tokens (%d bytes)", entry.name, known, entry.size)
+            pods = self.pods()
+            if not pods:
+                return  # woken again when pods are there
+            try:
+                await self.ask(pods[0], entry)
+            except TokenizeError as exc:
+                self.failures[entry.id] = self.failures.get(entry.id, 0) + 1
+                logger.info("prefix %s: no %s (%s)", entry.name, self.what, exc)
+
+
+class PrefixSizer(PrefixPass):
+    """Counts each registered prefix's tokens once, on one pod; a prefix whose count fails
+    stays sized from bytes."""
+
+    what = "token count; sized from bytes"
+
+    def __init__(
+        self,
+        store: PrefixStore,
+        client: UpstreamClient,
+        pods: Callable[[], Sequence[str]],
+        *,
+        model: str = "",
+    ) -> None:
+        super().__init__(store, client, pods, model=model)
+        self.counted: dict[str, int] = {}  # prefix id -> tokens (a re-registration reuses it)
+
+    def forget(self, live: set[str]) -> None:
+        self.counted = {k: v for k, v in self.counted.items() if k in live}
+
+    def done(self, entry: PrefixEntry) -> bool:
+        if entry.tokens:
+            return True
+        known = self.counted.get(entry.id)
+        if known is not None:
+            self._keep(entry, known)
+        return known is not None
+
+    async def ask(self, pod: str, entry: PrefixEntry) -> None:
+        known = await count_tokens(self.client, pod, entry.text, model=self.model)
+        self.counted[entry.id] = known
+        self._keep(entry, known)
+
+    def _keep(self, entry: PrefixEntry, known: int) -> None:
+        if self.store.set_tokens(entry.id, known):
+            logger.info("prefix %s is %d tokens (%d bytes)", entry.name, known, entry.size)

@@ -17,7 +17,6 @@ import zmq.asyncio
 from aiohttp import web
 
 from prefix_sidecar.kv_events.decode import KvEvent
-from tests.background import BackgroundWatch
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 TOPIC = b"kv"
@@ -140,19 +139,3 @@ class RecordingSink:
         async with asyncio.timeout(timeout_s):
             while not predicate():
                 await asyncio.sleep(0.01)
-
-
-class LoopWatch(BackgroundWatch):
-    """The loop's longest turn, in the loop thread's CPU time (another job's preemption of
-    this busy box does not count) and in wall time."""
-
-    def __init__(self) -> None:
-        self.cpu_ms = 0.0
-        self.wall_ms = 0.0
-
-    async def watch(self) -> None:
-        while True:
-            cpu, wall = time.thread_time(), time.perf_counter()
-            await asyncio.sleep(0)
-            self.cpu_ms = max(self.cpu_ms, (time.thread_time() - cpu) * 1e3)
-            self.wall_ms = max(self.wall_ms, (time.perf_counter() - wall) * 1e3)

@@ -14,6 +14,7 @@ from prefix_sidecar.kv_events.prefix_tokens import PrefixTokens
 from prefix_sidecar.kv_events.residency import Residency
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.tokenize import TokenizeError, token_ids
 
 
 @contextlib.asynccontextmanager
@@ -38,10 +39,10 @@ async def test_a_registered_prefix_is_watched_with_the_pods_ids() -> None:
     async with tokenizer({"tokens": [1, 2, 3, 4, 5]}) as url, UpstreamClient() as client:
         entry, _ = store.register("p", "hello")
         prefix_tokens = PrefixTokens(store, client, residency, lambda: [url])
-        await prefix_tokens.watch_all()
+        await prefix_tokens.run_pass()
         assert prefix_tokens.watched == {entry.id}
         store.unregister_name("p")
-        await prefix_tokens.watch_all()
+        await prefix_tokens.run_pass()
         assert prefix_tokens.watched == set()
 
 
@@ -62,7 +63,7 @@ async def test_bad_answers_are_refused(answer: Any, status: int) -> None:
     async with tokenizer(answer, status) as url, UpstreamClient() as client:
         store.register("p", "hello")
         prefix_tokens = PrefixTokens(store, client, residency, lambda: [url])
-        with pytest.raises(ValueError):
-            await prefix_tokens.token_ids(url, "hello")
-        await prefix_tokens.watch_all()
+        with pytest.raises(TokenizeError):
+            await token_ids(client, url, "hello")
+        await prefix_tokens.run_pass()
         assert prefix_tokens.watched == set() and len(prefix_tokens.failures) == 1

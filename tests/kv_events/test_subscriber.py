@@ -19,7 +19,8 @@ import zmq
 from prefix_sidecar.kv_events.decode import BlockStored, KvEvent
 from prefix_sidecar.kv_events.subscriber import KvEventSubscriber, SourceError, parse_sources
 from prefix_sidecar.upstream.client import UpstreamClient
-from tests.kv_events.publisher import TOPIC, LoopWatch, Publisher, RecordingSink, payload, stored
+from tests.background import LoopWatch
+from tests.kv_events.publisher import TOPIC, Publisher, RecordingSink, payload, stored
 
 
 @contextlib.asynccontextmanager

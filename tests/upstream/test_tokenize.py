@@ -125,13 +125,13 @@ async def test_sizer_counts_each_prefix_once_and_feeds_the_store(
     async with UpstreamClient() as client:
         pods: list[str] = []
         sizer = PrefixSizer(store, client, lambda: pods)
-        await sizer.size_all()
+        await sizer.run_pass()
         assert entry.tokens == 0 and pod.bodies == []  # no pod yet: bytes for now
         pods.append(url)
-        await sizer.size_all()
+        await sizer.run_pass()
         assert entry.tokens == 1000 and store.get(entry.id).tokens == 1000
         asked = len(pod.bodies)
-        await sizer.size_all()
+        await sizer.run_pass()
         assert len(pod.bodies) == asked  # once per prefix
     assert len(changes) == 4  # two registrations, two counts
 
@@ -144,7 +144,7 @@ async def test_sizer_gives_up_after_a_few_failures(llama: tuple[str, Tokenizer])
     async with UpstreamClient() as client:
         sizer = PrefixSizer(store, client, lambda: [url])
         for _ in range(5):
-            await sizer.size_all()
+            await sizer.run_pass()
     assert entry.tokens == 0 and len(pod.bodies) == 2 * 3  # two shapes x three tries
 
 

@@ -28,7 +28,7 @@ from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.server.common import connections
 from prefix_sidecar.server.common.tls import server_context
 from prefix_sidecar.server.openai import http1
-from tests.background import BackgroundWatch
+from tests.background import LoopWatch
 from tests.server.conftest import (
     REPO,
     free_port,
@@ -40,23 +40,6 @@ from tests.server.conftest import (
 from tests.server.openai.test_openai_front import Pod, running_pod
 
 LIMIT = 8 * 1024 * 1024  # max_message_bytes' default
-
-
-class LoopWatch(BackgroundWatch):
-    """The loop's longest step while it runs: a task that wakes every turn of the loop and
-    measures, in the loop thread's CPU time (what another caller waits for; a busy box's
-    preemption is not counted) and in wall time, how long it waited."""
-
-    def __init__(self) -> None:
-        self.cpu_ms = 0.0
-        self.wall_ms = 0.0
-
-    async def watch(self) -> None:
-        while True:
-            cpu, wall = time.thread_time(), time.perf_counter()
-            await asyncio.sleep(0)
-            self.cpu_ms = max(self.cpu_ms, (time.thread_time() - cpu) * 1e3)
-            self.wall_ms = max(self.wall_ms, (time.perf_counter() - wall) * 1e3)
 
 
 @contextlib.asynccontextmanager
