@@ -32,14 +32,13 @@ anchor; a whole raw prompt ends within START_BLOCKS blocks past its anchor, too 
 hold an answer and a second question) has no history to find, only its family's head: the
 router sends it to the least-loaded pod of the home set (`StartBalancer`, contract 9f),
 which evens out the pods where the hash placement leaves them uneven. Past the session set
-it asks for a margin that grows with the head, which such a pod may have evicted, and for
-fewer requests in flight there than on the session's pod.
+it asks for a margin that grows with the head, which such a pod may have evicted.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from prefix_sidecar import _core
@@ -237,15 +236,11 @@ class OrganicRouter:
         head = (anchor + 1) * BLOCK_BYTES if anchor >= 0 else 0
         return OrganicKeys(family, session, table.count(family), anchor, start, head, *marks)
 
-    def homes(
-        self, ring: _core.HashTable, keys: OrganicKeys, loads: Sequence[int] | None = None
-    ) -> int:
+    def homes(self, ring: _core.HashTable, keys: OrganicKeys) -> int:
         """The request's pod (member index): the session's pod in the family's session set,
         the first of its home set (contract 9b, 9f); a start, the least-loaded pod of the
-        whole home set by this sidecar's counts (9f), past the session set only to a pod
-        with fewer requests in flight than the session's (`loads`, by member; None: any);
-        a conversation's very next request, the pod this sidecar sent its previous one to
-        (9h)."""
+        whole home set by this sidecar's counts (9f); a conversation's very next request,
+        the pod this sidecar sent its previous one to (9h)."""
         members = len(ring.members)
         size = home_size(keys.share, members, self.spread)
         sessions = min(size, home_size(keys.share, members, self.session_spread))
@@ -263,7 +258,7 @@ class OrganicRouter:
             return home
         if size > 1 and self.balancer is not None:
             far = FAR_MARGIN + FAR_MARGIN_PER_KB * keys.head / 1024.0
-            chosen = self.balancer.choose(ring, keys.family, size, home, sessions, far, loads)
+            chosen = self.balancer.choose(ring, keys.family, size, home, sessions, far)
             if chosen != home:
                 near = ring.members[chosen] in ring.preference(keys.family, sessions)
                 decisions["start_moved" if near else "start_far"] += 1

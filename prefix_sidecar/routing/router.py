@@ -229,7 +229,7 @@ class Router:
         table = self.pool.table
         ring = _serving(table)
         assert self.organic is not None
-        home = self.organic.homes(ring, keys, table.loads)
+        home = self.organic.homes(ring, keys)
         # The spill walks the family's preference order: its home set first, where the
         # family's shared head is warm; a spilled session keeps spilling to one pod.
         pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor)

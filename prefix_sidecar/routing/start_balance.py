@@ -14,10 +14,7 @@ A family's sessions live on the first pods of its home set (its session set, con
 where the family's requests keep its head warm; a pod past them sees the family only when a
 start is sent there, so it may never have computed the head, or have evicted it since. A start goes
 there only when that pod is counted lower by a margin that grows with the head it may have
-to recompute (`far_margin`), and has fewer requests in flight than the session's home right
-now: balance is bought where it is cheap in hit rate, and only while the imbalance is felt.
-Counts alone would pay a cold head on pods that are all idle, where evening them out buys
-no latency (on 4 real vLLM pods at light load they cost a tenant's and a template's head).
+to recompute (`far_margin`): balance is bought where it is cheap in hit rate.
 
 The counts are this sidecar's own: each sidecar evens out the requests it sends, so K
 sidecars even out the sum. They decay (half-life ~139 decisions), so they follow the
@@ -26,8 +23,6 @@ member of the ring, rebuilt when the membership changes.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from prefix_sidecar import _core
 
@@ -76,14 +71,11 @@ class StartBalancer:
         session_home: int,
         sessions: int | None = None,
         far_margin: float | None = None,
-        loads: Sequence[int] | None = None,
     ) -> int:
         """The member index a start goes to: of the family's first `homes` pods, the least
         counted (ties: the family's order) of those counted lower than the session's home
         by the margin - MARGIN for the first `sessions` (default all), `far_margin` for the
-        rest (default MARGIN), and of the rest only those with fewer requests in flight
-        than the session's home by `loads` (the routing table's, by member; None: not
-        asked); the session's home when none is."""
+        rest (default MARGIN); the session's home when none is."""
         self._follow(ring)
         counts, index, unit = self._counts, self._index, self._unit
         near = self.margin * unit
@@ -96,12 +88,7 @@ class StartBalancer:
         for position, url in enumerate(ring.preference(family, homes)):
             member = index[url]
             count = counts[member]
-            if count >= lowest:
-                continue
-            if position < sessions:
-                if ceiling - count >= near:
-                    least, lowest = member, count
-            elif ceiling - count >= far and (loads is None or loads[member] < loads[session_home]):
+            if count < lowest and ceiling - count >= (near if position < sessions else far):
                 least, lowest = member, count
         return least
 

@@ -132,10 +132,8 @@ def test_the_router_follows_the_start_it_spread(make_router: MakeRouter, shape: 
     if shape == "plain":  # nothing to count: follow changes nothing
         assert run(True) == run(False)
         return
-    # The starts even out the session set (3 of the 4 pods, or all 4 once the share grows;
-    # the idle pool has no request in flight, so none goes past it, 9f).
     starts, stayed = run(True)
-    assert len(starts) >= 3
+    assert len(starts) == 4  # the starts even out the whole fleet
     assert all(len(used) == 1 for used in stayed), stayed  # each session on its start's pod
     starts, stayed = run(False)
-    assert len(starts) >= 3 and any(len(used) == 2 for used in stayed)  # start, then home
+    assert len(starts) == 4 and any(len(used) == 2 for used in stayed)  # start, then home
