@@ -24,7 +24,8 @@ from typing import Any
 import msgpack
 
 MAX_PAYLOAD_BYTES = 128 * 1024
-MAX_CONTAINER_BYTES = 16 * 1024
+# The costliest payload under both caps decodes in 3.2-4.3 ms of CPU (16 Ki: 6-10 ms).
+MAX_CONTAINER_BYTES = 8 * 1024
 MAX_TOPIC_BYTES = 256
 # msgpack's fixmap, fixarray, array16/32 and map16/32 type bytes.
 _CONTAINER_TYPE_BYTES = bytes(range(0x80, 0xA0)) + bytes(range(0xDC, 0xE0))
