@@ -36,6 +36,7 @@ from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.placement import HomePlacer
 from prefix_sidecar.routing.policy import Policy, ignores_key, make_policy
 from prefix_sidecar.routing.policy_names import PREFIX_AFFINITY
+from prefix_sidecar.routing.resident import ResidencyView, to_resident
 from prefix_sidecar.routing.table import RoutingTable
 
 # The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
@@ -126,6 +127,9 @@ class Router:
             else None
         )
         self.organic_load_cap_floor = organic_load_cap_floor
+        # Set by the sidecar with kv_events on: a registered prefix then avoids a home known
+        # to have lost it (routing/resident.py).
+        self.residency: ResidencyView | None = None
         if self._placing:
             self._watch_and_place()
 
@@ -265,6 +269,15 @@ class Router:
         backend, branch = self.policy.select(
             table, Pick(key, replicas, homes.indexes if homes is not None else None)
         )
+        if entry is not None and self.residency is not None:
+            home_set = (
+                homes.order[: len(homes.indexes)]
+                if homes is not None
+                else ring.preference(key, replicas)
+            )
+            backend = to_resident(
+                self.policy, table, key, home_set, entry.id, backend, self.residency
+            )
         attempts = self.max_attempts
         if homes is not None:
             home_count = len(homes.indexes)
