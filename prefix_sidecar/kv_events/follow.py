@@ -1,17 +1,20 @@
 """kv_events=true in a running sidecar: each member's KV events feed the residency, and the
-registered prefixes' token ids are kept current as prefixes and healthy pods change."""
+registered prefixes' token ids are kept current as prefixes and healthy pods change, and a
+home pod that lost a registered prefix is prewarmed with it again (reprewarm.py)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prefix_sidecar.kv_events.prefix_tokens import PrefixTokens
+from prefix_sidecar.kv_events.reprewarm import ReprewarmSink
 from prefix_sidecar.kv_events.residency import Residency
 from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.metrics import Metrics
-from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
+from prefix_sidecar.prewarm import WARMED, Prewarmer
 from prefix_sidecar.upstream.client import UpstreamClient
 
 
@@ -26,17 +29,33 @@ class KvEventsFollow:
         pool: BackendPool,
         metrics: Metrics,
         model: str,
+        prewarmer: Prewarmer,
+        home_set: Callable[[PrefixEntry], list[str]],
     ) -> None:
+        async def warm(entry: PrefixEntry, url: str) -> None:
+            for event in await prewarmer.warm_all([(entry, url)]):
+                metrics.child(metrics.prewarm, url, event.state.lower()).inc()
+                if event.state == WARMED and store.has_id(entry.id):
+                    pool.note_warm_prefix(url, entry.id)
+
+        self.reprewarm = ReprewarmSink(
+            residency,
+            store,
+            home_set,
+            warm,
+            lambda reason: metrics.child(metrics.reprewarms, reason).inc(),
+            lambda url: pool.backends[url].warm_prefixes if url in pool.backends else set(),
+        )
         self.subscriber = KvEventSubscriber(
             client,
-            residency,
+            self.reprewarm,
             on_outcome=lambda url, outcome: metrics.child(metrics.kv_events, url, outcome).inc(),
             on_lag=lambda url, s: metrics.child(metrics.kv_event_lag, url).set(s),
         )
         self.tokens = PrefixTokens(
             store,
             client,
-            residency,
+            self.reprewarm,
             lambda: sorted(u for u, b in pool.backends.items() if b.healthy),
             model=model,
         )
@@ -53,3 +72,4 @@ class KvEventsFollow:
 
     async def stop(self) -> None:
         await self.subscriber.stop()
+        self.reprewarm.stop()

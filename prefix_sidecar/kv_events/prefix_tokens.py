@@ -8,11 +8,19 @@ once (ATTEMPTS_PER_PREFIX tries), its answer bounded and checked by `upstream.to
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from prefix_sidecar.kv_events.residency import Residency
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.tokenize import PrefixPass, token_ids
+
+
+class PrefixWatcher(Protocol):
+    """The residency (kv_events/residency.py), or the sink in front of it (reprewarm.py)."""
+
+    def watch_prefix(self, prefix_id: str, token_ids: Sequence[int]) -> None: ...
+
+    def forget_prefix(self, prefix_id: str) -> None: ...
 
 
 class PrefixTokens(PrefixPass):
@@ -22,7 +30,7 @@ class PrefixTokens(PrefixPass):
         self,
         store: PrefixStore,
         client: UpstreamClient,
-        residency: Residency,
+        residency: PrefixWatcher,
         pods: Callable[[], Sequence[str]],
         *,
         model: str = "",

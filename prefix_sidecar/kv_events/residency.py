@@ -87,12 +87,24 @@ class Residency:
 
     def resident(self, prefix_id: str) -> list[str]:
         """The pods known to hold every whole block of the prefix, sorted."""
-        pods = []
-        for pod, held in self._held.items():
-            keys = self._chains.get(self._block_size.get(pod, 0), {}).get(prefix_id)
-            if keys and all(key in held for key in keys):
-                pods.append(pod)
-        return sorted(pods)
+        return sorted(pod for pod in self._held if self.holds(pod, prefix_id))
+
+    def known(self, pod: str) -> bool:
+        return pod in self._held
+
+    def holds(self, pod: str, prefix_id: str) -> bool | None:
+        """Whether `pod` holds every whole block of the prefix; None when that is unknown
+        (the pod's events, or the prefix's token ids)."""
+        held = self._held.get(pod)
+        if held is None or prefix_id not in self._prefixes:
+            return None
+        size = self._block_size.get(pod)
+        if size is None:
+            return False  # known, and nothing stored since: an empty cache
+        keys = self._chains.get(size, {}).get(prefix_id)
+        if not keys:
+            return None
+        return all(key in held for key in keys)
 
     # --- the sink ---------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ from prefix_sidecar.metrics.series import (
     NONE_LABEL,
     PREWARM,
     PROMPT_TOKENS,
+    REPREWARMS,
     REQUESTS,
     SAVING_RATIO,
     TTFT,
@@ -101,6 +102,7 @@ class Metrics:
         self.prewarm = self._register(PREWARM)
         self.kv_events = self._register(KV_EVENTS)
         self.kv_event_lag = self._register(KV_EVENT_LAG)
+        self.reprewarms = self._register(REPREWARMS)
         self.cost_raw = self._register(COST_WITHOUT_CACHE)
         self.cost_actual = self._register(COST)
         self.saving_ratio = self._register(SAVING_RATIO)

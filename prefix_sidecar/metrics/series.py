@@ -120,6 +120,13 @@ KV_EVENT_LAG = Series(
     "Seconds from a pod's latest KV-event batch (its timestamp) to its arrival here",
     ("backend",),
 )
+REPREWARMS = Series(
+    Counter,
+    "prefix_sidecar_reprewarms",
+    "Prewarms of a registered prefix on a home pod that lost it, by reason: evicted, cleared, "
+    "restarted, unknown, and throttled (not sent: one per prefix and pod per 30 s)",
+    ("reason",),
+)
 COST_WITHOUT_CACHE = Series(
     Counter,
     "prefix_sidecar_cost_without_cache_yuan",

@@ -205,8 +205,16 @@ class Sidecar(AsyncService):
         if self.config.openai_listen:
             await self._start_openai()
         if self.config.kv_events:
+            self.router.residency = self.residency
             self.kv_events = KvEventsFollow(
-                self.client, self.residency, self.store, self.pool, self.metrics, self.config.model
+                self.client,
+                self.residency,
+                self.store,
+                self.pool,
+                self.metrics,
+                self.config.model,
+                self.prewarmer,
+                self.router.home_set,
             )
             self._tasks.append(self.kv_events.start())
         try:

@@ -1,0 +1,152 @@
+"""Re-prewarm a home pod that lost a registered prefix (issue 29): the KV-event sink in front
+of the residency notes what a pod lost, and a second later prewarms each registered prefix
+the pod is home to and held but no longer holds.
+
+A loss is judged a debounce after the event that may have caused it: a reconnect's reset is
+followed by its replayed history within milliseconds, and a flood evicts block by block.
+Each (prefix, pod) is prewarmed at most once per REPREWARM_INTERVAL_S; a pod that keeps
+losing a prefix inside that is logged and counted as `throttled` (it is too small for its
+homes), not refilled over and over at the expense of its traffic.
+
+Reasons (the metric's `reason`): evicted (BlockRemoved), cleared (AllBlocksCleared),
+restarted (a reset to an empty cache of a pod that was known: its sequence restarted),
+unknown (the pod was unknown, typically a stopped publisher, and came back without it).
+
+A check reads every registered prefix on one pod, O(prefixes x blocks), at most once per
+pod per debounce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, KvEvent
+from prefix_sidecar.kv_events.residency import Residency
+from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
+
+logger = logging.getLogger(__name__)
+
+REPREWARM_DEBOUNCE_S = 1.0
+# A prefix prewarm is a full prefill on the pod (1-2 s for a few thousand tokens on CPU);
+# once per 30 s per prefix and pod bounds that to a few percent of a pod that keeps evicting.
+REPREWARM_INTERVAL_S = 30.0
+REASONS = ("evicted", "cleared", "restarted", "unknown", "throttled")
+
+
+class ReprewarmSink:
+    """A KV-event sink (subscriber.KvEventSink): feeds `residency`, then re-prewarms losses."""
+
+    def __init__(
+        self,
+        residency: Residency,
+        store: PrefixStore,
+        home_set: Callable[[PrefixEntry], list[str]],
+        warm: Callable[[PrefixEntry, str], Coroutine[Any, Any, object]],
+        count: Callable[[str], None],
+        warmed_on: Callable[[str], set[str]] = lambda pod: set(),
+        *,
+        debounce_s: float = REPREWARM_DEBOUNCE_S,
+        interval_s: float = REPREWARM_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.residency = residency
+        self.store = store
+        self.home_set = home_set
+        self.warm = warm
+        self.count = count
+        self.warmed_on = warmed_on
+        self.debounce_s = debounce_s
+        self.interval_s = interval_s
+        self.clock = clock
+        self._had: dict[str, dict[str, bool]] = {}  # pod -> prefix -> held at the last check
+        self._why: dict[str, str] = {}  # pod -> the reason of its latest possible loss
+        self._checks: dict[str, asyncio.TimerHandle] = {}
+        self._last: dict[tuple[str, str], float] = {}  # (pod, prefix) -> latest re-prewarm
+        self.tasks: set[asyncio.Task[object]] = set()
+
+    def reset(self, pod: str, known: bool) -> None:
+        was_known = self.residency.known(pod)
+        self.residency.reset(pod, known)
+        if known:
+            self._why[pod] = "restarted" if was_known else "unknown"
+            self._schedule(pod)
+
+    def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None:
+        self.residency.apply(pod, events)
+        if any(isinstance(e, AllBlocksCleared) for e in events):
+            self._why[pod] = "cleared"
+        elif any(isinstance(e, BlockRemoved) for e in events) and self._why.get(pod) in (
+            None,
+            "unknown",
+        ):
+            self._why[pod] = "evicted"  # says more than a (re)connect in the same window
+        self._schedule(pod)  # stores too: what a pod holds now is what a later loss loses
+
+    def watch_prefix(self, prefix_id: str, token_ids: Sequence[int]) -> None:
+        """The prefix's token ids (often after its prewarm was stored): what each pod holds
+        of it is read again, so that a later loss is seen as one."""
+        self.residency.watch_prefix(prefix_id, token_ids)
+        for pod in self._had:
+            self._schedule(pod)
+
+    def forget_prefix(self, prefix_id: str) -> None:
+        self.residency.forget_prefix(prefix_id)
+
+    def stop(self) -> None:
+        for handle in self._checks.values():
+            handle.cancel()
+        self._checks.clear()
+        for task in self.tasks:
+            task.cancel()
+
+    def _schedule(self, pod: str) -> None:
+        if pod not in self._checks:
+            loop = asyncio.get_running_loop()
+            self._checks[pod] = loop.call_later(self.debounce_s, self.check, pod)
+
+    def check(self, pod: str) -> None:
+        """Compare what `pod` holds with its last check; re-prewarm what it lost."""
+        self._checks.pop(pod, None)
+        reason = self._why.pop(pod, None)
+        before = self._had.get(pod, {})
+        # A prefix never seen at a check was held if it was prewarmed there: a prewarm and
+        # the flood that evicts it can fall in one debounce window (seen on real vLLM).
+        warmed = self.warmed_on(pod)
+        now: dict[str, bool] = {}
+        lost = []
+        for entry in self.store:
+            held = before.get(entry.id, entry.id in warmed)
+            holds = self.residency.holds(pod, entry.id)
+            if holds is None:
+                if held:
+                    now[entry.id] = True  # unknown: what it held stays the question
+                continue
+            now[entry.id] = holds
+            if not holds and held and reason is not None:
+                lost.append(entry)
+        self._had[pod] = now
+        moment = self.clock()
+        self._last = {k: t for k, t in self._last.items() if moment - t < self.interval_s}
+        for entry in lost:
+            if pod not in self.home_set(entry):
+                continue
+            if (pod, entry.id) in self._last:
+                self.count("throttled")
+                logger.warning(
+                    "%s lost prefix %s again within %.0f s: not re-prewarmed (too small "
+                    "for the prefixes it is home to?)",
+                    pod,
+                    entry.id,
+                    self.interval_s,
+                )
+                continue
+            self._last[(pod, entry.id)] = moment
+            self.count(reason or "unknown")
+            logger.info("re-prewarming prefix %s on %s (%s)", entry.id, pod, reason)
+            task = asyncio.get_running_loop().create_task(self.warm(entry, pod))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)

@@ -1,0 +1,141 @@
+"""Re-prewarm on a loss (kv_events/reprewarm.py): a home pod that held a registered prefix and
+lost it is prewarmed once the debounce has passed, at most once per interval, with the reason
+counted; a reset followed by its replayed history is no loss. A real Residency and store,
+events as vLLM sends them, the prewarm a recorder."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved
+from prefix_sidecar.kv_events.reprewarm import ReprewarmSink
+from prefix_sidecar.kv_events.residency import Residency
+from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
+
+from .test_residency import PREFIX, stored_chunks
+
+DEBOUNCE_S = 0.02
+INTERVAL_S = 30.0
+
+
+class Setup:
+    def __init__(self, homes: tuple[str, ...] = ("a", "b"), warmed_on: str = "") -> None:
+        self.store = PrefixStore()
+        self.entry = self.store.register("p", "the prefix's text")[0]
+        self.residency = Residency()
+        self.residency.watch_prefix(self.entry.id, PREFIX)
+        self.warmed: list[tuple[str, str]] = []
+        self.counted: list[str] = []
+        self.now = 0.0
+        self.sink = ReprewarmSink(
+            self.residency,
+            self.store,
+            lambda _entry: list(homes),
+            self.warm,
+            self.counted.append,
+            lambda pod: {self.entry.id} if pod == warmed_on else set(),
+            debounce_s=DEBOUNCE_S,
+            interval_s=INTERVAL_S,
+            clock=lambda: self.now,
+        )
+
+    async def warm(self, entry: PrefixEntry, pod: str) -> None:
+        self.warmed.append((entry.id, pod))
+
+    def store_prefix(self, pod: str) -> None:
+        self.sink.apply(pod, tuple(stored_chunks(PREFIX, 50)))
+
+    def evict(self, pod: str) -> None:
+        self.sink.apply(pod, (BlockRemoved((50,)),))
+
+    async def settle(self) -> None:
+        await asyncio.sleep(DEBOUNCE_S * 3)
+
+
+async def held_then(setup: Setup, pod: str = "a") -> None:
+    setup.sink.reset(pod, known=True)
+    setup.store_prefix(pod)
+    await setup.settle()
+    assert setup.residency.holds(pod, setup.entry.id) is True
+
+
+async def test_an_evicted_home_is_prewarmed_once_per_interval_and_throttled_between() -> None:
+    setup = Setup()
+    await held_then(setup)
+    setup.evict("a")
+    await setup.settle()
+    assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["evicted"]
+
+    # Prewarmed again (its blocks stored), lost again 10 s later: not sent, counted.
+    setup.now = 10.0
+    setup.store_prefix("a")
+    await setup.settle()
+    setup.evict("a")
+    await setup.settle()
+    assert len(setup.warmed) == 1 and setup.counted == ["evicted", "throttled"]
+
+    # Once the interval has passed, it is sent again.
+    setup.now = 10.0 + INTERVAL_S
+    setup.store_prefix("a")
+    await setup.settle()
+    setup.evict("a")
+    await setup.settle()
+    assert len(setup.warmed) == 2 and setup.counted == ["evicted", "throttled", "evicted"]
+
+
+async def test_a_reset_followed_by_its_replayed_history_is_no_loss() -> None:
+    setup = Setup()
+    await held_then(setup)
+    setup.sink.reset("a", known=True)  # a reconnect: the history comes back at once
+    setup.store_prefix("a")
+    await setup.settle()
+    assert setup.warmed == [] and setup.counted == []
+
+
+async def test_each_way_of_losing_it_has_its_reason() -> None:
+    setup = Setup(homes=("a", "b", "c"))
+    for pod in ("a", "b", "c"):
+        await held_then(setup, pod)
+    setup.sink.apply("a", (AllBlocksCleared(),))
+    setup.sink.reset("b", known=True)  # its sequence restarted: an empty cache
+    setup.sink.reset("c", known=False)  # its publisher went away
+    await setup.settle()
+    assert sorted(setup.counted) == ["cleared", "restarted"]
+    setup.sink.reset("c", known=True)  # back, without the prefix
+    await setup.settle()
+    assert sorted(setup.counted) == ["cleared", "restarted", "unknown"]
+    assert sorted(pod for _, pod in setup.warmed) == ["a", "b", "c"]
+
+
+async def test_a_pod_that_is_no_home_is_not_prewarmed() -> None:
+    setup = Setup(homes=("b",))
+    await held_then(setup)
+    setup.evict("a")
+    await setup.settle()
+    assert setup.warmed == [] and setup.counted == []
+
+
+async def test_a_prefix_whose_token_ids_came_after_its_blocks_is_still_followed() -> None:
+    """The prewarm is often stored before /tokenize answered: its arrival is a new look."""
+    setup = Setup()
+    setup.residency.forget_prefix(setup.entry.id)
+    setup.sink.reset("a", known=True)
+    setup.store_prefix("a")
+    await setup.settle()
+    setup.sink.watch_prefix(setup.entry.id, PREFIX)
+    await setup.settle()
+    setup.evict("a")
+    await setup.settle()
+    assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["evicted"]
+
+
+async def test_a_prewarm_evicted_within_one_debounce_is_a_loss() -> None:
+    # Seen on real vLLM: the prewarm's blocks and the flood that evicts them in one window,
+    # so no check ever saw the prefix held; that the sidecar warmed it there says it was.
+    setup = Setup(warmed_on="a")
+    setup.sink.reset("a", known=True)
+    setup.store_prefix("a")
+    setup.evict("a")
+    await setup.settle()
+    assert setup.warmed == [(setup.entry.id, "a")]
+    assert setup.counted == ["evicted"]
