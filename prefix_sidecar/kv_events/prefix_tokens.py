@@ -36,19 +36,18 @@ class PrefixTokens(PrefixPass):
         model: str = "",
     ) -> None:
         super().__init__(store, client, pods, model=model)
-        self.residency = residency
-        self.watched: set[str] = set()
+        self.residency = residency  # learnt: how many token ids each watched prefix has
 
     def forget(self, live: set[str]) -> None:
-        for gone in self.watched - live:
+        for gone in self.learnt.keys() - live:
             self.residency.forget_prefix(gone)
-        self.watched &= live
+        super().forget(live)
 
     def done(self, entry: PrefixEntry) -> bool:
-        return entry.id in self.watched
+        return entry.id in self.learnt
 
     async def ask(self, pod: str, entry: PrefixEntry) -> None:
         tokens = await token_ids(self.client, pod, entry.text, model=self.model)
         if self.store.has_id(entry.id):
             self.residency.watch_prefix(entry.id, tokens)
-            self.watched.add(entry.id)
+            self.learnt[entry.id] = len(tokens)

@@ -133,7 +133,8 @@ class PrefixPass(WokenPass):
     """Asks the first of `pods()` (the caller orders them) one thing about each registered
     prefix, in one background task; `wake()` after a registration or a membership change. A
     prefix is tried ATTEMPTS_PER_PREFIX times, then given up on; what was unregistered is
-    forgotten, so the state is bounded by the store."""
+    forgotten, so the state is bounded by the store: `learnt`, what each prefix's answer
+    left, by prefix id."""
 
     what = "answer"  # what a failure's log line says is missing
 
@@ -151,9 +152,11 @@ class PrefixPass(WokenPass):
         self.pods = pods
         self.model = model
         self.failures: dict[str, int] = {}
+        self.learnt: dict[str, int] = {}
 
     def forget(self, live: set[str]) -> None:
         """Drop what is kept for prefixes no longer registered."""
+        self.learnt = {k: v for k, v in self.learnt.items() if k in live}
 
     def done(self, entry: PrefixEntry) -> bool:
         raise NotImplementedError
@@ -184,33 +187,19 @@ class PrefixSizer(PrefixPass):
     """Counts each registered prefix's tokens once, on one pod; a prefix whose count fails
     stays sized from bytes."""
 
-    what = "token count; sized from bytes"
-
-    def __init__(
-        self,
-        store: PrefixStore,
-        client: UpstreamClient,
-        pods: Callable[[], Sequence[str]],
-        *,
-        model: str = "",
-    ) -> None:
-        super().__init__(store, client, pods, model=model)
-        self.counted: dict[str, int] = {}  # prefix id -> tokens (a re-registration reuses it)
-
-    def forget(self, live: set[str]) -> None:
-        self.counted = {k: v for k, v in self.counted.items() if k in live}
+    what = "token count; sized from bytes"  # learnt: the tokens (a re-registration reuses them)
 
     def done(self, entry: PrefixEntry) -> bool:
         if entry.tokens:
             return True
-        known = self.counted.get(entry.id)
+        known = self.learnt.get(entry.id)
         if known is not None:
             self._keep(entry, known)
         return known is not None
 
     async def ask(self, pod: str, entry: PrefixEntry) -> None:
         known = await count_tokens(self.client, pod, entry.text, model=self.model)
-        self.counted[entry.id] = known
+        self.learnt[entry.id] = known
         self._keep(entry, known)
 
     def _keep(self, entry: PrefixEntry, known: int) -> None:

@@ -40,10 +40,10 @@ async def test_a_registered_prefix_is_watched_with_the_pods_ids() -> None:
         entry, _ = store.register("p", "hello")
         prefix_tokens = PrefixTokens(store, client, residency, lambda: [url])
         await prefix_tokens.run_pass()
-        assert prefix_tokens.watched == {entry.id}
+        assert prefix_tokens.learnt.keys() == {entry.id}
         store.unregister_name("p")
         await prefix_tokens.run_pass()
-        assert prefix_tokens.watched == set()
+        assert not prefix_tokens.learnt
 
 
 @pytest.mark.parametrize(
@@ -66,4 +66,4 @@ async def test_bad_answers_are_refused(answer: Any, status: int) -> None:
         with pytest.raises(TokenizeError):
             await token_ids(client, url, "hello")
         await prefix_tokens.run_pass()
-        assert prefix_tokens.watched == set() and len(prefix_tokens.failures) == 1
+        assert not prefix_tokens.learnt and len(prefix_tokens.failures) == 1
