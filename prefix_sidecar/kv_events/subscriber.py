@@ -2,10 +2,13 @@
 
 The pod's publisher is found from its `GET /kv_event_sources` (a `*` host read as the pod's
 own host). Every batch's sequence number is checked against the one expected:
-- the first batch (also after a disconnect), or a number going backwards (the pod
-  restarted): what the pod held before is forgotten; the history is replayed from 0 where
-  the pod offers replay and still holds it, and the state is known (empty at seq 0) or
-  else unknown;
+- on connect (also after a disconnect) the pod's history is asked from its replay ROUTER
+  at once, from 0: a pod that still holds it is known before its next batch (a restarted
+  pod's warm-up prewarm included; a cache hit publishes nothing, so an idle pod's next batch
+  may be far off), and a batch that comes both replayed and on the SUB socket counts once;
+- the first batch without that, or a number going backwards (the pod restarted): what the
+  pod held before is forgotten; the history is replayed from 0 where the pod offers replay
+  and still holds it, and the state is known (empty at seq 0) or else unknown;
 - a gap (zmq dropped batches at a high-water mark, or a publisher skipped): replayed from
   the pod's replay ROUTER when it offers one, at most once per REPLAY_INTERVAL_S, or else
   the pod's state is unknown;
@@ -104,6 +107,7 @@ class Source:
 class Feed:
     url: str
     next_seq: int | None = None
+    replayed_below: int | None = None  # batches under it came in the connect's replay
     replayed_at: float = float("-inf")
     task: asyncio.Task[None] | None = None
 
@@ -194,7 +198,7 @@ class KvEventSubscriber:
                 self._note(feed, "no_source", str(exc))
             except zmq.ZMQError as exc:  # an endpoint zmq cannot use
                 self._lose(feed, "disconnected", str(exc))
-            feed.next_seq = None  # a restarted pod numbers from 0 again: start over
+            feed.next_seq = feed.replayed_below = None  # a restarted pod numbers from 0 again
             await asyncio.sleep(self.retry_s * random.uniform(0.5, 1.5))
 
     async def _subscribe(self, feed: Feed, source: Source) -> None:
@@ -207,6 +211,7 @@ class KvEventSubscriber:
                 sub.setsockopt(option, value)
             sub.setsockopt(zmq.SUBSCRIBE, source.topic)
             sub.connect(source.endpoint)
+            await self._catch_up(feed, source)
             await self._consume(feed, source, sub, monitor)
         finally:
             sub.disable_monitor()
@@ -250,6 +255,10 @@ class KvEventSubscriber:
             self._lose(feed, "decode_error", "a message without a sequence number")
             feed.next_seq = None  # the next one starts over
             return
+        if feed.replayed_below is not None:
+            if seq < feed.replayed_below:
+                return  # published while the connect's replay was read: applied already
+            feed.replayed_below = None
         expected = feed.next_seq
         if expected is None or seq < expected:
             # A (re)start: whatever the pod held before is void, its history from 0 if kept.
@@ -268,6 +277,19 @@ class KvEventSubscriber:
             return
         self._deliver(feed, batch)
 
+    async def _catch_up(self, feed: Feed, source: Source) -> None:
+        """The pod's history from 0, asked as the SUB socket connects; when the pod has no
+        replay or no longer holds batch 0, the first batch on the SUB socket decides."""
+        if source.replay_endpoint is None:
+            return
+        batches = await self._fetch(source, 0, None)
+        if batches is None:
+            return
+        self._outcome(feed, "replayed")
+        self._reset(feed, known=True)
+        await self._deliver_all(feed, batches)
+        feed.next_seq = feed.replayed_below = len(batches)
+
     async def _replay(self, feed: Feed, source: Source, start: int, stop: int) -> bool:
         """Deliver batches start..stop-1 from the pod's replay socket; False when it has
         none, was asked within REPLAY_INTERVAL_S, or cannot give them all in order."""
@@ -275,7 +297,20 @@ class KvEventSubscriber:
         if source.replay_endpoint is None or now - feed.replayed_at < REPLAY_INTERVAL_S:
             return False
         feed.replayed_at = now
-        wanted, size, budget = stop - start, 0, StepBudget()
+        batches = await self._fetch(source, start, stop)
+        if batches is None or len(batches) != stop - start:
+            return False
+        self._outcome(feed, "replayed")
+        if start == 0:
+            self._reset(feed, known=True)
+        await self._deliver_all(feed, batches)
+        return True
+
+    async def _fetch(self, source: Source, start: int, stop: int | None) -> list[EventBatch] | None:
+        """Batches start.. from the replay ROUTER, up to `stop` (None: all it holds, to its
+        end marker); None when they do not come whole and in order."""
+        assert source.replay_endpoint is not None
+        size, budget = 0, StepBudget()
         batches: list[EventBatch] = []
         dealer = self.context.socket(zmq.DEALER)
         try:
@@ -287,30 +322,28 @@ class KvEventSubscriber:
                 async with asyncio.timeout(REPLAY_TIMEOUT_S):
                     frames = await dealer.recv_multipart()
                 if len(frames) != 4 or frames[0]:
-                    return False
+                    return None
                 seq = decode_seq(frames[2])
-                if seq < 0 or seq >= stop:
-                    break
+                if seq < 0 or (stop is not None and seq >= stop):
+                    return batches
                 if seq != start + len(batches):
-                    return False  # the pod no longer holds the start, or skipped
+                    return None  # the pod no longer holds the start, or skipped
                 size += len(frames[3])
                 if size > REPLAY_MAX_BYTES:
-                    return False
+                    return None
                 batches.append(decode_message(frames[1:]))
                 await budget.spend()
         except (TimeoutError, DecodeError, zmq.ZMQError):
-            return False
+            return None
         finally:
             dealer.close(linger=0)
-        if len(batches) != wanted:
-            return False
-        self._outcome(feed, "replayed")
-        if start == 0:
-            self._reset(feed, known=True)
+        return None  # more than a replay buffer holds
+
+    async def _deliver_all(self, feed: Feed, batches: list[EventBatch]) -> None:
+        budget = StepBudget()
         for batch in batches:
             self._deliver(feed, batch)
             await budget.spend()
-        return True
 
     def _deliver(self, feed: Feed, batch: EventBatch) -> None:
         self._outcome(feed, "batch")

@@ -43,6 +43,7 @@ def payload(*events: dict[str, Any]) -> bytes:
 @dataclass
 class Publisher:
     replay: bool = True
+    replay_delay_s: float = 0.0  # before each answer: batches published meanwhile come twice
     context: zmq.asyncio.Context = field(default_factory=zmq.asyncio.Context)
     held: list[tuple[int, bytes]] = field(default_factory=list)  # what replay can resend
     url: str = ""
@@ -112,6 +113,7 @@ class Publisher:
         while True:
             client, _, start = await self.router.recv_multipart()
             first = int.from_bytes(start, "big")
+            await asyncio.sleep(self.replay_delay_s)
             for seq, body in list(self.held):
                 if seq >= first:
                     await self.router.send_multipart(

@@ -76,6 +76,31 @@ async def test_a_late_subscriber_replays_the_history_from_zero() -> None:
     assert sink.heard[0] == ("reset", True) and hashes(sink) == [1, 2, 3]
 
 
+async def test_the_history_is_known_on_connect_before_any_new_batch() -> None:
+    # A restarted pod's warm-up prewarm was published before we reconnected, and a cache hit
+    # publishes nothing: without the replay on connect an idle pod would stay unknown.
+    async with Publisher() as publisher:
+        for seq in range(3):
+            await publisher.send(seq, payload(stored(seq + 1)), publish=False)
+        async with following(publisher) as (sink, outcomes):
+            await sink.until(lambda: len(hashes(sink)) == 3)
+    assert sink.heard[0] == ("reset", True) and hashes(sink) == [1, 2, 3]
+    assert outcomes["replayed"] == 1 and outcomes["batch"] == 3
+
+
+async def test_a_batch_both_replayed_and_published_counts_once() -> None:
+    async with Publisher(replay_delay_s=0.3) as publisher:
+        await publisher.send(0, payload(stored(1)), publish=False)
+        async with following(publisher) as (sink, outcomes):
+            await publisher.send(1, payload(stored(2)))  # on SUB, and in the late replay
+            await sink.until(lambda: outcomes["replayed"] == 1)
+            await publisher.send(2, payload(stored(3)))
+            await sink.until(lambda: len(hashes(sink)) >= 3)
+    assert hashes(sink) == [1, 2, 3]
+    assert [h for h in sink.heard if h[0] == "reset"] == [("reset", True)]
+    assert outcomes["gap"] == 0 and outcomes["restart"] == 0
+
+
 async def test_a_gap_without_replay_makes_the_state_unknown() -> None:
     async with Publisher(replay=False) as publisher, following(publisher) as (sink, outcomes):
         await publisher.send(0, payload(stored(1)))
