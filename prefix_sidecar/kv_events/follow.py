@@ -1,6 +1,12 @@
-"""kv_events=true in a running sidecar: each member's KV events feed the residency, and the
-registered prefixes' token ids are kept current as prefixes and healthy pods change, and a
-home pod that lost a registered prefix is prewarmed with it again (reprewarm.py)."""
+"""kv_events=true in a running sidecar: the KV events of the pods in the registered
+prefixes' home sets feed the residency, the prefixes' token ids are kept current as
+prefixes and healthy pods change, and a home pod that lost a registered prefix is prewarmed
+with it again (reprewarm.py).
+
+Only home sets are followed: routing and re-prewarm read the residency of a prefix's homes
+alone, and a sidecar's subscriptions stay bounded by its prefixes x replicas, not by the
+fleet (a thousand-pod fleet would cost every sidecar a thousand sockets). They are worked
+out again when the prefixes or the target ring change (~5 ms at max_prefixes 1,024)."""
 
 from __future__ import annotations
 
@@ -59,8 +65,13 @@ class KvEventsFollow:
             lambda: sorted(u for u, b in pool.backends.items() if b.healthy),
             model=model,
         )
+        self.store, self.pool, self.home_set = store, pool, home_set
+        self.members: frozenset[str] = frozenset()
+        self._followed: tuple[object, int, frozenset[str]] | None = None
         store.watch(self.tokens.wake)
+        store.watch(self.follow_homes)
         pool.watch(lambda _table: self.tokens.wake())
+        pool.watch(lambda _table: self.follow_homes())
 
     def start(self) -> asyncio.Task[None]:
         """The token-id task (the caller owns it); the subscriber follows set_pods()."""
@@ -68,7 +79,19 @@ class KvEventsFollow:
         return asyncio.create_task(self.tokens.run(), name="prefix-token-ids")
 
     def set_pods(self, urls: Iterable[str]) -> None:
-        self.subscriber.set_pods(urls)
+        """The fleet's members: of them, the home sets' pods are followed."""
+        self.members = frozenset(urls)
+        self.follow_homes()
+
+    def follow_homes(self) -> None:
+        ring = self.pool.target_ring()
+        state = (ring, self.store.generation, self.members)
+        last = self._followed
+        if last is not None and last[0] is ring and last[1:] == state[1:]:
+            return  # same ring, prefixes and members: same home sets
+        self._followed = state
+        homes = {url for entry in self.store for url in self.home_set(entry)}
+        self.subscriber.set_pods(sorted(homes & self.members))
 
     async def stop(self) -> None:
         await self.subscriber.stop()

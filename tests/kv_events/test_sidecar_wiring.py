@@ -3,6 +3,7 @@ residency and counts them per pod; off (the default), it opens no socket for the
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from prefix_sidecar.v1 import router_pb2
@@ -45,3 +46,34 @@ async def test_off_by_default(tmp_path: Path) -> None:
     config = sidecar_config(tmp_path, ["http://127.0.0.1:9"])
     async with running_sidecar(config, wait=False) as (sidecar, _):
         assert sidecar.kv_events is None
+
+
+async def test_only_the_home_sets_of_registered_prefixes_are_followed(tmp_path: Path) -> None:
+    """Four pods, prefixes of one replica: the sidecar subscribes to each prefix's home and
+    to no other pod, follows a new prefix's home, and leaves an unregistered one's."""
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [await stack.enter_async_context(Publisher()) for _ in range(4)]
+        urls = [pod.url for pod in pods]
+        config = sidecar_config(tmp_path, urls, kv_events=True)
+        sidecar, stub = await stack.enter_async_context(running_sidecar(config))
+        assert sidecar.kv_events is not None
+        feeds = sidecar.kv_events.subscriber.feeds
+        assert not feeds  # nothing registered: no pod to follow
+
+        def homes() -> set[str]:
+            return {url for entry in sidecar.store for url in sidecar.router.home_set(entry)}
+
+        ids = []
+        for name in ("a", "b", "c"):
+            request = router_pb2.RegisterPrefixRequest(name=name, text=f"prefix {name}", replicas=1)
+            ids.append((await stub.RegisterPrefix(request, timeout=10)).id)
+            await wait_for(lambda: feeds.keys() == homes())
+        assert 1 <= len(feeds) <= 3 < len(urls)
+        for pod in pods:
+            if pod.url in feeds:
+                await pod.subscribed()  # a real SUB socket on each home
+        for prefix_id in ids:
+            await stub.UnregisterPrefix(
+                router_pb2.UnregisterPrefixRequest(prefix_id=prefix_id), timeout=10
+            )
+        await wait_for(lambda: not feeds)
