@@ -17,6 +17,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from prefix_sidecar.kv_events.decode import KvEvent
+from prefix_sidecar.server.app import Sidecar
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 TOPIC = b"kv"
@@ -141,3 +142,11 @@ class RecordingSink:
         async with asyncio.timeout(timeout_s):
             while not predicate():
                 await asyncio.sleep(0.01)
+
+
+def reprewarms(sidecar: Sidecar, reason: str) -> float:
+    """The sidecar's prefix_sidecar_reprewarms_total for `reason`."""
+    value = sidecar.metrics.registry.get_sample_value(
+        "prefix_sidecar_reprewarms_total", {"reason": reason}
+    )
+    return value or 0.0

@@ -20,6 +20,7 @@ from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
 from prefix_sidecar_tools.vllm.tiny_model import document
+from tests.kv_events.publisher import reprewarms
 from tests.server.conftest import running_sidecar, sidecar_config, wait_for, wait_serving
 from tests.vllm.conftest import VLLM_TESTS, complete_usage
 
@@ -59,13 +60,6 @@ async def flood(session: aiohttp.ClientSession, url: str, model: str, seed: int)
 def sample(sidecar: Sidecar, name: str, backend: str, outcome: str) -> float:
     label = "result" if name == "prefix_sidecar_prewarm_total" else "outcome"
     value = sidecar.metrics.registry.get_sample_value(name, {"backend": backend, label: outcome})
-    return value or 0.0
-
-
-def reprewarms(sidecar: Sidecar, reason: str) -> float:
-    value = sidecar.metrics.registry.get_sample_value(
-        "prefix_sidecar_reprewarms_total", {"reason": reason}
-    )
     return value or 0.0
 
 

@@ -108,5 +108,16 @@ def test_reset_drops_unpinned_only() -> None:
     cache.allocate(a)
     cache.allocate(b)
     cache.release(b)
-    assert cache.reset() == 2
+    assert sorted(cache.reset()) == sorted(b)
     assert cache.cached_blocks == 2 and cache.contains(a[0]) and not cache.contains(b[0])
+
+
+def test_allocate_says_what_it_evicted_and_inserted() -> None:
+    """What the pod's KV events carry: the LRU blocks evicted, then the indexes inserted."""
+    cache = PrefixCache(4)
+    a, b = hashes_for(3, b"a"), hashes_for(3, b"b")
+    assert cache.allocate(a) == ([], [0, 1, 2])
+    cache.release(a)  # a's tail goes first
+    assert cache.allocate(b) == ([a[2], a[1]], [0, 1, 2])
+    cache.release(b)
+    assert cache.allocate(a) == ([b[2], b[1]], [1, 2])  # a[0] still held: a hit

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from prefix_sidecar_tools.emulator.config import EmulatorConfig
 from prefix_sidecar_tools.emulator.engine import Engine, EngineStats, Outcome, Prepared
+from prefix_sidecar_tools.emulator.kv_events import KvEventPublisher
 from prefix_sidecar_tools.emulator.metrics import CONTENT_TYPE, LOAD_FORMAT_HEADER
 from prefix_sidecar_tools.emulator.protocol import (
     SSE_DONE,
@@ -272,12 +273,38 @@ async def reset_stats(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def make_app(config: EmulatorConfig | None = None) -> web.Application:
-    """The aiohttp application of one pod; call inside a running event loop."""
+async def kv_event_sources(request: web.Request) -> web.Response:
+    publisher = request.app[ENGINE].kv_events
+    assert publisher is not None  # the route exists only with --kv-events
+    return web.json_response(publisher.sources())
+
+
+def _publish_kv_events(app: web.Application, engine: Engine, host: str) -> None:
+    """--kv-events: the publisher's sockets open with the app and close with it."""
+    config = engine.config
+    publisher = KvEventPublisher(config.kv_events, config.block_size, config.vocab_size, host)
+    engine.kv_events = publisher
+
+    async def opened(_: web.Application) -> None:
+        publisher.open()
+
+    async def closed(_: web.Application) -> None:
+        await publisher.close()
+
+    app.on_startup.append(opened)
+    app.on_cleanup.append(closed)
+    app.router.add_get("/kv_event_sources", kv_event_sources)
+
+
+def make_app(config: EmulatorConfig | None = None, host: str = "127.0.0.1") -> web.Application:
+    """The aiohttp application of one pod; call inside a running event loop. `host`: where
+    its KV-event sockets bind (with --kv-events), the pod's own address."""
     config = config or EmulatorConfig()
     config.validate()
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[ENGINE] = Engine(config)
+    if config.kv_events != "off":
+        _publish_kv_events(app, app[ENGINE], host)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
@@ -301,7 +328,7 @@ async def run_emulator(
     """Serve one pod in this process; yields its base URL (port 0 = an ephemeral port)."""
     if config is not None:  # a private copy: run-time fault changes stay in this pod
         config = dataclasses.replace(config, faults=dataclasses.replace(config.faults))
-    app = make_app(config)
+    app = make_app(config, host)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:

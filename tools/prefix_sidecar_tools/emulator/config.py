@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefix_sidecar import fields
-from prefix_sidecar.fields import above, at_least, setting
+from prefix_sidecar.fields import above, at_least, one_of, setting
 
 BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs, in tokens (128 on CPUs)
 MAX_BLOCK_SIZE = 16384  # a block is hashed as one slice of 4-byte pieces: <= 64 KiB
@@ -175,6 +175,13 @@ class EmulatorConfig:
         False,
         "also answer endpoint-load-metrics on streaming responses (vLLM: non-streaming only)",
         flag="--load-header-on-streams",
+    )
+    kv_events: str = setting(
+        "off",
+        "publish KV cache events over ZMQ as vLLM's --kv-events-config does: off, map (each "
+        "event a map with a type, vLLM since mid-2026) or array (positional, before)",
+        flag="--kv-events",
+        check=one_of(("off", "map", "array")),
     )
     stats_history: int = setting(
         1000, "recent prefills kept for /admin/stats", flag="--stats-history"

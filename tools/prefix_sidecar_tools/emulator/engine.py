@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefix_sidecar_tools.emulator.config import BLOCK_SIZE, EmulatorConfig
+from prefix_sidecar_tools.emulator.kv_events import KvEventPublisher
 from prefix_sidecar_tools.emulator.metrics import PodMetrics
 from prefix_sidecar_tools.emulator.prefix_cache import PrefixCache
 from prefix_sidecar_tools.emulator.textgen import TextStream, make_rng, next_token
@@ -144,6 +145,7 @@ class Engine:
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         self.cache = PrefixCache(config.kv_blocks, config.block_size)
+        self.kv_events: KvEventPublisher | None = None  # set by the app with --kv-events
         self.stats = EngineStats(prefills=deque(maxlen=config.stats_history))
         self._running_slots = FifoSlots(config.max_running)
         self._prefill_slots = FifoSlots(config.prefill_slots)
@@ -174,7 +176,10 @@ class Engine:
         return self.cache.fits_ever(request.hashes)
 
     def reset_cache(self) -> int:
-        return self.cache.reset()
+        dropped = self.cache.reset()
+        if self.kv_events is not None:
+            self.kv_events.cleared(dropped, anything_pinned=self.cache.pinned_blocks > 0)
+        return len(dropped)
 
     async def _sleep_modelled(self, seconds: float) -> None:
         await asyncio.sleep(seconds / self.config.time_scale)
@@ -205,7 +210,9 @@ class Engine:
                     self._kv_freed.clear()
                     await self._kv_freed.wait()
                 hit_blocks = self.cache.hit_blocks(request.hashes, request.prompt_tokens)
-                self.cache.allocate(request.hashes)
+                evicted, inserted = self.cache.allocate(request.hashes)
+                if self.kv_events is not None:
+                    self.kv_events.allocated(request.prompt, request.hashes, evicted, inserted)
                 pinned = True
                 self.running += 1
                 outcome.cached_tokens = hit_blocks * config.block_size

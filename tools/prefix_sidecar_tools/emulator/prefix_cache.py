@@ -68,13 +68,15 @@ class PrefixCache:
         """Could this prompt fit an otherwise empty cache?"""
         return len(hashes) <= self.capacity_blocks
 
-    def allocate(self, hashes: Sequence[int]) -> None:
-        """Pin every block of a prompt, inserting missing ones; call can_allocate first."""
+    def allocate(self, hashes: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Pin every block of a prompt, inserting missing ones; call can_allocate first.
+        Returns the hashes it evicted and the indexes (into `hashes`) it inserted: what
+        the pod's KV events say (BlockRemoved, then BlockStored)."""
         if not self.can_allocate(hashes):
             raise RuntimeError("prefix cache: allocation does not fit; check can_allocate")
         refs, free = self._refs, self._free
         missing: list[int] = []
-        for h in hashes:  # pin hits first so eviction below cannot take them
+        for index, h in enumerate(hashes):  # pin hits first so eviction below cannot take them
             count = refs.get(h)
             if count is not None:
                 refs[h] = count + 1
@@ -82,14 +84,14 @@ class PrefixCache:
                 del free[h]
                 refs[h] = 1
             else:
-                missing.append(h)
+                missing.append(index)
         evict = len(refs) + len(free) + len(missing) - self.capacity_blocks
-        for _ in range(max(evict, 0)):
-            free.popitem(last=False)
-        self.counters.evicted_blocks += max(evict, 0)
-        for h in missing:
-            refs[h] = 1
+        evicted = [free.popitem(last=False)[0] for _ in range(max(evict, 0))]
+        self.counters.evicted_blocks += len(evicted)
+        for index in missing:
+            refs[hashes[index]] = 1
         self.counters.inserted_blocks += len(missing)
+        return evicted, missing
 
     def release(self, hashes: Sequence[int]) -> None:
         """Unpin a finished request's blocks; the tail goes first in eviction order."""
@@ -103,8 +105,8 @@ class PrefixCache:
                 del self._refs[h]
                 self._free[h] = None
 
-    def reset(self) -> int:
-        """Drop every unpinned block (like vLLM's /reset_prefix_cache); returns how many."""
-        dropped = len(self._free)
+    def reset(self) -> list[int]:
+        """Drop every unpinned block (like vLLM's /reset_prefix_cache); returns them."""
+        dropped = list(self._free)
         self._free.clear()
         return dropped
