@@ -62,6 +62,10 @@ REPLAY_TIMEOUT_S = 1.0  # for each message
 REPLAY_MAX_MESSAGES = 10_000  # vLLM's buffer_steps default
 REPLAY_MAX_BYTES = 16 * 1024 * 1024  # held until the whole range is there
 REPLAY_INTERVAL_S = 1.0
+# Without a batch for this long, the replay ROUTER is asked for any batch past the last: a
+# connection a probe, so an idle pod costs one every 5 s; a batch lost at a burst's end is
+# found within that.
+QUIET_S = 5.0
 MAX_LAG_S = 3600.0
 SUB_OPTIONS = (
     (zmq.LINGER, 0),
@@ -158,12 +162,14 @@ class KvEventSubscriber:
         on_outcome: Callable[[str, str], None] = lambda pod, outcome: None,
         on_lag: Callable[[str, float], None] = lambda pod, seconds: None,
         retry_s: float = RETRY_S,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self.client = client
         self.sink = sink
         self.on_outcome = on_outcome
         self.on_lag = on_lag
         self.retry_s = retry_s
+        self.quiet_s = quiet_s
         self.feeds: dict[str, Feed] = {}
         self.context = zmq.asyncio.Context()
         self._logged: set[tuple[str, str]] = set()
@@ -238,9 +244,12 @@ class KvEventSubscriber:
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         while True:
-            ready = dict(await poller.poll())
+            ready = dict(await poller.poll(timeout=round(self.quiet_s * 1000)))
             if monitor in ready:
                 return
+            if not ready:
+                await self._tail(feed, source)
+                continue
             budget = StepBudget()
             while int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 await self._accept(feed, source, await sub.recv_multipart())
@@ -289,6 +298,20 @@ class KvEventSubscriber:
         self._reset(feed, known=True)
         await self._deliver_all(feed, batches)
         feed.next_seq = feed.replayed_below = len(batches)
+
+    async def _tail(self, feed: Feed, source: Source) -> None:
+        """After QUIET_S without a batch, ask the replay ROUTER for any batch past the last
+        one: a gap shows only at the next batch, so batches lost at the end of a burst (a
+        full queue, or published before our subscription took effect) would otherwise stay
+        lost while the pod is idle, and a cache hit publishes nothing."""
+        start = feed.next_seq
+        if source.replay_endpoint is None or start is None:
+            return
+        batches = await self._fetch(source, start, None)
+        if batches:  # None: no answer in time, which is no sign of a loss; the next batch tells
+            self._outcome(feed, "replayed")
+            await self._deliver_all(feed, batches)
+            feed.next_seq = feed.replayed_below = start + len(batches)
 
     async def _replay(self, feed: Feed, source: Source, start: int, stop: int) -> bool:
         """Deliver batches start..stop-1 from the pod's replay socket; False when it has

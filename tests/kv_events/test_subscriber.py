@@ -25,12 +25,16 @@ from tests.kv_events.publisher import TOPIC, Publisher, RecordingSink, payload, 
 
 @contextlib.asynccontextmanager
 async def following(
-    publisher: Publisher,
+    publisher: Publisher, quiet_s: float = 60.0
 ) -> AsyncIterator[tuple[RecordingSink, Counter[str]]]:
     sink, outcomes = RecordingSink(), Counter[str]()
     async with UpstreamClient() as client:
         subscriber = KvEventSubscriber(
-            client, sink, on_outcome=lambda pod, outcome: outcomes.update([outcome]), retry_s=0.2
+            client,
+            sink,
+            on_outcome=lambda pod, outcome: outcomes.update([outcome]),
+            retry_s=0.2,
+            quiet_s=quiet_s,
         )
         subscriber.set_pods([publisher.url])
         try:
@@ -96,6 +100,19 @@ async def test_a_batch_both_replayed_and_published_counts_once() -> None:
             await sink.until(lambda: outcomes["replayed"] == 1)
             await publisher.send(2, payload(stored(3)))
             await sink.until(lambda: len(hashes(sink)) >= 3)
+    assert hashes(sink) == [1, 2, 3]
+    assert [h for h in sink.heard if h[0] == "reset"] == [("reset", True)]
+    assert outcomes["gap"] == 0 and outcomes["restart"] == 0
+
+
+async def test_a_batch_lost_at_the_end_of_a_burst_is_found_while_the_pod_is_idle() -> None:
+    # A gap shows only at the next batch; an idle pod sends none (a hit publishes nothing).
+    async with Publisher() as publisher, following(publisher, quiet_s=0.3) as (sink, outcomes):
+        await publisher.send(0, payload(stored(1)))
+        await publisher.send(1, payload(stored(2)), publish=False)  # dropped, and then quiet
+        await sink.until(lambda: len(hashes(sink)) == 2)
+        await publisher.send(2, payload(stored(3)))  # what the probe read is not a restart
+        await sink.until(lambda: len(hashes(sink)) == 3)
     assert hashes(sink) == [1, 2, 3]
     assert [h for h in sink.heard if h[0] == "reset"] == [("reset", True)]
     assert outcomes["gap"] == 0 and outcomes["restart"] == 0
