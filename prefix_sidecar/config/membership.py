@@ -98,3 +98,9 @@ class MembershipSettings:
         "follow each pod's KV cache events (vLLM --kv-events-config, found from its "
         "GET /kv_event_sources)",
     )
+    reprewarm_interval_s: float = setting(
+        30.0,
+        "with kv_events: the least seconds between two prewarms of one registered prefix on "
+        "one home pod that lost it; a loss sooner is counted as throttled",
+        check=POSITIVE,
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
+from prefix_sidecar.config import Config
 from prefix_sidecar.kv_events.prefix_tokens import PrefixTokens
 from prefix_sidecar.kv_events.reprewarm import ReprewarmSink
 from prefix_sidecar.kv_events.residency import Residency
@@ -34,9 +35,9 @@ class KvEventsFollow:
         store: PrefixStore,
         pool: BackendPool,
         metrics: Metrics,
-        model: str,
         prewarmer: Prewarmer,
         home_set: Callable[[PrefixEntry], list[str]],
+        config: Config,
     ) -> None:
         async def warm(entry: PrefixEntry, url: str) -> None:
             for event in await prewarmer.warm_all([(entry, url)]):
@@ -51,6 +52,8 @@ class KvEventsFollow:
             warm,
             lambda reason: metrics.child(metrics.reprewarms, reason).inc(),
             lambda url: pool.backends[url].warm_prefixes if url in pool.backends else set(),
+            lambda url, count: resident(metrics, url, count),
+            interval_s=config.reprewarm_interval_s,
         )
         self.subscriber = KvEventSubscriber(
             client,
@@ -63,7 +66,7 @@ class KvEventsFollow:
             client,
             self.reprewarm,
             lambda: sorted(u for u, b in pool.backends.items() if b.healthy),
-            model=model,
+            model=config.model,
         )
         self.store, self.pool, self.home_set = store, pool, home_set
         self.members: frozenset[str] = frozenset()
@@ -96,3 +99,11 @@ class KvEventsFollow:
     async def stop(self) -> None:
         await self.subscriber.stop()
         self.reprewarm.stop()
+
+
+def resident(metrics: Metrics, url: str, count: int | None) -> None:
+    """prefix_sidecar_resident_prefixes for `url`; no series while its state is unknown."""
+    if count is None:
+        metrics.remove(metrics.resident_prefixes, url)
+    else:
+        metrics.child(metrics.resident_prefixes, url).set(count)

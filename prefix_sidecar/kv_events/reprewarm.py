@@ -4,9 +4,10 @@ the pod is home to and held but no longer holds.
 
 A loss is judged a debounce after the event that may have caused it: a reconnect's reset is
 followed by its replayed history within milliseconds, and a flood evicts block by block.
-Each (prefix, pod) is prewarmed at most once per REPREWARM_INTERVAL_S; a pod that keeps
-losing a prefix inside that is logged and counted as `throttled` (it is too small for its
-homes), not refilled over and over at the expense of its traffic.
+Each (prefix, pod) is prewarmed at most once per `reprewarm_interval_s` (30 s); a pod that
+keeps losing a prefix inside that is logged and counted as `throttled` (it is too small for
+its homes), not refilled over and over at the expense of its traffic. Each check also says
+how many registered prefixes the pod holds (`resident`: None while its state is unknown).
 
 Reasons (the metric's `reason`): evicted (BlockRemoved), cleared (AllBlocksCleared),
 restarted (a reset to an empty cache of a pod that was known: its sequence restarted),
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 REPREWARM_DEBOUNCE_S = 1.0
 # A prefix prewarm is a full prefill on the pod (1-2 s for a few thousand tokens on CPU);
 # once per 30 s per prefix and pod bounds that to a few percent of a pod that keeps evicting.
+# The default of the reprewarm_interval_s setting.
 REPREWARM_INTERVAL_S = 30.0
 REASONS = ("evicted", "cleared", "restarted", "unknown", "throttled")
 
@@ -48,6 +50,7 @@ class ReprewarmSink:
         warm: Callable[[PrefixEntry, str], Coroutine[Any, Any, object]],
         count: Callable[[str], None],
         warmed_on: Callable[[str], set[str]] = lambda pod: set(),
+        resident: Callable[[str, int | None], None] = lambda pod, count: None,
         *,
         debounce_s: float = REPREWARM_DEBOUNCE_S,
         interval_s: float = REPREWARM_INTERVAL_S,
@@ -59,6 +62,7 @@ class ReprewarmSink:
         self.warm = warm
         self.count = count
         self.warmed_on = warmed_on
+        self.resident = resident
         self.debounce_s = debounce_s
         self.interval_s = interval_s
         self.clock = clock
@@ -74,6 +78,8 @@ class ReprewarmSink:
         if known:
             self._why[pod] = "restarted" if was_known else "unknown"
             self._schedule(pod)
+        else:
+            self.resident(pod, None)
 
     def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None:
         self.residency.apply(pod, events)
@@ -118,6 +124,7 @@ class ReprewarmSink:
         warmed = self.warmed_on(pod)
         now: dict[str, bool] = {}
         lost = []
+        holding = 0
         for entry in self.store:
             held = before.get(entry.id, entry.id in warmed)
             holds = self.residency.holds(pod, entry.id)
@@ -126,9 +133,11 @@ class ReprewarmSink:
                     now[entry.id] = True  # unknown: what it held stays the question
                 continue
             now[entry.id] = holds
+            holding += holds
             if not holds and held and reason is not None:
                 lost.append(entry)
         self._had[pod] = now
+        self.resident(pod, holding if self.residency.known(pod) else None)
         moment = self.clock()
         self._last = {k: t for k, t in self._last.items() if moment - t < self.interval_s}
         for entry in lost:

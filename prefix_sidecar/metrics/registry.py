@@ -52,6 +52,7 @@ from prefix_sidecar.metrics.series import (
     PROMPT_TOKENS,
     REPREWARMS,
     REQUESTS,
+    RESIDENT_PREFIXES,
     SAVING_RATIO,
     TTFT,
     UNASKED_ANSWERS,
@@ -103,6 +104,7 @@ class Metrics:
         self.kv_events = self._register(KV_EVENTS)
         self.kv_event_lag = self._register(KV_EVENT_LAG)
         self.reprewarms = self._register(REPREWARMS)
+        self.resident_prefixes = self._register(RESIDENT_PREFIXES)
         self.cost_raw = self._register(COST_WITHOUT_CACHE)
         self.cost_actual = self._register(COST)
         self.saving_ratio = self._register(SAVING_RATIO)
@@ -133,6 +135,12 @@ class Metrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found  # type: ignore[return-value]  # the child of an M is an M
+
+    def remove(self, metric: MetricWrapperBase, *labels: str) -> None:
+        """Drop one series (and its memoised child), if it is there."""
+        self._children.pop((metric, labels), None)
+        with contextlib.suppress(KeyError):
+            metric.remove(*labels)
 
     def record_usage(self, prefix: str, prompt: int, cached: int, completion: int) -> None:
         base, cache, out = self._prices
@@ -175,9 +183,7 @@ class Metrics:
     def forget_prefix(self, name: str) -> None:
         """Drop one name's token series (it was unregistered): O(1), unlike a sweep."""
         for metric, _ in self._per_prefix:
-            self._children.pop((metric, (name,)), None)
-            with contextlib.suppress(KeyError):
-                metric.remove(name)
+            self.remove(metric, name)
 
     def _drop(self, metrics: Bounded, live: Callable[[str], bool]) -> None:
         for metric, position in metrics:
@@ -198,9 +204,7 @@ class Metrics:
                 }
                 doomed = [labels for labels in doomed if labels not in running]
             for labels in doomed:
-                self._children.pop((metric, labels), None)
-                with contextlib.suppress(KeyError):
-                    metric.remove(*labels)
+                self.remove(metric, *labels)
 
     # --- scrape-time series and rendering -----------------------------------------------
 

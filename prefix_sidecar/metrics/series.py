@@ -124,8 +124,16 @@ REPREWARMS = Series(
     Counter,
     "prefix_sidecar_reprewarms",
     "Prewarms of a registered prefix on a home pod that lost it, by reason: evicted, cleared, "
-    "restarted, unknown, and throttled (not sent: one per prefix and pod per 30 s)",
+    "restarted, unknown, and throttled (not sent: one per prefix and pod per "
+    "reprewarm_interval_s)",
     ("reason",),
+)
+RESIDENT_PREFIXES = Series(
+    Gauge,
+    "prefix_sidecar_resident_prefixes",
+    "Registered prefixes a home pod holds every whole block of, by its KV events (absent "
+    "while the pod's state is unknown)",
+    ("backend",),
 )
 COST_WITHOUT_CACHE = Series(
     Counter,

@@ -212,9 +212,9 @@ class Sidecar(AsyncService):
                 self.store,
                 self.pool,
                 self.metrics,
-                self.config.model,
                 self.prewarmer,
                 self.router.home_set,
+                self.config,
             )
             self._tasks.append(self.kv_events.start())
         try:

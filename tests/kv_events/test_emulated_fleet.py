@@ -5,12 +5,14 @@ same flood on real vLLM pods)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
 from tests.kv_events.publisher import reprewarms
@@ -47,3 +49,48 @@ async def test_a_flooded_home_is_known_routed_around_and_prewarmed_again(
             await wait_for(lambda: reprewarms(sidecar, "evicted") == 1, 10, "a re-prewarm")
             await wait_for(lambda: sidecar.residency.holds(flooded, registered.id) is True, 10)
             assert (await stub.Route(route)).backend == flooded  # its hash pick again
+
+
+def resident_gauge(sidecar: Sidecar, pod: str) -> float | None:
+    registry = sidecar.metrics.registry
+    return registry.get_sample_value("prefix_sidecar_resident_prefixes", {"backend": pod})
+
+
+async def test_a_pod_too_small_for_its_prefixes_is_refilled_once_an_interval(
+    tmp_path: Path,
+) -> None:
+    """One pod whose cache holds one of its two prefixes, and traffic for both straight
+    to it: each request evicts the other prefix, so re-prewarms would thrash it further.
+    At most one per prefix and pod per reprewarm_interval_s goes out, the other losses are
+    counted as throttled, and the resident gauge says what the pod holds."""
+    interval, watched = 4.0, 10.0
+    config = dataclasses.replace(POD, kv_events="map", kv_tokens=24 * BLOCK)
+    texts = {name: f"{name}: the rules of the sale. " * 36 for name in "ab"}  # 16 blocks of 24
+    async with EmulatorFleet(1, config) as fleet, aiohttp.ClientSession() as session:
+        pod = fleet.urls[0]
+        settings = sidecar_config(
+            tmp_path, fleet.urls, kv_events=True, reprewarm_interval_s=interval
+        )
+        async with running_sidecar(settings) as (sidecar, stub):
+            for name, text in texts.items():
+                request = router_pb2.RegisterPrefixRequest(name=name, text=text, prewarm=True)
+                await stub.RegisterPrefix(request, timeout=30)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            sent_before = reprewarms(sidecar, "evicted")
+            gauge = set()
+            while loop.time() - started < watched:
+                for text in texts.values():
+                    body = {"model": POD.model, "prompt": text + " Q?", "max_tokens": 1}
+                    async with session.post(f"{pod}/v1/completions", json=body) as answer:
+                        assert answer.status == 200
+                    gauge.add(resident_gauge(sidecar, pod))
+                    await asyncio.sleep(1.3)  # slower than the 1 s checks, not in step
+            elapsed = loop.time() - started
+            sent = reprewarms(sidecar, "evicted") - sent_before
+            throttled = reprewarms(sidecar, "throttled")
+    assert gauge <= {None, 0.0, 1.0} and 1.0 in gauge  # never both: they do not fit
+    # Two prefixes on one pod, at most one re-prewarm each per interval: 6 in 10 s at 4 s
+    # (every loss refilled would be ~8: seen 4 sent and 4 throttled, four runs alike).
+    assert sent <= 2 * (elapsed // interval + 1), (sent, elapsed)
+    assert sent >= 2 and throttled >= 2, (sent, throttled)  # refilled, then held back

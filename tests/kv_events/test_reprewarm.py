@@ -27,6 +27,7 @@ class Setup:
         self.warmed: list[tuple[str, str]] = []
         self.counted: list[str] = []
         self.now = 0.0
+        self.resident: dict[str, int | None] = {}
         self.sink = ReprewarmSink(
             self.residency,
             self.store,
@@ -34,6 +35,7 @@ class Setup:
             self.warm,
             self.counted.append,
             lambda pod: {self.entry.id} if pod == warmed_on else set(),
+            self.resident.__setitem__,
             debounce_s=DEBOUNCE_S,
             interval_s=INTERVAL_S,
             clock=lambda: self.now,
@@ -139,3 +141,14 @@ async def test_a_prewarm_evicted_within_one_debounce_is_a_loss() -> None:
     await setup.settle()
     assert setup.warmed == [(setup.entry.id, "a")]
     assert setup.counted == ["evicted"]
+
+
+async def test_each_check_says_how_many_prefixes_the_pod_holds() -> None:
+    setup = Setup()
+    await held_then(setup)
+    assert setup.resident == {"a": 1}
+    setup.evict("a")
+    await setup.settle()
+    assert setup.resident == {"a": 0}
+    setup.sink.reset("a", known=False)  # unknown at once: no figure, not a zero
+    assert setup.resident == {"a": None}
