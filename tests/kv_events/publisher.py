@@ -150,3 +150,9 @@ def reprewarms(sidecar: Sidecar, reason: str) -> float:
         "prefix_sidecar_reprewarms_total", {"reason": reason}
     )
     return value or 0.0
+
+
+def resident_gauge(sidecar: Sidecar, pod: str) -> float | None:
+    """The sidecar's prefix_sidecar_resident_prefixes for `pod` (None: no series)."""
+    registry = sidecar.metrics.registry
+    return registry.get_sample_value("prefix_sidecar_resident_prefixes", {"backend": pod})

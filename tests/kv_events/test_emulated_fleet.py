@@ -12,10 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
-from tests.kv_events.publisher import reprewarms
+from tests.kv_events.publisher import reprewarms, resident_gauge
 from tests.server.conftest import running_sidecar, sidecar_config, wait_for
 
 BLOCK = 16
@@ -49,11 +48,6 @@ async def test_a_flooded_home_is_known_routed_around_and_prewarmed_again(
             await wait_for(lambda: reprewarms(sidecar, "evicted") == 1, 10, "a re-prewarm")
             await wait_for(lambda: sidecar.residency.holds(flooded, registered.id) is True, 10)
             assert (await stub.Route(route)).backend == flooded  # its hash pick again
-
-
-def resident_gauge(sidecar: Sidecar, pod: str) -> float | None:
-    registry = sidecar.metrics.registry
-    return registry.get_sample_value("prefix_sidecar_resident_prefixes", {"backend": pod})
 
 
 async def test_a_pod_too_small_for_its_prefixes_is_refilled_once_an_interval(

@@ -4,6 +4,7 @@ distinct prompts makes vLLM evict them, which arrives as BlockRemoved."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 import time
@@ -20,7 +21,7 @@ from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
 from prefix_sidecar_tools.vllm.tiny_model import document
-from tests.kv_events.publisher import RecordingSink
+from tests.kv_events.publisher import RecordingSink, reprewarms, resident_gauge
 from tests.server.conftest import running_sidecar, sidecar_config, wait_for, wait_serving
 from tests.vllm.conftest import VLLM_TESTS, complete_usage
 
@@ -180,3 +181,48 @@ async def test_a_stopped_pod_is_unknown_at_once(kv_fleet: VllmFleet, tmp_path: P
         f"\nunknown {unknown_after:.2f} s after the pod was told to stop, resident again "
         f"{known_after:.2f} s after it served"
     )
+
+
+@pytest.mark.timeout(600)
+async def test_a_pod_too_small_for_its_prefixes_is_refilled_at_most_once_an_interval(
+    kv_fleet: VllmFleet, tmp_path: Path
+) -> None:
+    """Three registered prefixes of ~23 blocks on one pod of 64, traffic for each straight
+    to it in turn: every request evicts the least recently used one (eviction thrash). At
+    most one re-prewarm per prefix per reprewarm_interval_s; the other losses are counted
+    as throttled; the resident gauge never says all three."""
+    interval, watched = 4.0, 12.0
+    config = sidecar_config(
+        tmp_path,
+        kv_fleet.urls,
+        kv_events=True,
+        model=kv_fleet.model,
+        first_token_timeout_s=60,
+        reprewarm_interval_s=interval,
+    )
+    texts = [document(f"thrash-{time.time_ns()}-{i}", 2500) for i in range(3)]
+    async with (
+        running_sidecar(config) as (sidecar, stub),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
+    ):
+        for i, text in enumerate(texts):
+            request = router_pb2.RegisterPrefixRequest(name=f"thrash-{i}", text=text, prewarm=True)
+            await stub.RegisterPrefix(request, timeout=120)
+        sizes = [entry.tokens for entry in sidecar.store]
+        assert all(20 * BLOCK < size < 28 * BLOCK for size in sizes), sizes  # 3 do not fit
+        started, sent_before = time.monotonic(), reprewarms(sidecar, "evicted")
+        gauge: set[float | None] = set()
+        for text in itertools.cycle(texts):
+            if time.monotonic() - started > watched:
+                break
+            body = {"model": kv_fleet.model, "prompt": text + " Q?", "max_tokens": 1}
+            async with session.post(f"{kv_fleet.urls[0]}/v1/completions", json=body) as reply:
+                assert reply.status == 200, await reply.text()
+            gauge.add(resident_gauge(sidecar, kv_fleet.urls[0]))
+            await asyncio.sleep(1.3)  # slower than the 1 s checks, not in step with them
+        elapsed = time.monotonic() - started
+        sent = reprewarms(sidecar, "evicted") - sent_before
+        throttled = reprewarms(sidecar, "throttled")
+    print(f"\n{sent:.0f} re-prewarms, {throttled:.0f} throttled in {elapsed:.1f} s; gauge {gauge}")
+    assert sent <= 3 * (elapsed // interval + 1), (sent, elapsed)
+    assert throttled >= 1 and 3.0 not in gauge, (throttled, gauge)
