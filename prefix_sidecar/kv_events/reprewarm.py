@@ -81,6 +81,10 @@ class ReprewarmSink:
         else:
             self.resident(pod, None)
 
+    def resume(self, pod: str) -> None:
+        self.residency.resume(pod)
+        self._schedule(pod)  # what it is known to hold is less now: the gauge says so
+
     def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None:
         self.residency.apply(pod, events)
         if any(isinstance(e, AllBlocksCleared) for e in events):

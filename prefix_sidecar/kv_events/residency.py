@@ -11,6 +11,10 @@ so a BlockRemoved (hashes only) finds it.
 Kept per pod: the blocks on a registered prefix's chain, and the latest RECENT_BLOCKS others
 (a prefix's token ids come from /tokenize, often after its prewarm was already stored). So
 memory is (prefixes x blocks + RECENT_BLOCKS) x pods, never the size of the fleet's caches.
+
+A pod followed only from some point on (`resume`: its replay buffer no longer held batch 0,
+or events were lost) says True for a prefix whose blocks it stored since, False for one
+with a block heard removed since, and None otherwise: it may hold blocks stored before.
 Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
 
 A block is ~2 us to key (128 tokens).
@@ -64,6 +68,11 @@ class Residency:
             str, dict[int, bytes]
         ] = {}  # pod -> engine hash -> our key, oldest first
         self._block_size: dict[str, int] = {}  # pod -> the block size it reports
+        # Pods followed from a point on, their history before it lost (a long-running pod's
+        # replay buffer no longer holds batch 0, a gap, a batch that did not decode): what
+        # they store from then on is true, what they held before is not known.
+        self._partial: set[str] = set()
+        self._removed: dict[str, set[bytes]] = {}  # partial pod -> prefix blocks heard removed
 
     # --- registered prefixes --------------------------------------------------------------
 
@@ -100,22 +109,37 @@ class Residency:
             return None
         size = self._block_size.get(pod)
         if size is None:
-            return False  # known, and nothing stored since: an empty cache
+            return None if pod in self._partial else False  # known: an empty cache
         keys = self._chains.get(size, {}).get(prefix_id)
         if not keys:
             return None
-        return all(key in held for key in keys)
+        if all(key in held for key in keys):
+            return True
+        if pod not in self._partial:
+            return False
+        # Partial: a block missing may be one it stored before we followed it, unless we
+        # heard it removed.
+        removed = self._removed.get(pod, set())
+        return False if any(key in removed for key in keys) else None
 
     # --- the sink ---------------------------------------------------------------------------
 
     def reset(self, pod: str, known: bool) -> None:
         """Everything heard of `pod` is void: empty (`known`) or unknown, then forgotten."""
+        self._partial.discard(pod)
+        self._removed.pop(pod, None)
         if known:
             self._held[pod], self._engine[pod] = {}, {}
         else:
             self._held.pop(pod, None)
             self._engine.pop(pod, None)
             self._block_size.pop(pod, None)
+
+    def resume(self, pod: str) -> None:
+        """What `pod` held is not known any more, but what it stores from now on is."""
+        self.reset(pod, known=True)
+        self._partial.add(pod)
+        self._removed[pod] = set()
 
     def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None:
         if pod not in self._held:
@@ -125,13 +149,19 @@ class Residency:
             if isinstance(event, BlockStored):
                 self._stored(pod, event, held, engine)
             elif isinstance(event, BlockRemoved):
+                removed = self._removed.get(pod)
+                wanted = self._wanted.get(self._block_size.get(pod, 0), set())
                 for engine_hash in event.block_hashes:
                     key = engine.pop(engine_hash, None)
                     if key is not None:
                         held.pop(key, None)
+                        if removed is not None and key in wanted:
+                            removed.add(key)  # bounded: blocks of registered prefixes
             elif isinstance(event, AllBlocksCleared):
                 held.clear()
                 engine.clear()
+                self._partial.discard(pod)  # empty: known whole again
+                self._removed.pop(pod, None)
 
     def _stored(
         self, pod: str, event: BlockStored, held: dict[bytes, int], engine: dict[int, bytes]
@@ -140,6 +170,7 @@ class Residency:
         self._block_size[pod] = size
         if len(self._chains) >= MAX_BLOCK_SIZES and size not in self._chains:
             return
+        removed = self._removed.get(pod)
         if event.parent_block_hash is None:
             key: bytes | None = root_key(event.lora_name)
         else:
@@ -153,6 +184,8 @@ class Residency:
             key = block_key(key, tokens)
             held[key] = engine_hash
             engine[engine_hash] = key
+            if removed is not None:
+                removed.discard(key)
         wanted = self._wanted_at(size)
         while len(engine) > RECENT_BLOCKS + len(wanted):  # the oldest block off every chain
             oldest, key = next(iter(engine.items()))

@@ -93,6 +93,10 @@ class KvEventSink(Protocol):
     def reset(self, pod: str, known: bool) -> None:
         """Everything heard from `pod` so far is void; `known`: its cache is now empty."""
 
+    def resume(self, pod: str) -> None:
+        """Everything heard from `pod` so far is void, and events were lost: what follows
+        is true, what it held before is not known."""
+
     def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None: ...
 
 
@@ -199,11 +203,11 @@ class KvEventSubscriber:
         while True:
             try:
                 await self._subscribe(feed, await self.find_source(feed.url))
-                self._lose(feed, "disconnected", "the publisher went away")  # a restart?
+                self._gone(feed, "disconnected", "the publisher went away")  # a restart?
             except SourceError as exc:
                 self._note(feed, "no_source", str(exc))
             except zmq.ZMQError as exc:  # an endpoint zmq cannot use
-                self._lose(feed, "disconnected", str(exc))
+                self._gone(feed, "disconnected", str(exc))
             feed.next_seq = feed.replayed_below = None  # a restarted pod numbers from 0 again
             await asyncio.sleep(self.retry_s * random.uniform(0.5, 1.5))
 
@@ -275,7 +279,7 @@ class KvEventSubscriber:
             if seq == 0:
                 self._reset(feed, known=True)
             elif not await self._replay(feed, source, 0, seq):
-                self._reset(feed, known=False)
+                self.sink.resume(feed.url)  # its history is gone: followed from here on
         elif seq > expected and not await self._replay(feed, source, expected, seq):
             self._lose(feed, "gap", f"batches {expected}..{seq - 1} lost")
         feed.next_seq = seq + 1
@@ -378,6 +382,12 @@ class KvEventSubscriber:
         self.sink.reset(feed.url, known)
 
     def _lose(self, feed: Feed, reason: str, detail: str) -> None:
+        """Events were lost: what the pod held is void, what follows is true."""
+        self._note(feed, reason, detail)
+        self.sink.resume(feed.url)
+
+    def _gone(self, feed: Feed, reason: str, detail: str) -> None:
+        """The publisher went away (a restart?): the pod is unknown until it is back."""
         self._note(feed, reason, detail)
         self._reset(feed, known=False)
 

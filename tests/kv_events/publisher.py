@@ -125,12 +125,16 @@ class Publisher:
 
 @dataclass
 class RecordingSink:
-    """What the subscriber told: ("reset", known) and ("events", events) in order."""
+    """What the subscriber told: ("reset", known), ("resume", None) and ("events", events)
+    in order."""
 
     heard: list[tuple[str, object]] = field(default_factory=list)
 
     def reset(self, pod: str, known: bool) -> None:
         self.heard.append(("reset", known))
+
+    def resume(self, pod: str) -> None:
+        self.heard.append(("resume", None))
 
     def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None:
         self.heard.append(("events", events))

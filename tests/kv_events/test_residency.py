@@ -108,3 +108,22 @@ def test_a_prefix_registered_later_and_forgotten() -> None:
     assert residency.resident("p") == ["a"]
     residency.forget_prefix("p")
     assert residency.resident("p") == []
+
+
+def test_a_pod_followed_from_some_point_says_only_what_it_heard() -> None:
+    """`resume`: its history is gone (a long-running pod's replay buffer, a gap). What it
+    stores from then on is true; a prefix it never stored since may still be there, unless
+    a block of it was heard removed; a clear makes it whole again."""
+    residency = Residency()
+    residency.watch_prefix("p", PREFIX)
+    residency.watch_prefix("q", [t + 1000 for t in PREFIX])
+    residency.resume("a")
+    assert residency.holds("a", "p") is None and residency.known("a")
+    residency.apply("a", tuple(stored_chunks(PREFIX, 10)))
+    assert residency.holds("a", "p") is True and residency.holds("a", "q") is None
+    residency.apply("a", (BlockRemoved((11,)),))
+    assert residency.holds("a", "p") is False  # heard stored, then heard removed
+    residency.apply("a", tuple(stored_chunks(PREFIX, 20)))
+    assert residency.holds("a", "p") is True
+    residency.apply("a", (AllBlocksCleared(),))
+    assert residency.holds("a", "q") is False  # empty, and known whole

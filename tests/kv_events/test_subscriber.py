@@ -118,7 +118,7 @@ async def test_a_batch_lost_at_the_end_of_a_burst_is_found_while_the_pod_is_idle
     assert outcomes["gap"] == 0 and outcomes["restart"] == 0
 
 
-async def test_a_gap_without_replay_makes_the_state_unknown() -> None:
+async def test_a_gap_without_replay_voids_what_was_held_and_follows_on() -> None:
     async with Publisher(replay=False) as publisher, following(publisher) as (sink, outcomes):
         await publisher.send(0, payload(stored(1)))
         await publisher.send(5, payload(stored(6)))
@@ -126,10 +126,22 @@ async def test_a_gap_without_replay_makes_the_state_unknown() -> None:
     assert sink.heard == [
         ("reset", True),
         ("events", (BlockStored((1,), None, (0, 1), 2),)),
-        ("reset", False),
+        ("resume", None),
         ("events", (BlockStored((6,), None, (0, 1), 2),)),
     ]
     assert outcomes["gap"] == 1
+
+
+async def test_a_long_running_pod_is_followed_from_its_next_batch() -> None:
+    # Its replay buffer no longer holds batch 0 (vLLM keeps the last 10,000): its history
+    # is gone, but what it stores from now on is true, and a sidecar that starts late must
+    # not leave the pod unknown for good.
+    async with Publisher() as publisher:
+        publisher.held += [(seq, payload(stored(seq))) for seq in range(5, 10)]
+        async with following(publisher) as (sink, outcomes):
+            await publisher.send(10, payload(stored(10)))
+            await sink.until(lambda: hashes(sink) == [10])
+    assert sink.heard[0] == ("resume", None) and outcomes["start"] == 1
 
 
 async def test_a_sequence_going_backwards_is_a_restart() -> None:
@@ -158,7 +170,7 @@ async def test_garbage_is_counted_logged_once_and_survived(
     assert outcomes["decode_error"] == 5
     logged = [r for r in caplog.records if "decode_error" in r.getMessage()]
     assert len(logged) == 1, [r.getMessage() for r in logged]
-    assert ("reset", False) in sink.heard and hashes(sink) == [1, 5]
+    assert ("resume", None) in sink.heard and hashes(sink) == [1, 5]
 
 
 async def test_a_100_mb_batch_is_refused_unbuffered() -> None:
