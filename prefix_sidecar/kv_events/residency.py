@@ -11,11 +11,11 @@ so a BlockRemoved (hashes only) finds it.
 Kept per pod: the blocks on a registered prefix's chain, and the latest RECENT_BLOCKS others
 (a prefix's token ids come from /tokenize, often after its prewarm was already stored). So
 memory is (prefixes x blocks + RECENT_BLOCKS) x pods, never the size of the fleet's caches.
+Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
 
 A pod followed only from some point on (`resume`: its replay buffer no longer held batch 0,
 or events were lost) says True for a prefix whose blocks it stored since, False for one
 with a block heard removed since, and None otherwise: it may hold blocks stored before.
-Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
 
 A block is ~2 us to key (128 tokens).
 """
@@ -70,9 +70,9 @@ class Residency:
         self._block_size: dict[str, int] = {}  # pod -> the block size it reports
         # Pods followed from a point on, their history before it lost (a long-running pod's
         # replay buffer no longer holds batch 0, a gap, a batch that did not decode): what
-        # they store from then on is true, what they held before is not known.
-        self._partial: set[str] = set()
-        self._removed: dict[str, set[bytes]] = {}  # partial pod -> prefix blocks heard removed
+        # they store from then on is true, what they held before is not known. Per such pod,
+        # the blocks of registered prefixes heard removed since.
+        self._removed: dict[str, set[bytes]] = {}
 
     # --- registered prefixes --------------------------------------------------------------
 
@@ -109,24 +109,23 @@ class Residency:
             return None
         size = self._block_size.get(pod)
         if size is None:
-            return None if pod in self._partial else False  # known: an empty cache
+            return None if pod in self._removed else False  # known: an empty cache
         keys = self._chains.get(size, {}).get(prefix_id)
         if not keys:
             return None
         if all(key in held for key in keys):
             return True
-        if pod not in self._partial:
+        removed = self._removed.get(pod)
+        if removed is None:
             return False
         # Partial: a block missing may be one it stored before we followed it, unless we
         # heard it removed.
-        removed = self._removed.get(pod, set())
         return False if any(key in removed for key in keys) else None
 
     # --- the sink ---------------------------------------------------------------------------
 
     def reset(self, pod: str, known: bool) -> None:
         """Everything heard of `pod` is void: empty (`known`) or unknown, then forgotten."""
-        self._partial.discard(pod)
         self._removed.pop(pod, None)
         if known:
             self._held[pod], self._engine[pod] = {}, {}
@@ -138,7 +137,6 @@ class Residency:
     def resume(self, pod: str) -> None:
         """What `pod` held is not known any more, but what it stores from now on is."""
         self.reset(pod, known=True)
-        self._partial.add(pod)
         self._removed[pod] = set()
 
     def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None:
@@ -160,8 +158,7 @@ class Residency:
             elif isinstance(event, AllBlocksCleared):
                 held.clear()
                 engine.clear()
-                self._partial.discard(pod)  # empty: known whole again
-                self._removed.pop(pod, None)
+                self._removed.pop(pod, None)  # empty: known whole again
 
     def _stored(
         self, pod: str, event: BlockStored, held: dict[bytes, int], engine: dict[int, bytes]
