@@ -8,14 +8,16 @@ own host). Every batch's sequence number is checked against the one expected:
   may be far off), and a batch that comes both replayed and on the SUB socket counts once;
 - the first batch without that, or a number going backwards (the pod restarted): what the
   pod held before is forgotten; the history is replayed from 0 where the pod offers replay
-  and still holds it, and the state is known (empty at seq 0) or else unknown;
+  and still holds it, and the state is known (empty at seq 0), or else the pod is followed
+  from here on (`resume`: a pod past vLLM's 10,000-batch buffer is never replayable);
 - a gap (zmq dropped batches at a high-water mark, or a publisher skipped): replayed from
   the pod's replay ROUTER when it offers one, at most once per REPLAY_INTERVAL_S, or else
-  the pod's state is unknown;
-- a batch that does not decode: its events are lost, so the state is unknown;
+  `resume`;
+- a batch that does not decode: its events are lost, so `resume`;
+- no batch for QUIET_S: any batch past the last is asked from the replay ROUTER;
 - the publisher goes away (a restart?): unknown at once.
-The sink hears `reset(pod, known)` for each of those and `apply(pod, events)` for the rest,
-in sequence order. "Unknown" is never "nothing changed".
+The sink hears `reset(pod, known)` or `resume(pod)` for each of those and `apply(pod,
+events)` for the rest, in sequence order. Neither is ever "nothing changed".
 
 Bounded: zmq holds at most RCVHWM batches per pod and disconnects a peer whose frame is over
 the decoder's cap before reading it; a task handles at most STEP_MESSAGES batches or
