@@ -22,9 +22,12 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from prefix_sidecar.config import Config
+from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
 from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
+from tests.server.conftest import running_sidecar, sidecar_config
 
 PODS = 2
 # Seconds: a pod's start (the fleet fixture runs inside the first test's timeout) and a
@@ -144,3 +147,42 @@ async def complete_usage(
     usages = [event["usage"] for event in events if event.get("usage")]
     assert usages, f"no pod event carried a usage: {events[-3:]}"
     return chunks[0].backend, dict(usages[-1])
+
+
+def kv_sidecar_config(tmp_path: Path, fleet: VllmFleet, **values: Any) -> Config:
+    """An in-process sidecar's config following `fleet`'s KV events: its model, and a first
+    token within 60 s (pods that share two cores are slow when busy)."""
+    return sidecar_config(
+        tmp_path, fleet.urls, kv_events=True, model=fleet.model, first_token_timeout_s=60, **values
+    )
+
+
+@contextlib.asynccontextmanager
+async def kv_sidecar(
+    tmp_path: Path, fleet: VllmFleet, **values: Any
+) -> AsyncIterator[tuple[Sidecar, Any, aiohttp.ClientSession]]:
+    """That sidecar running (with its gRPC stub), and a client session for the pods."""
+    async with (
+        running_sidecar(kv_sidecar_config(tmp_path, fleet, **values)) as (sidecar, stub),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
+    ):
+        yield sidecar, stub, session
+
+
+KV_BLOCK = 128
+KV_BLOCKS = 64  # a small cache, so that a few prompts evict a prefix
+
+
+def kv_events_fleet(pods: int) -> VllmFleet:
+    """`pods` vLLM pods of KV_BLOCKS blocks each, publishing their KV events."""
+    python = vllm_python()
+    assert python is not None
+    return VllmFleet(
+        ensure_tiny_model(python),
+        pods,
+        python=python,
+        kv_events=True,
+        kv_cache_bytes=KV_BLOCKS * KV_BLOCK * 2048,  # 2,048 bytes a token (docs: VLLM-CPU.md)
+        max_model_len=KV_BLOCKS // 2 * KV_BLOCK,  # vLLM keeps a little of the cache back
+        block_size=KV_BLOCK,
+    )

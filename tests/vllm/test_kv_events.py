@@ -19,33 +19,27 @@ from prefix_sidecar.kv_events.decode import BlockRemoved, BlockStored
 from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.v1 import router_pb2
-from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
+from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.tiny_model import document
 from tests.kv_events.publisher import RecordingSink, reprewarms, resident_gauge
-from tests.server.conftest import running_sidecar, sidecar_config, wait_for, wait_serving
-from tests.vllm.conftest import VLLM_TESTS, complete_usage
+from tests.server.conftest import running_sidecar, wait_for, wait_serving
+from tests.vllm.conftest import KV_BLOCK as BLOCK
+from tests.vllm.conftest import (
+    VLLM_TESTS,
+    complete_usage,
+    kv_events_fleet,
+    kv_sidecar,
+    kv_sidecar_config,
+)
 
 pytestmark = VLLM_TESTS
 
-BLOCK = 128
-KV_BLOCKS = 64  # a small cache, so that a few prompts evict the first
 PROMPT_TOKENS = 1000  # 7 whole blocks and a partial one
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="package")
 async def kv_fleet() -> AsyncIterator[VllmFleet]:
-    python = vllm_python()
-    assert python is not None
-    fleet = VllmFleet(
-        ensure_tiny_model(python),
-        1,
-        python=python,
-        kv_events=True,
-        kv_cache_bytes=KV_BLOCKS * BLOCK * 2048,  # 2,048 bytes a token (docs: VLLM-CPU.md)
-        max_model_len=KV_BLOCKS // 2 * BLOCK,  # vLLM keeps a little of the cache back
-        block_size=BLOCK,
-    )
-    async with fleet:
+    async with kv_events_fleet(1) as fleet:
         yield fleet
 
 
@@ -112,14 +106,7 @@ async def test_a_sidecar_knows_where_a_registered_prefix_lives_and_when_it_is_ev
     """`kv_events=true` in-process: the prefix registered and prewarmed is resident on its
     pod from the pod's own events, and no longer once a flood straight to the pod (not
     through the sidecar) evicted it."""
-    config = sidecar_config(
-        tmp_path, kv_fleet.urls, kv_events=True, model=kv_fleet.model, first_token_timeout_s=60
-    )
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with (
-        running_sidecar(config) as (sidecar, stub),
-        aiohttp.ClientSession(timeout=timeout) as session,
-    ):
+    async with kv_sidecar(tmp_path, kv_fleet) as (sidecar, stub, session):
         request = router_pb2.RegisterPrefixRequest(
             name="kv", text=document("kv-resident", 700), prewarm=True
         )
@@ -139,9 +126,7 @@ async def test_a_stopped_pod_is_unknown_at_once(kv_fleet: VllmFleet, tmp_path: P
     publisher goes, so no prefix is credited to it; after the restart it is known again from
     its replayed history (warm-before-serve's prewarm, published before the sidecar may have
     reconnected), with no request of ours sent to it, and serves again."""
-    config = sidecar_config(
-        tmp_path, kv_fleet.urls, kv_events=True, model=kv_fleet.model, first_token_timeout_s=60
-    )
+    config = kv_sidecar_config(tmp_path, kv_fleet)
     async with running_sidecar(config) as (sidecar, stub):
         request = router_pb2.RegisterPrefixRequest(
             name="kv-restart", text=document("kv-restart", 700), prewarm=True
@@ -192,19 +177,9 @@ async def test_a_pod_too_small_for_its_prefixes_is_refilled_at_most_once_an_inte
     most one re-prewarm per prefix per reprewarm_interval_s; the other losses are counted
     as throttled; the resident gauge never says all three."""
     interval, watched = 4.0, 12.0
-    config = sidecar_config(
-        tmp_path,
-        kv_fleet.urls,
-        kv_events=True,
-        model=kv_fleet.model,
-        first_token_timeout_s=60,
-        reprewarm_interval_s=interval,
-    )
     texts = [document(f"thrash-{time.time_ns()}-{i}", 2500) for i in range(3)]
-    async with (
-        running_sidecar(config) as (sidecar, stub),
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
-    ):
+    thrashed = kv_sidecar(tmp_path, kv_fleet, reprewarm_interval_s=interval)
+    async with thrashed as (sidecar, stub, session):
         for i, text in enumerate(texts):
             request = router_pb2.RegisterPrefixRequest(name=f"thrash-{i}", text=text, prewarm=True)
             await stub.RegisterPrefix(request, timeout=120)

@@ -18,34 +18,22 @@ import pytest_asyncio
 
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
-from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
+from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.tiny_model import document
 from tests.kv_events.publisher import reprewarms
-from tests.server.conftest import running_sidecar, sidecar_config, wait_for, wait_serving
-from tests.vllm.conftest import VLLM_TESTS, complete_usage
+from tests.server.conftest import wait_for, wait_serving
+from tests.vllm.conftest import KV_BLOCK as BLOCK
+from tests.vllm.conftest import VLLM_TESTS, complete_usage, kv_events_fleet, kv_sidecar
 
 pytestmark = VLLM_TESTS
 
 PODS = 4
-BLOCK = 128
-KV_BLOCKS = 64  # a small cache, so that a dozen prompts evict a prefix
 FLOOD_TOKENS = 1000
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="package")
 async def kv_fleet() -> AsyncIterator[VllmFleet]:
-    python = vllm_python()
-    assert python is not None
-    fleet = VllmFleet(
-        ensure_tiny_model(python),
-        PODS,
-        python=python,
-        kv_events=True,
-        kv_cache_bytes=KV_BLOCKS * BLOCK * 2048,  # 2,048 bytes a token (docs: VLLM-CPU.md)
-        max_model_len=KV_BLOCKS // 2 * BLOCK,
-        block_size=BLOCK,
-    )
-    async with fleet:
+    async with kv_events_fleet(PODS) as fleet:
         yield fleet
 
 
@@ -67,14 +55,7 @@ def sample(sidecar: Sidecar, name: str, backend: str, outcome: str) -> float:
 async def test_a_lost_home_routes_to_the_replica_that_holds_it(
     kv_fleet: VllmFleet, tmp_path: Path
 ) -> None:
-    config = sidecar_config(
-        tmp_path, kv_fleet.urls, kv_events=True, model=kv_fleet.model, first_token_timeout_s=60
-    )
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with (
-        running_sidecar(config) as (sidecar, stub),
-        aiohttp.ClientSession(timeout=timeout) as session,
-    ):
+    async with kv_sidecar(tmp_path, kv_fleet) as (sidecar, stub, session):
         request = router_pb2.RegisterPrefixRequest(
             name="resroute", text=document("resroute", 700), replicas=2, prewarm=True
         )
