@@ -14,7 +14,8 @@ own host). Every batch's sequence number is checked against the one expected:
   the pod's replay ROUTER when it offers one, at most once per REPLAY_INTERVAL_S, or else
   `resume`;
 - a batch that does not decode: its events are lost, so `resume`;
-- no batch for QUIET_S: any batch past the last is asked from the replay ROUTER;
+- no batch for QUIET_S: any batch past the last is asked from the replay ROUTER (the
+  history from 0, when the connect's replay went unanswered and no batch came since);
 - the publisher goes away (a restart?): unknown at once.
 The sink hears `reset(pod, known)` or `resume(pod)` for each of those and `apply(pod,
 events)` for the rest, in sequence order. Neither is ever "nothing changed".
@@ -311,7 +312,10 @@ class KvEventSubscriber:
         full queue, or published before our subscription took effect) would otherwise stay
         lost while the pod is idle, and a cache hit publishes nothing."""
         start = feed.next_seq
-        if source.replay_endpoint is None or start is None:
+        if start is None:  # the connect's replay did not answer, and no batch came since
+            await self._catch_up(feed, source)
+            return
+        if source.replay_endpoint is None:
             return
         batches = await self._fetch(source, start, None)
         if batches:  # None: no answer in time, which is no sign of a loss; the next batch tells

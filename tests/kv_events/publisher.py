@@ -45,6 +45,7 @@ def payload(*events: dict[str, Any]) -> bytes:
 class Publisher:
     replay: bool = True
     replay_delay_s: float = 0.0  # before each answer: batches published meanwhile come twice
+    replay_ignored: int = 0  # the first requests left unanswered (a pod too busy to answer)
     context: zmq.asyncio.Context = field(default_factory=zmq.asyncio.Context)
     held: list[tuple[int, bytes]] = field(default_factory=list)  # what replay can resend
     url: str = ""
@@ -114,6 +115,9 @@ class Publisher:
         while True:
             client, _, start = await self.router.recv_multipart()
             first = int.from_bytes(start, "big")
+            if self.replay_ignored > 0:
+                self.replay_ignored -= 1
+                continue
             await asyncio.sleep(self.replay_delay_s)
             for seq, body in list(self.held):
                 if seq >= first:

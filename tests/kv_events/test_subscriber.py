@@ -118,6 +118,15 @@ async def test_a_batch_lost_at_the_end_of_a_burst_is_found_while_the_pod_is_idle
     assert outcomes["gap"] == 0 and outcomes["restart"] == 0
 
 
+async def test_an_unanswered_replay_on_connect_is_asked_again_while_the_pod_is_idle() -> None:
+    # Its history was published before our subscription took effect, and no batch follows.
+    async with Publisher(replay_ignored=1) as publisher:
+        await publisher.send(0, payload(stored(1)), publish=False)
+        async with following(publisher, quiet_s=0.3) as (sink, outcomes):
+            await sink.until(lambda: hashes(sink) == [1])
+    assert sink.heard[0] == ("reset", True) and outcomes["replayed"] == 1
+
+
 async def test_a_gap_without_replay_voids_what_was_held_and_follows_on() -> None:
     async with Publisher(replay=False) as publisher, following(publisher) as (sink, outcomes):
         await publisher.send(0, payload(stored(1)))
