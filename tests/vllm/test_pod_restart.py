@@ -52,7 +52,10 @@ pytestmark = [pytest.mark.timeout(900), *VLLM_TESTS]  # the first timeout mark c
 VICTIM = 0
 SURVIVOR = 1
 WORKERS_PER_FRONT = 2
-ANSWER_TOKENS = 24  # long enough that some answers are mid-stream when the pod dies
+# Answers run their full length (no early end of text): a stream seen in its first quarter
+# still has ~70 tokens to go when the SIGKILL lands, which takes ~0.1 s
+ANSWER_TOKENS = 96
+NO_EARLY_END = json.dumps({"ignore_eos": True})
 BROKEN_GRPC = "broke after the first token"
 BROKEN_HTTP = "broke after the first byte"
 
@@ -97,6 +100,7 @@ async def grpc_query(
         max_tokens=ANSWER_TOKENS,
         temperature=0.0,
         raw_events=True,
+        extra_json=NO_EARLY_END,
     )
     pending = ""  # an event cut across chunks (event_continues)
     try:
@@ -126,6 +130,7 @@ async def http_query(
         "prompt": prompt,
         "max_tokens": ANSWER_TOKENS,
         "temperature": 0.0,
+        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -228,9 +233,12 @@ async def test_a_killed_pod_fails_over_then_comes_back_warm(
         running = callers(stop, "before", killed_run)
 
         async def streaming_from_victim() -> bool:
-            """A gRPC answer is coming from pod 0, its first token already sent."""
+            """A gRPC answer is coming from pod 0, its first token sent, most of it to come."""
             return any(
-                o.front == "grpc" and o.backend == victim and o.text_chunks and not o.finished
+                o.front == "grpc"
+                and o.backend == victim
+                and 0 < o.text_chunks <= ANSWER_TOKENS // 4
+                and not o.finished
                 for o in killed_run
             )
 
