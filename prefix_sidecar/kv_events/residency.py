@@ -1,12 +1,7 @@
 """Which pods hold all of a registered prefix's whole blocks, from the pods' KV events.
 
-Key design (issue 29 asks for one): a key of our own per block, chained,
-key(i) = blake2b(key(i-1) + the block's token ids), the first block's parent a root made of
-the LoRA name, as vLLM folds it into its own hash. Not the engine's hashes: those depend on
-the pod's --prefix-caching-hash-algo (sha256 over pickle by default: not reproducible outside
-vLLM's Python, and two pods set differently never agree), while the token ids in BlockStored
-are what the pod cached. As llm-d does, each stored block's engine hash is mapped to our key,
-so a BlockRemoved (hashes only) finds it.
+Blocks are known by our own chained keys (block_keys.py), each stored block's engine hash
+mapped to ours, so a BlockRemoved (hashes only) finds it.
 
 Kept per pod: the blocks on a registered prefix's chain, and the latest RECENT_BLOCKS others
 (a prefix's token ids come from /tokenize, often after its prewarm was already stored). So
@@ -16,44 +11,17 @@ Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
 A pod followed only from some point on (`resume`: its replay buffer no longer held batch 0,
 or events were lost) says True for a prefix whose blocks it stored since, False for one
 with a block heard removed since, and None otherwise: it may hold blocks stored before.
-
-A block is ~2 us to key (128 tokens).
 """
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections.abc import Sequence
 
+from prefix_sidecar.kv_events.block_keys import chain, stored_keys
 from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 MAX_BLOCK_SIZES = 4
 RECENT_BLOCKS = 2048  # ~0.4 MB a pod
-
-
-def root_key(lora_name: str | None) -> bytes:
-    return hashlib.blake2b(b"root\0" + (lora_name or "").encode(), digest_size=16).digest()
-
-
-def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
-    return hashlib.blake2b(parent + array("Q", tokens).tobytes(), digest_size=16).digest()
-
-
-def chain(tokens: Sequence[int], block_size: int, lora_name: str | None = None) -> list[bytes]:
-    """The keys of `tokens`' whole blocks, in order."""
-    keys, key = [], root_key(lora_name)
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        key = block_key(key, tokens[start : start + block_size])
-        keys.append(key)
-    return keys
-
-
-def _salted(event: BlockStored, index: int) -> bool:
-    """Block `index` was hashed with more than its LoRA name (a cache_salt, media): it is
-    not a block of any prefix of ours."""
-    extra = event.extra_keys[index] if event.extra_keys and index < len(event.extra_keys) else None
-    return bool(extra) and extra != (event.lora_name,)
 
 
 class Residency:
@@ -168,17 +136,7 @@ class Residency:
         if len(self._chains) >= MAX_BLOCK_SIZES and size not in self._chains:
             return
         removed = self._removed.get(pod)
-        if event.parent_block_hash is None:
-            key: bytes | None = root_key(event.lora_name)
-        else:
-            key = engine.get(event.parent_block_hash)  # None: a block we never keyed
-        for index, engine_hash in enumerate(event.block_hashes):
-            tokens = event.token_ids[index * size : (index + 1) * size]
-            if key is None or len(tokens) != size:
-                break
-            if _salted(event, index):
-                break
-            key = block_key(key, tokens)
+        for engine_hash, key in stored_keys(event, engine.get):
             held[key] = engine_hash
             engine[engine_hash] = key
             if removed is not None:
