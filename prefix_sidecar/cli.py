@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # sets `func=<callable(args) -> int>` as its default.
 RUNTIME_COMMANDS: dict[str, str] = {
     "serve": "prefix_sidecar.server.cli",
+    "kv-indexer": "prefix_sidecar.kv_index.indexer",
     "route": "prefix_sidecar.client_cli",
     "complete": "prefix_sidecar.client_cli",
     "prewarm": "prefix_sidecar.client_cli",

@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "real": "prefix_sidecar_tools.bench.real",
     "plan-check": "prefix_sidecar_tools.plan.check",
     "organic": "prefix_sidecar_tools.bench.organic",
+    "kv-index": "prefix_sidecar_tools.bench.kv_index",
 }
 
 

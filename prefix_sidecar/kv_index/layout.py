@@ -1,0 +1,94 @@
+"""The shared block index's key layout in Redis (or Valkey), written by `prefix-sidecar
+kv-indexer` (writer.py) and read by sidecars (lookup.py).
+
+- `{ns}:b:<32 hex digits>`: a HASH per block, named by our chained block key
+  (kv_events/block_keys.py: token ids, not the engine's hash, so pods with any
+  --prefix-caching-hash-algo agree); one field per pod that holds it, `<pod URL>@<medium>`
+  (llm-d's `pod@tier`), its value the pod's generation when it was stored.
+- `{ns}:pods`: a HASH, pod URL -> its current generation, a random 63-bit number drawn
+  whenever what the index held of that pod stops being true (the pod restarted, events were
+  lost, the indexer started). A block field whose value is not its pod's generation is void:
+  one HSET voids a pod's whole past, which then goes lazily, as the writer deletes what it
+  knows of and later stores overwrite the rest.
+
+A lookup is one round trip: a script (LONGEST_MATCH_LUA) reads the pods hash and the block
+keys on the prompt's chain (at most MAX_LOOKUP_BLOCKS of them, evenly spaced when the chain
+is longer) in Redis and answers, per pod, how many of the chain's blocks it holds from the
+first on. A pipeline of HGETALLs (llm-d's way, with HKEYS) costs the caller ~25 us a key to
+build and read; the script's reply is one pair per matching pod.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+DEFAULT_NAMESPACE = "prefix-sidecar"
+DEFAULT_MEDIUM = "gpu"
+MAX_LOOKUP_BLOCKS = 256
+# vLLM's media are few (GPU, CPU, DISK): a longer one is not a tier name.
+MAX_MEDIUM_CHARS = 16
+
+
+def block_name(namespace: str, key: bytes) -> str:
+    return f"{namespace}:b:{key.hex()}"
+
+
+def pods_name(namespace: str) -> str:
+    return f"{namespace}:pods"
+
+
+def field(pod: str, medium: str | None) -> str:
+    tier = (medium or DEFAULT_MEDIUM).lower()[:MAX_MEDIUM_CHARS]
+    return f"{pod}@{tier}"
+
+
+def pod_of(field_name: str) -> str:
+    return field_name.rpartition("@")[0]
+
+
+def new_generation() -> str:
+    return str(secrets.randbits(63))
+
+
+def sampled(keys: list[bytes], limit: int = MAX_LOOKUP_BLOCKS) -> list[tuple[int, bytes]]:
+    """(block count up to and with it, key) of at most `limit` keys of a chain, evenly
+    spaced, the last always in: a pod holds a chain's blocks from the first on (vLLM evicts
+    a chain's tail first), so the last sampled block it holds bounds its match."""
+    if len(keys) <= limit:
+        return [(index + 1, key) for index, key in enumerate(keys)]
+    step = len(keys) / limit
+    picks = sorted({min(len(keys) - 1, int((n + 1) * step) - 1) for n in range(limit)})
+    return [(index + 1, keys[index]) for index in picks]
+
+
+# Run in Redis (EVALSHA), so a lookup is one command with a reply as small as the pods that
+# match, whatever the chain's length: KEYS[1] the pods hash, then the sampled blocks in chain
+# order; ARGV[i] the block count up to KEYS[i + 1], ARGV[#ARGV] the most fields a block may
+# have (more: not ours). It stops at the first block no matching pod holds.
+LONGEST_MATCH_LUA = """
+local generation = {}
+local pods = redis.call('HGETALL', KEYS[1])
+for i = 1, #pods, 2 do generation[pods[i]] = pods[i + 1] end
+local most = tonumber(ARGV[#ARGV]) * 2
+local alive, matched = nil, {}
+for k = 2, #KEYS do
+  local fields = redis.call('HGETALL', KEYS[k])
+  local holding, any = {}, false
+  if #fields <= most then
+    for i = 1, #fields, 2 do
+      local pod = string.match(fields[i], '^(.*)@[^@]*$')
+      if pod and generation[pod] == fields[i + 1] and (alive == nil or alive[pod]) then
+        holding[pod], matched[pod], any = true, ARGV[k - 1], true
+      end
+    end
+  end
+  if not any then break end
+  alive = holding
+end
+local out = {}
+for pod, count in pairs(matched) do
+  out[#out + 1] = pod
+  out[#out + 1] = count
+end
+return out
+"""

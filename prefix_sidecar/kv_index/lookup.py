@@ -1,0 +1,94 @@
+"""A sidecar's query of the shared block index (layout.py): which pods hold how much of a
+chain of block keys, in one round trip (a script run in Redis) under a deadline.
+
+The answer is a hint, never a dependency: a query over its deadline, or Redis down, is
+answered None and the caller keeps its hash decision. After a failure to reach Redis the
+index is not asked again for DOWN_S, so a dead index costs a request nothing; a slow one
+costs at most the deadline. Outcomes, counted by the caller: hit (some pod holds the first
+block), miss, timeout, down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from prefix_sidecar.kv_index import layout
+
+logger = logging.getLogger(__name__)
+
+DEADLINE_S = 0.005
+DOWN_S = 1.0
+MAX_FIELDS = 4096  # of one HGETALL read: a block held by more pods than this is not ours
+OUTCOMES = ("hit", "miss", "timeout", "down")
+
+
+class IndexLookup:
+    """Longest cached prefixes from the index at `redis` (a redis.asyncio.Redis)."""
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        namespace: str = layout.DEFAULT_NAMESPACE,
+        deadline_s: float = DEADLINE_S,
+        on_outcome: Callable[[str], None] = lambda outcome: None,
+    ) -> None:
+        self.redis, self.namespace = redis, namespace
+        self.deadline_s, self.on_outcome = deadline_s, on_outcome
+        self._down_until = 0.0
+        self._logged = False
+        self._script = redis.register_script(layout.LONGEST_MATCH_LUA)
+
+    async def matches(self, keys: list[bytes]) -> dict[str, int] | None:
+        """Per pod, how many of `keys`' blocks it holds from the first on (pods holding
+        none are absent); None when the index did not answer in time."""
+        if not keys:
+            return {}
+        if time.monotonic() < self._down_until:
+            self.on_outcome("down")
+            return None
+        sampled = layout.sampled(keys)
+        try:
+            replies = await asyncio.wait_for(self._ask(sampled), self.deadline_s)
+        except TimeoutError:
+            self.on_outcome("timeout")
+            return None
+        except (OSError, RedisError) as exc:
+            self._down_until = time.monotonic() + DOWN_S
+            if not self._logged:
+                logger.warning("kv-index: %s; routing on hashes alone meanwhile", exc)
+                self._logged = True
+            self.on_outcome("down")
+            return None
+        self._logged = False
+        found = _matches(replies, len(keys))
+        self.on_outcome("hit" if found else "miss")
+        return found
+
+    async def _ask(self, sampled: list[tuple[int, bytes]]) -> Any:
+        names = [layout.pods_name(self.namespace)]
+        names += [layout.block_name(self.namespace, key) for _, key in sampled]
+        counts = [count for count, _ in sampled]
+        return await self._script(keys=names, args=[*counts, MAX_FIELDS])
+
+
+def _matches(reply: Any, most: int) -> dict[str, int]:
+    """The script's [pod, count, ...] as pod -> count; the index is shared, so untrusted:
+    anything but that shape, bounded, is no match."""
+    if not isinstance(reply, list) or len(reply) % 2 or len(reply) > 2 * MAX_FIELDS:
+        return {}
+    found: dict[str, int] = {}
+    for pod, count in zip(reply[::2], reply[1::2], strict=True):
+        try:
+            blocks = int(count)
+        except (TypeError, ValueError):
+            return {}
+        if isinstance(pod, bytes) and 0 < blocks <= most:
+            found[pod.decode("utf-8", "replace")] = blocks
+    return found

@@ -1,0 +1,194 @@
+"""The KV-event sink of `prefix-sidecar kv-indexer`: every pod's stored and removed blocks
+written to the shared index in Redis (layout.py), in pipelines, off the event path.
+
+Events become operations on a bounded queue, drained by one task in pipelines of
+PIPELINE_COMMANDS. What the indexer knows of each pod (engine hash -> our key and field,
+at most MAX_BLOCKS_PER_POD blocks, the oldest dropped from the index past that) is the
+truth it can always write again: when Redis goes away or the queue overflows, the queue is
+dropped and, once Redis answers, every pod gets a new generation and its blocks are
+written anew. Nothing is lost that could be written again; a stale field is never read
+as true (its generation is not the pod's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from prefix_sidecar.kv_events.block_keys import stored_keys
+from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from prefix_sidecar.kv_index import layout
+
+logger = logging.getLogger(__name__)
+
+MAX_BLOCKS_PER_POD = 1 << 18  # a large GPU's KV cache at 16 tokens a block
+MAX_PENDING = 1 << 18  # queued operations; past that, a full rewrite instead
+PIPELINE_COMMANDS = 1000
+RETRY_S = (0.2, 5.0)  # the first and the longest wait between two tries at Redis
+
+# ("hset", block name, field, generation) | ("hdel", block name, field)
+# | ("pod", pod, generation or "" to drop it)
+Operation = tuple[str, str, str, str] | tuple[str, str, str]
+
+
+@dataclass
+class PodBlocks:
+    generation: str = field(default_factory=layout.new_generation)
+    engine: dict[int, tuple[bytes, str]] = field(default_factory=dict)  # hash -> key, field
+
+    def key_of(self, engine_hash: int) -> bytes | None:
+        block = self.engine.get(engine_hash)
+        return None if block is None else block[0]
+
+
+class IndexWriter:
+    """subscriber.KvEventSink over a Redis client (redis.asyncio.Redis)."""
+
+    def __init__(self, redis: Any, namespace: str = layout.DEFAULT_NAMESPACE) -> None:
+        self.redis, self.namespace = redis, namespace
+        self.pods: dict[str, PodBlocks] = {}
+        self.pending: deque[Operation] = deque()
+        self.rewrite = True  # the indexer starts: whatever Redis holds of the pods is void
+        self.wake = asyncio.Event()
+        self.written = 0  # commands Redis took (for the tests and the log)
+        self._sending = False
+
+    @property
+    def settled(self) -> bool:
+        """Redis holds everything heard so far."""
+        return not (self.pending or self.rewrite or self._sending)
+
+    # --- the sink ---------------------------------------------------------------------
+
+    def reset(self, pod: str, known: bool) -> None:
+        old = self.pods.pop(pod, None)
+        if old is not None:
+            self._queue([("hdel", *self._named(block)) for block in old.engine.values()])
+        if known:
+            self.pods[pod] = fresh = PodBlocks()
+            self._queue([("pod", pod, fresh.generation)])
+        else:
+            self._queue([("pod", pod, "")])
+
+    def resume(self, pod: str) -> None:
+        # The index only claims what it heard stored: a partial past is no past.
+        self.reset(pod, known=True)
+
+    def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None:
+        blocks = self.pods.get(pod)
+        if blocks is None:
+            return
+        operations: list[Operation] = []
+        engine = blocks.engine
+        for event in events:
+            if isinstance(event, BlockStored):
+                name_field = layout.field(pod, event.medium)
+                for engine_hash, key in stored_keys(event, blocks.key_of):
+                    engine[engine_hash] = (key, name_field)
+                    name = layout.block_name(self.namespace, key)
+                    operations.append(("hset", name, name_field, blocks.generation))
+            elif isinstance(event, BlockRemoved):
+                for engine_hash in event.block_hashes:
+                    dropped = engine.pop(engine_hash, None)
+                    if dropped is not None:
+                        operations.append(("hdel", *self._named(dropped)))
+            elif isinstance(event, AllBlocksCleared):
+                operations += [("hdel", *self._named(b)) for b in engine.values()]
+                engine.clear()
+        while len(engine) > MAX_BLOCKS_PER_POD:
+            oldest = next(iter(engine))
+            operations.append(("hdel", *self._named(engine.pop(oldest))))
+        self._queue(operations)
+
+    # --- to Redis -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Drain the queue into Redis until cancelled, retrying with backoff."""
+        wait = RETRY_S[0]
+        while True:
+            if not self.pending and not self.rewrite:
+                self.wake.clear()
+                await self.wake.wait()
+            try:
+                if self.rewrite:
+                    await self._rewrite()
+                await self._drain()
+                wait = RETRY_S[0]
+            except (TimeoutError, OSError, RedisError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(wait)
+                wait = min(RETRY_S[1], wait * 2)
+
+    def _lost(self, exc: BaseException) -> None:
+        if not self.rewrite:
+            logger.warning("kv-index: Redis failed (%s); rewriting the index when it is back", exc)
+        self.rewrite = True
+        self.pending.clear()
+
+    async def _rewrite(self) -> None:
+        """Every pod a new generation, every block it holds written under it."""
+        self.pending.clear()
+        for blocks in self.pods.values():
+            blocks.generation = layout.new_generation()
+        batch: list[Operation] = []
+        for operation in self._everything():
+            batch.append(operation)
+            if len(batch) >= PIPELINE_COMMANDS:
+                await self._send(batch)
+                batch = []
+        await self._send(batch)
+        self.rewrite = False
+
+    def _everything(self) -> Iterator[Operation]:
+        for pod, blocks in list(self.pods.items()):
+            yield ("pod", pod, blocks.generation)
+            for key, name_field in list(blocks.engine.values()):
+                name = layout.block_name(self.namespace, key)
+                yield ("hset", name, name_field, blocks.generation)
+
+    async def _drain(self) -> None:
+        while self.pending and not self.rewrite:
+            count = min(PIPELINE_COMMANDS, len(self.pending))
+            batch = [self.pending.popleft() for _ in range(count)]
+            await self._send(batch)
+
+    async def _send(self, batch: list[Operation]) -> None:
+        if not batch:
+            return
+        self._sending = True
+        pipe = self.redis.pipeline(transaction=False)
+        pods = layout.pods_name(self.namespace)
+        for operation in batch:
+            if operation[0] == "hset":
+                pipe.hset(operation[1], operation[2], operation[3])  # type: ignore[misc]
+            elif operation[0] == "hdel":
+                pipe.hdel(operation[1], operation[2])
+            elif operation[2]:
+                pipe.hset(pods, operation[1], operation[2])
+            else:
+                pipe.hdel(pods, operation[1])
+        try:
+            await pipe.execute()
+        finally:
+            self._sending = False
+        self.written += len(batch)
+
+    def _queue(self, operations: Any) -> None:
+        if self.rewrite:
+            self.wake.set()
+            return  # the rewrite writes the state these operations lead to
+        self.pending.extend(operations)
+        if len(self.pending) > MAX_PENDING:
+            logger.warning("kv-index: %d operations queued; rewriting the index", MAX_PENDING)
+            self.pending.clear()
+            self.rewrite = True
+        self.wake.set()
+
+    def _named(self, block: tuple[bytes, str]) -> tuple[str, str]:
+        return layout.block_name(self.namespace, block[0]), block[1]

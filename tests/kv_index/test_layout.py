@@ -1,0 +1,20 @@
+"""The index's key layout: sampling a long chain, and reading the longest match per pod."""
+
+from __future__ import annotations
+
+from prefix_sidecar.kv_index import layout
+
+
+def test_a_short_chain_is_asked_whole_and_a_long_one_evenly_with_its_last_block() -> None:
+    keys = [bytes([n % 256, n // 256]) for n in range(1000)]
+    assert layout.sampled(keys[:5]) == [(n + 1, keys[n]) for n in range(5)]
+    picks = layout.sampled(keys, limit=10)
+    assert [count for count, _ in picks] == [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]
+    assert picks[-1] == (1000, keys[-1])
+
+
+def test_a_field_names_its_pod_and_tier() -> None:
+    name = layout.field("http://10.0.0.1:8000", "GPU")
+    assert name == "http://10.0.0.1:8000@gpu"
+    assert layout.pod_of(name) == "http://10.0.0.1:8000"
+    assert layout.field("http://p", None).endswith("@gpu")
