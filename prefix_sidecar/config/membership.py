@@ -47,6 +47,15 @@ def _nameserver(value: str) -> str | None:
     return None
 
 
+def _redis_url(value: str) -> str | None:
+    if not value:
+        return None
+    scheme, _, rest = value.partition("://")
+    if scheme not in ("redis", "rediss", "unix") or not rest:
+        return f"must be redis://HOST:PORT (or rediss://, unix://), got {value[:100]!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class MembershipSettings:
     """The pods and their health checks."""
@@ -97,6 +106,12 @@ class MembershipSettings:
         False,
         "follow each pod's KV cache events (vLLM --kv-events-config, found from its "
         "GET /kv_event_sources)",
+    )
+    kv_index_url: str = setting(
+        "",
+        "redis://HOST:PORT of the shared block index (prefix-sidecar kv-indexer): precise "
+        "routing asks it instead of following every pod",
+        check=_redis_url,
     )
     reprewarm_interval_s: float = setting(
         30.0,

@@ -14,7 +14,7 @@ from prefix_sidecar._core_py import HASH_TABLES
 from prefix_sidecar.config.checks import AT_LEAST_ONE
 from prefix_sidecar.fields import at_least, one_of, setting
 
-UNREGISTERED_ROUTING = ("organic", "window")
+UNREGISTERED_ROUTING = ("organic", "window", "precise")
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,14 @@ class RoutingSettings:
     # How an unregistered prompt or chat routes (docs/organic-routing.md, routing contract 9):
     # organic keys a chat by its system and first user message and a raw prompt by learnt
     # anchors, spreading a tenant's sessions over a home set sized by its share; window is
-    # the original key of the first 4 KB (a chat's first message).
+    # the original key of the first 4 KB (a chat's first message); precise is organic moved
+    # to the pod the KV events say holds the longest prefix of the prompt.
     unregistered_routing: str = setting(
         "organic",
-        "organic (learnt anchors, chat structure) or window (key of the first bytes); the "
-        "key-less baseline policies (round_robin, random, least_loaded) compute no organic keys",
+        "organic (learnt anchors, chat structure), window (key of the first bytes) or precise "
+        "(organic, then the pod holding the most of the prompt by the pods' KV events: needs "
+        "kv_events=true or kv_index_url); the key-less baseline policies (round_robin, random, "
+        "least_loaded) compute no organic keys",
         check=one_of(UNREGISTERED_ROUTING),
     )
     replicas: int = setting(1, "pods per prefix (R of the routing contract)", check=AT_LEAST_ONE)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefix_sidecar import fields
+from prefix_sidecar.config.checks import ConfigError
 from prefix_sidecar.config.listen import ListenSettings, check_listeners
 from prefix_sidecar.config.membership import MembershipSettings
 from prefix_sidecar.config.operations import OperationsSettings
@@ -43,4 +44,9 @@ def validate(config: Config) -> Config:
     fields.validate(config, lambda name, reason: f"config field {name!r} {reason}")
     check_listeners(config)
     check_prefixes(config)
+    if config.unregistered_routing == "precise" and not (config.kv_events or config.kv_index_url):
+        raise ConfigError(
+            "config field 'unregistered_routing' is precise, which reads the pods' KV "
+            "events: set kv_events=true, or kv_index_url to a kv-indexer's Redis"
+        )
     return config

@@ -6,14 +6,18 @@ with it again (reprewarm.py).
 Only home sets are followed: routing and re-prewarm read the residency of a prefix's homes
 alone, and a sidecar's subscriptions stay bounded by its prefixes x replicas, not by the
 fleet (a thousand-pod fleet would cost every sidecar a thousand sockets). They are worked
-out again when the prefixes or the target ring change (~5 ms at max_prefixes 1,024)."""
+out again when the prefixes or the target ring change (~5 ms at max_prefixes 1,024). With
+unregistered_routing precise every member is followed, into the fleet's block map too
+(fleet_blocks.py), which precise routing (precise.py) reads."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prefix_sidecar.config import Config
+from prefix_sidecar.kv_events.fleet_blocks import BothSinks, FleetBlocks
+from prefix_sidecar.kv_events.precise import PreciseRouting
 from prefix_sidecar.kv_events.prefix_tokens import PrefixTokens
 from prefix_sidecar.kv_events.reprewarm import ReprewarmSink
 from prefix_sidecar.kv_events.residency import Residency
@@ -22,6 +26,7 @@ from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.prewarm import WARMED, Prewarmer
+from prefix_sidecar.routing.router import Router
 from prefix_sidecar.upstream.client import UpstreamClient
 
 
@@ -36,9 +41,11 @@ class KvEventsFollow:
         pool: BackendPool,
         metrics: Metrics,
         prewarmer: Prewarmer,
-        home_set: Callable[[PrefixEntry], list[str]],
+        router: Router,
         config: Config,
     ) -> None:
+        home_set = router.home_set
+
         async def warm(entry: PrefixEntry, url: str) -> None:
             for event in await prewarmer.warm_all([(entry, url)]):
                 metrics.child(metrics.prewarm, url, event.state.lower()).inc()
@@ -55,9 +62,21 @@ class KvEventsFollow:
             lambda url, count: resident(metrics, url, count),
             interval_s=config.reprewarm_interval_s,
         )
+        # Precise routing reads every pod's blocks: it follows the whole fleet.
+        # (the shared index instead, with kv_index_url: kv_index/source.py)
+        precise = config.unregistered_routing == "precise" and not config.kv_index_url
+        self.blocks = FleetBlocks() if precise else None
+        if self.blocks is not None:
+            router.precise = PreciseRouting(
+                client,
+                self.blocks,
+                router,
+                model=config.model,
+                on_outcome=lambda outcome: metrics.child(metrics.precise_decisions, outcome).inc(),
+            )
         self.subscriber = KvEventSubscriber(
             client,
-            self.reprewarm,
+            self.reprewarm if self.blocks is None else BothSinks(self.reprewarm, self.blocks),
             on_outcome=lambda url, outcome: metrics.child(metrics.kv_events, url, outcome).inc(),
             on_lag=lambda url, s: metrics.child(metrics.kv_event_lag, url).set(s),
         )
@@ -93,6 +112,9 @@ class KvEventsFollow:
         if last is not None and last[0] is ring and last[1:] == state[1:]:
             return  # same ring, prefixes and members: same home sets
         self._followed = state
+        if self.blocks is not None:
+            self.subscriber.set_pods(sorted(self.members))
+            return
         homes = {url for entry in self.store for url in self.home_set(entry)}
         self.subscriber.set_pods(sorted(homes & self.members))
 

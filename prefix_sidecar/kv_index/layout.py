@@ -5,6 +5,8 @@ kv-indexer` (writer.py) and read by sidecars (lookup.py).
   (kv_events/block_keys.py: token ids, not the engine's hash, so pods with any
   --prefix-caching-hash-algo agree); one field per pod that holds it, `<pod URL>@<medium>`
   (llm-d's `pod@tier`), its value the pod's generation when it was stored.
+- `{ns}:block_sizes`: a HASH, pod URL -> the block size its events report (a lookup keys the
+  prompt at each size in use).
 - `{ns}:pods`: a HASH, pod URL -> its current generation, a random 63-bit number drawn
   whenever what the index held of that pod stops being true (the pod restarted, events were
   lost, the indexer started). A block field whose value is not its pod's generation is void:
@@ -37,6 +39,10 @@ def pods_name(namespace: str) -> str:
     return f"{namespace}:pods"
 
 
+def block_sizes_name(namespace: str) -> str:
+    return f"{namespace}:block_sizes"
+
+
 def field(pod: str, medium: str | None) -> str:
     tier = (medium or DEFAULT_MEDIUM).lower()[:MAX_MEDIUM_CHARS]
     return f"{pod}@{tier}"
@@ -64,8 +70,9 @@ def sampled(keys: list[bytes], limit: int = MAX_LOOKUP_BLOCKS) -> list[tuple[int
 # Run in Redis (EVALSHA), so a lookup is one command with a reply as small as the pods that
 # match, whatever the chain's length: KEYS[1] the pods hash, then the sampled blocks in chain
 # order; ARGV[i] the block count up to KEYS[i + 1], ARGV[#ARGV] the most fields a block may
-# have (more: not ours). It stops at the first block no matching pod holds.
-LONGEST_MATCH_LUA = """
+# have (more: not ours). It stops at the first block no matching pod holds. It writes
+# nothing (no-writes: it may run on a read replica, and while Redis is out of memory).
+LONGEST_MATCH_LUA = """#!lua flags=no-writes
 local generation = {}
 local pods = redis.call('HGETALL', KEYS[1])
 for i = 1, #pods, 2 do generation[pods[i]] = pods[i + 1] end

@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 DEADLINE_S = 0.005
 DOWN_S = 1.0
+SIZES_S = 5.0  # the pods' block sizes are read again after this
+SIZES_UNKNOWN_S = 0.25  # or after this while none is known (a fleet starting)
+MAX_BLOCK_SIZES = 4
 MAX_FIELDS = 4096  # of one HGETALL read: a block held by more pods than this is not ours
 OUTCOMES = ("hit", "miss", "timeout", "down")
 
@@ -44,6 +47,24 @@ class IndexLookup:
         self._down_until = 0.0
         self._logged = False
         self._script = redis.register_script(layout.LONGEST_MATCH_LUA)
+        self._sizes: tuple[float, set[int]] = (-SIZES_S, set())  # (read at, sizes)
+
+    async def block_sizes(self) -> set[int] | None:
+        """The block sizes the pods report (read at most every SIZES_S); None when the
+        index did not answer."""
+        read_at, sizes = self._sizes
+        if time.monotonic() - read_at < (SIZES_S if sizes else SIZES_UNKNOWN_S):
+            return sizes
+        if time.monotonic() < self._down_until:
+            return None
+        try:
+            reply = await asyncio.wait_for(
+                self.redis.hvals(layout.block_sizes_name(self.namespace)), self.deadline_s * 4
+            )
+        except (TimeoutError, OSError, RedisError):
+            return None
+        self._sizes = (time.monotonic(), _block_sizes(reply))
+        return self._sizes[1]
 
     async def matches(self, keys: list[bytes]) -> dict[str, int] | None:
         """Per pod, how many of `keys`' blocks it holds from the first on (pods holding
@@ -76,6 +97,16 @@ class IndexLookup:
         names += [layout.block_name(self.namespace, key) for _, key in sampled]
         counts = [count for count, _ in sampled]
         return await self._script(keys=names, args=[*counts, MAX_FIELDS])
+
+
+def _block_sizes(reply: Any) -> set[int]:
+    """HVALS of the block sizes, the plausible ones (the index is shared: untrusted)."""
+    sizes: set[int] = set()
+    for value in reply[:MAX_FIELDS] if isinstance(reply, list) else ():
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else ""
+        if text.isascii() and text.isdigit() and 0 < int(text) <= 1 << 20:
+            sizes.add(int(text))
+    return set(sorted(sizes)[:MAX_BLOCK_SIZES])
 
 
 def _matches(reply: Any, most: int) -> dict[str, int]:

@@ -33,13 +33,14 @@ PIPELINE_COMMANDS = 1000
 RETRY_S = (0.2, 5.0)  # the first and the longest wait between two tries at Redis
 
 # ("hset", block name, field, generation) | ("hdel", block name, field)
-# | ("pod", pod, generation or "" to drop it)
+# | ("pod", pod, generation or "" to drop it) | ("size", pod, block size or "")
 Operation = tuple[str, str, str, str] | tuple[str, str, str]
 
 
 @dataclass
 class PodBlocks:
     generation: str = field(default_factory=layout.new_generation)
+    block_size: int = 0
     engine: dict[int, tuple[bytes, str]] = field(default_factory=dict)  # hash -> key, field
 
     def key_of(self, engine_hash: int) -> bytes | None:
@@ -74,7 +75,7 @@ class IndexWriter:
             self.pods[pod] = fresh = PodBlocks()
             self._queue([("pod", pod, fresh.generation)])
         else:
-            self._queue([("pod", pod, "")])
+            self._queue([("pod", pod, ""), ("size", pod, "")])
 
     def resume(self, pod: str) -> None:
         # The index only claims what it heard stored: a partial past is no past.
@@ -88,6 +89,9 @@ class IndexWriter:
         engine = blocks.engine
         for event in events:
             if isinstance(event, BlockStored):
+                if event.block_size != blocks.block_size:
+                    blocks.block_size = event.block_size
+                    operations.append(("size", pod, str(event.block_size)))
                 name_field = layout.field(pod, event.medium)
                 for engine_hash, key in stored_keys(event, blocks.key_of):
                     engine[engine_hash] = (key, name_field)
@@ -148,6 +152,8 @@ class IndexWriter:
     def _everything(self) -> Iterator[Operation]:
         for pod, blocks in list(self.pods.items()):
             yield ("pod", pod, blocks.generation)
+            if blocks.block_size:
+                yield ("size", pod, str(blocks.block_size))
             for key, name_field in list(blocks.engine.values()):
                 name = layout.block_name(self.namespace, key)
                 yield ("hset", name, name_field, blocks.generation)
@@ -163,16 +169,19 @@ class IndexWriter:
             return
         self._sending = True
         pipe = self.redis.pipeline(transaction=False)
-        pods = layout.pods_name(self.namespace)
+        names = {
+            "pod": layout.pods_name(self.namespace),
+            "size": layout.block_sizes_name(self.namespace),
+        }
         for operation in batch:
             if operation[0] == "hset":
                 pipe.hset(operation[1], operation[2], operation[3])  # type: ignore[misc]
             elif operation[0] == "hdel":
                 pipe.hdel(operation[1], operation[2])
             elif operation[2]:
-                pipe.hset(pods, operation[1], operation[2])
+                pipe.hset(names[operation[0]], operation[1], operation[2])
             else:
-                pipe.hdel(pods, operation[1])
+                pipe.hdel(names[operation[0]], operation[1])
         try:
             await pipe.execute()
         finally:

@@ -47,7 +47,9 @@ from prefix_sidecar.metrics.series import (
     IN_FLIGHT,
     KV_EVENT_LAG,
     KV_EVENTS,
+    KV_INDEX_QUERIES,
     NONE_LABEL,
+    PRECISE_DECISIONS,
     PREWARM,
     PROMPT_TOKENS,
     REPREWARMS,
@@ -105,6 +107,8 @@ class Metrics:
         self.kv_event_lag = self._register(KV_EVENT_LAG)
         self.reprewarms = self._register(REPREWARMS)
         self.resident_prefixes = self._register(RESIDENT_PREFIXES)
+        self.precise_decisions = self._register(PRECISE_DECISIONS)
+        self.kv_index_queries = self._register(KV_INDEX_QUERIES)
         self.cost_raw = self._register(COST_WITHOUT_CACHE)
         self.cost_actual = self._register(COST)
         self.saving_ratio = self._register(SAVING_RATIO)

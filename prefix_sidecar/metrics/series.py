@@ -135,6 +135,22 @@ RESIDENT_PREFIXES = Series(
     "while the pod's state is unknown)",
     ("backend",),
 )
+PRECISE_DECISIONS = Series(
+    Counter,
+    "prefix_sidecar_precise_decisions",
+    "Unregistered requests under precise routing, by outcome: moved (to the pod holding "
+    "more of the prompt), kept (the organic pick holds the most, or the better pods are "
+    "full), cold (no pod holds a block of it), tokenize_error and no_answer (the pod's "
+    "/tokenize or the index failed: the organic pick stands)",
+    ("outcome",),
+)
+KV_INDEX_QUERIES = Series(
+    Counter,
+    "prefix_sidecar_kv_index_queries",
+    "Lookups of the shared block index (kv_index_url) by outcome: hit (a pod holds the "
+    "prompt's first block), miss, timeout (over its deadline), down (Redis unreachable)",
+    ("outcome",),
+)
 COST_WITHOUT_CACHE = Series(
     Counter,
     "prefix_sidecar_cost_without_cache_yuan",

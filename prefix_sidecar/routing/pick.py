@@ -17,6 +17,9 @@ class Branch(StrEnum):
     HOME = "home"  # the least-loaded pod of the home set, under its cap
     SPILL = "spill"  # every home over its cap: the next pod clockwise that is under it
     FALLBACK = "fallback"  # every pod over its cap: the least-loaded of all
+    # Precise organic routing: the pod that holds the longest prefix of the prompt, by the
+    # pods' KV events, under its cap (routing/precise.py).
+    CACHED = "cached"
     # The baselines, one branch each.
     RING_HIT = "ring_hit"  # consistent_hash: the key's ring owner, whatever its load
     ROUND_ROBIN = "round_robin"

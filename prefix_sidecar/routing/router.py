@@ -36,6 +36,7 @@ from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.placement import HomePlacer
 from prefix_sidecar.routing.policy import Policy, ignores_key, make_policy
 from prefix_sidecar.routing.policy_names import PREFIX_AFFINITY
+from prefix_sidecar.routing.precise import PreciseStep
 from prefix_sidecar.routing.resident import ResidencyView, to_resident
 from prefix_sidecar.routing.table import RoutingTable
 
@@ -82,7 +83,7 @@ class Router:
         home_kv_budget_tokens: int,  # routing contract section 6; 0 = the ring's homes
         home_balance_factor: float,
         bytes_per_token: float,
-        unregistered_routing: str,  # "organic" (routing contract 9) or "window"
+        unregistered_routing: str,  # "organic" (routing contract 9), "window" or "precise"
         organic_home_spread: float,
         organic_session_spread: float,
         organic_table_blocks: int,
@@ -90,15 +91,18 @@ class Router:
         organic_balance_starts: bool,
         organic_follow_sessions: bool = True,
     ) -> None:
-        if unregistered_routing not in ("organic", "window"):
-            raise ValueError(f"unregistered_routing is {unregistered_routing!r}; organic or window")
+        if unregistered_routing not in ("organic", "window", "precise"):
+            raise ValueError(
+                f"unregistered_routing is {unregistered_routing!r}; organic, window or precise"
+            )
         self.pool = pool
         self.store = store
         self.policy = policy
         self.route_window_bytes = route_window_bytes
         # A policy that ignores the key (a baseline) gets no organic keys: they would cost
         # time and count decisions it never made.
-        organic_on = unregistered_routing == "organic" and not ignores_key(policy)
+        # precise starts from the organic decision (kv_events/precise.py moves it)
+        organic_on = unregistered_routing != "window" and not ignores_key(policy)
         # How much of an unregistered prompt's head routing reads: a caller may pass just
         # that much (the HTTP front decodes no more of a long prompt).
         self.head_bytes = max(route_window_bytes, ORGANIC_HEAD_BYTES if organic_on else 0)
@@ -130,6 +134,8 @@ class Router:
         # Set by the sidecar with kv_events on: a registered prefix then avoids a home known
         # to have lost it (routing/resident.py).
         self.residency: ResidencyView | None = None
+        # Set with unregistered_routing precise: the fronts await it for unregistered requests.
+        self.precise: PreciseStep | None = None
         if self._placing:
             self._watch_and_place()
 

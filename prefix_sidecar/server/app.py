@@ -5,9 +5,9 @@ injectable, so tests stop a sidecar without signals. On shutdown, health turns N
 first (probes and clients stop sending), new calls are refused, streams get `grace_s` to
 finish, then the upstream client closes.
 
-The parts come from their own modules: the gRPC server's limits, services and TCP listener
-(server.grpc.server), the membership source and prefix files of the config
-(server.from_config), the warm-up of joining pods (server.warm_before_serve).
+The parts come from their own modules: the gRPC server (server.grpc.server), the membership
+source and prefix files (server.from_config), the warm-up of joining pods
+(server.warm_before_serve), the pods' KV events (kv_events) and the shared index (kv_index).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from grpc_health.v1.health import aio as health_aio
 from prefix_sidecar.config import Config
 from prefix_sidecar.kv_events.follow import KvEventsFollow
 from prefix_sidecar.kv_events.residency import Residency
+from prefix_sidecar.kv_index.source import IndexSource, attach_index
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.load_signals import LoadSignals, MetricsPoller, poller, rules
@@ -118,6 +119,7 @@ class Sidecar(AsyncService):
         self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
         self.residency = Residency()  # fed by the pods' KV events when kv_events is on
         self.kv_events: KvEventsFollow | None = None
+        self.kv_index: IndexSource | None = None  # precise routing's, with kv_index_url
         self.server: grpc.aio.Server | None = None
         self.openai: OpenAIFront | None = None  # the HTTP front, when openai_listen is set
         self.health_servicer = health_aio.HealthServicer()
@@ -206,17 +208,10 @@ class Sidecar(AsyncService):
             await self._start_openai()
         if self.config.kv_events:
             self.router.residency = self.residency
-            self.kv_events = KvEventsFollow(
-                self.client,
-                self.residency,
-                self.store,
-                self.pool,
-                self.metrics,
-                self.prewarmer,
-                self.router.home_set,
-                self.config,
-            )
+            parts = (self.client, self.residency, self.store, self.pool, self.metrics)
+            self.kv_events = KvEventsFollow(*parts, self.prewarmer, self.router, self.config)
             self._tasks.append(self.kv_events.start())
+        self.kv_index = attach_index(self.router, self.client, self.metrics, self.config)
         try:
             first = await source.resolve()
         except MembershipError as exc:
@@ -281,6 +276,8 @@ class Sidecar(AsyncService):
                 await task
         if self.kv_events is not None:
             await self.kv_events.stop()
+        if self.kv_index is not None:
+            await self.kv_index.close()
         if self.health is not None:
             self.health.close()
         if self._metrics_runner is not None:

@@ -62,7 +62,7 @@ async def _post(
     client: UpstreamClient,
     url: str,
     path: str,
-    body: dict[str, str],
+    body: dict[str, Any],
     timeout_s: float,
     limit: int,
 ) -> Any:
@@ -119,7 +119,21 @@ async def token_ids(
     """The pod's token ids of `text` (vLLM's shape only: llama.cpp's blocks are not
     reported), each checked to be an id, no more of them than the text has bytes + slack."""
     size = len(text.encode("utf-8"))
-    body: dict[str, str] = {"model": model, "prompt": text} if model else {"prompt": text}
+    return await tokens_of(client, url, {"prompt": text}, size, model=model, timeout_s=timeout_s)
+
+
+async def tokens_of(
+    client: UpstreamClient,
+    url: str,
+    what: dict[str, Any],
+    size: int,
+    *,
+    model: str = "",
+    timeout_s: float = 10.0,
+) -> list[int]:
+    """token_ids of `what`: {"prompt": text} or {"messages": [...]} (the pod renders its
+    chat template, as it will for the request), `size` its text's bytes."""
+    body = {"model": model, **what} if model else what
     data = await _post(client, url, "/tokenize", body, timeout_s, _max_answer_bytes(size))
     tokens = data.get("tokens") if isinstance(data, dict) else None
     if not isinstance(tokens, list) or len(tokens) > size + SPECIAL_TOKENS_SLACK:

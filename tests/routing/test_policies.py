@@ -39,6 +39,7 @@ def test_branch_values_are_the_wire_and_metric_words() -> None:
         "home",
         "spill",
         "fallback",
+        "cached",
         "ring_hit",
         "round_robin",
         "random",

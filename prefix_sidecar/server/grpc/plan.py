@@ -10,6 +10,8 @@ body is built.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +46,8 @@ class UpstreamPlan:
     chat: bool
     named: str = ""  # the prefix_name the caller sent, if any
     raw_events: bool = False  # the caller wants each pod event's JSON in Chunk.events
+    # Routed by the prompt: its text as /tokenize takes it, for precise routing.
+    tokenize: dict[str, Any] | None = None
 
     @property
     def prefix_label(self) -> str:
@@ -121,6 +125,7 @@ class Planner:
             (decision, entry),
             lambda: self.router.for_prompt(user_input),
             lambda params, model, extra: completion_body(prefix, user_input, params, model, extra),
+            {"prompt": user_input},
         )
 
     def chat(self, request: router_pb2.ChatRequest) -> UpstreamPlan:
@@ -137,6 +142,7 @@ class Planner:
             (decision, entry),
             lambda: self.router.for_chat([(m["role"], m["content"]) for m in messages]),
             lambda params, model, extra: chat_body(prefix, messages, params, model, extra),
+            {"messages": messages},
         )
 
     def _plan(
@@ -146,12 +152,15 @@ class Planner:
         by_prefix: tuple[Decision | None, PrefixEntry | None],
         by_prompt: Callable[[], Decision],
         body_of: BodyOf,
+        text: dict[str, Any],
     ) -> UpstreamPlan:
         """Route by the prompt when no prefix routed the call, then build the pod's body."""
         decision, entry = by_prefix
+        tokenize = None
         if decision is None:
             decision = self.decide(by_prompt)
             entry = decision.prefix
+            tokenize = text if entry is None else None
         params, model, extra = self._body_fields(rpc.name, request)
         return UpstreamPlan(
             decision,
@@ -161,7 +170,18 @@ class Planner:
             chat=rpc.chat,
             named=request.prefix_name,
             raw_events=request.raw_events,
+            tokenize=tokenize,
         )
+
+    async def refined(self, plan: UpstreamPlan, model: str = "") -> UpstreamPlan:
+        """With precise routing, an unregistered call moved to the pod holding the most of it."""
+        precise = self.router.precise
+        if precise is None or plan.tokenize is None:
+            return plan
+        started = time.perf_counter_ns()
+        decision = await precise.refine(plan.decision, plan.tokenize, model)
+        spent = decision.decision_ns + time.perf_counter_ns() - started
+        return dataclasses.replace(plan, decision=dataclasses.replace(decision, decision_ns=spent))
 
     def _resolve_prefix(self, request: Any) -> tuple[bytes, Decision | None, PrefixEntry | None]:
         """(escaped prefix bytes, decision if routed by prefix, entry) for Complete/Chat."""

@@ -164,13 +164,21 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> None:
         await stream_reply(
-            "Complete", self.plans.completion, request, context, self.relay, self.metrics
+            "Complete",
+            self.plans.completion,
+            request,
+            context,
+            self.relay,
+            self.metrics,
+            self.plans.refined,
         )
 
     async def Chat(
         self, request: router_pb2.ChatRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        await stream_reply("Chat", self.plans.chat, request, context, self.relay, self.metrics)
+        await stream_reply(
+            "Chat", self.plans.chat, request, context, self.relay, self.metrics, self.plans.refined
+        )
 
     # --- prewarm and backends -----------------------------------------------------------
 

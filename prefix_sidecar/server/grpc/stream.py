@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -37,6 +37,7 @@ async def stream_reply(
     context: grpc.aio.ServicerContext,
     relay: Relay,
     metrics: Metrics,
+    refine: Callable[[UpstreamPlan], Awaitable[UpstreamPlan]] | None = None,
 ) -> None:
     """Validate and route (plan), relay the pod's stream with the caller's trace
     headers, and log/measure the outcome."""
@@ -49,6 +50,8 @@ async def stream_reply(
     caller.watch(context)
     try:
         upstream = plan(request)
+        if refine is not None:
+            upstream = await refine(upstream)
         branch = upstream.decision.branch
         prefix_label = upstream.prefix_label
         decision_ns = upstream.decision.decision_ns

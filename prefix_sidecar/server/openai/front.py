@@ -30,6 +30,7 @@ from prefix_sidecar.hostport import is_loopback_host, split_host_port
 from prefix_sidecar.membership.pool import SERVING, BackendPool
 from prefix_sidecar.metrics import FRONT_HTTP, Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
+from prefix_sidecar.routing.precise import request_text
 from prefix_sidecar.routing.router import Decision, NoBackendError, Router
 from prefix_sidecar.server.common.connections import front_cap, install_accept_log
 from prefix_sidecar.server.common.probes import Readiness
@@ -224,6 +225,11 @@ class OpenAIFront:
                 await asyncio.sleep(0)
             if entry is None:
                 decision, decision_ns = self._route(parsed, chat)
+                if self.router.precise is not None and decision.prefix is None:
+                    moving = time.perf_counter_ns()
+                    what = request_text(chat, parsed.messages, parsed.route_text)
+                    decision = await self.router.precise.refine(decision, what, parsed.model or "")
+                    decision_ns += time.perf_counter_ns() - moving
             else:
                 decision = self.router.for_prefix(entry)
                 decision_ns = decision.decision_ns

@@ -1,0 +1,58 @@
+"""The shared index as precise routing's block source (routing.precise.BlockSource), and
+its wiring into a sidecar with kv_index_url set: the prompt is keyed at each block size the
+pods report, and each size is one lookup (lookup.py) under its deadline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prefix_sidecar.config import Config
+from prefix_sidecar.kv_events.block_keys import chain
+from prefix_sidecar.kv_events.precise import PreciseRouting
+from prefix_sidecar.kv_index.lookup import IndexLookup
+from prefix_sidecar.metrics import Metrics
+from prefix_sidecar.routing.router import Router
+from prefix_sidecar.upstream.client import UpstreamClient
+
+
+class IndexSource:
+    def __init__(self, lookup: IndexLookup) -> None:
+        self.lookup = lookup
+
+    async def ready(self) -> bool:
+        return bool(await self.lookup.block_sizes())
+
+    async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
+        found: dict[str, int] = {}
+        for size in sorted(await self.lookup.block_sizes() or ()):
+            matches = await self.lookup.matches(chain(tokens, size))
+            if matches is None:
+                return None
+            found.update(matches)  # a pod holds blocks of its own size only
+        return found
+
+    async def close(self) -> None:
+        await self.lookup.redis.aclose()
+
+
+def attach_index(
+    router: Router, client: UpstreamClient, metrics: Metrics, config: Config
+) -> IndexSource | None:
+    """With kv_index_url and precise routing: the router's precise step reads the index."""
+    if not config.kv_index_url or config.unregistered_routing != "precise":
+        return None
+    from redis.asyncio import Redis
+
+    redis = Redis.from_url(config.kv_index_url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    lookup = IndexLookup(
+        redis, on_outcome=lambda outcome: metrics.child(metrics.kv_index_queries, outcome).inc()
+    )
+    source = IndexSource(lookup)
+    router.precise = PreciseRouting(
+        client,
+        source,
+        router,
+        model=config.model,
+        on_outcome=lambda outcome: metrics.child(metrics.precise_decisions, outcome).inc(),
+    )
+    return source

@@ -1,0 +1,77 @@
+"""Precise organic routing (unregistered_routing: precise, issue 29): an unregistered prompt
+goes to the pod that holds the longest prefix of it, as the pods' KV events say, when that
+is more than the organic decision's pod holds and the pod fits under its bounded-load cap.
+
+Algorithm: the pods holding more whole blocks of the prompt than the decided pod, most
+blocks first, ties in the decision's preference order and then by URL (so sidecars that
+heard the same events agree); the first one the policy answers HOME for as a one-pod home
+set (under its cap, with organic routing's floor) takes the request. None of them fits, or
+none holds more: the organic decision stands, and with it what organic routing does for a
+prompt no pod holds (its family's home set, balanced starts).
+
+The matches are passed in (pod -> blocks): routing never imports kv_events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prefix_sidecar.routing.pick import Branch, Pick
+from prefix_sidecar.routing.policy import Policy
+from prefix_sidecar.routing.table import RoutingTable
+
+if TYPE_CHECKING:
+    from prefix_sidecar.routing.router import Decision
+
+
+class BlockSource(Protocol):
+    """Where the fleet's blocks are known: this sidecar's own subscriptions
+    (kv_events/fleet_blocks.py) or the shared index (kv_index/source.py)."""
+
+    async def ready(self) -> bool:
+        """Whether any pod's blocks are known (else a prompt is not even tokenized)."""
+
+    async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
+        """Per pod, the whole blocks of `tokens` it holds from the first on; None when
+        the source did not answer in time."""
+
+
+class PreciseStep(Protocol):
+    """The request step that moves an organic decision (kv_events/precise.py)."""
+
+    async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
+        """`decision` for an unregistered request whose text is `what`, perhaps moved."""
+
+
+def to_cached(
+    policy: Policy,
+    table: RoutingTable,
+    key: int,
+    decided: str,
+    preference: Sequence[str],
+    matches: Mapping[str, int],
+    min_cap: int,
+) -> str | None:
+    """The pod holding more of the prompt than `decided` that fits, or None."""
+    floor = matches.get(decided, 0)
+    rank = {pod: n for n, pod in enumerate(preference)}
+    better = [pod for pod, blocks in matches.items() if blocks > floor]
+    better.sort(key=lambda pod: (-matches[pod], rank.get(pod, len(rank)), pod))
+    for pod in better:
+        index = table.index.get(pod)
+        if index is None:
+            continue
+        _, branch = policy.select(table, Pick(key, 1, (index,), min_cap))
+        if branch is Branch.HOME:  # the baselines never answer HOME: they keep their pick
+            return pod
+    return None
+
+
+def request_text(chat: bool, messages: Sequence[tuple[str, str]], prompt: str) -> dict[str, Any]:
+    """What /tokenize is asked for an HTTP request: a chat's messages (the first ones the
+    front reads: their tokens are a prefix of the whole chat's, all a longest-prefix match
+    needs), or the prompt."""
+    if chat:
+        return {"messages": [{"role": role, "content": text} for role, text in messages]}
+    return {"prompt": prompt}

@@ -1,0 +1,133 @@
+"""Precise organic routing (unregistered_routing: precise) before three emulated pods that
+publish KV events: a prompt cached on a pod the organic decision would not pick goes to that
+pod, on the gRPC Complete and Chat paths and the HTTP front, and a cold one keeps the organic
+pick. The fleet's block map (fleet_blocks.py) is checked on its own too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from prefix_sidecar.kv_events.decode import BlockRemoved
+from prefix_sidecar.kv_events.fleet_blocks import FleetBlocks
+from prefix_sidecar.server.app import Sidecar
+from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
+from prefix_sidecar.v1 import router_pb2
+from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
+from prefix_sidecar_tools.harness import free_port
+from tests.kv_events.test_residency import BLOCK, stored_chunks
+from tests.server.conftest import running_sidecar, sidecar_config, wait_for
+from tests.upstream.test_pod_faults import counted
+
+POD = EmulatorConfig(time_scale=1000.0, block_size=16, kv_tokens=256 * 16, kv_events="map")
+PRECISE = "prefix_sidecar_precise_decisions_total"
+TEXT = "Merchant handbook, section {n}: refunds within 7 days, no coupon stacking. " * 12
+
+
+def test_the_block_map_counts_each_pods_leading_blocks() -> None:
+    blocks = FleetBlocks()
+    tokens = list(range(1, 1 + 4 * BLOCK))
+    for pod in ("a", "b"):
+        blocks.reset(pod, known=True)
+    blocks.apply("a", tuple(stored_chunks(tokens, 10)))
+    blocks.apply("b", tuple(stored_chunks(tokens[: 2 * BLOCK], 10)))
+    assert blocks.matches([*tokens, 7, 8]) == {"a": 4, "b": 2}
+    blocks.apply("a", (BlockRemoved((11,)),))  # its second block evicted
+    assert blocks.matches(tokens) == {"a": 1, "b": 2}
+    blocks.reset("b", known=False)
+    assert blocks.matches(tokens) == {"a": 1}
+
+
+def test_a_pod_over_the_cap_keeps_only_its_latest_blocks() -> None:
+    blocks = FleetBlocks(max_blocks_per_pod=2)
+    blocks.reset("a", known=True)
+    tokens = list(range(1, 1 + 4 * BLOCK))
+    blocks.apply("a", tuple(stored_chunks(tokens, 10)))
+    assert blocks.matches(tokens) == {}  # the first two blocks were forgotten
+
+
+MESSAGES = [("user", "Hi?"), ("assistant", "x"), ("user", "And then?")]
+
+
+def organic_pick(sidecar: Sidecar, chat: bool, head: str) -> str:
+    """The organic decision for what `send` sends, before precise routing moves it."""
+    if chat:
+        return sidecar.router.for_chat([("system", head), *MESSAGES]).backend
+    return sidecar.router.for_prompt(head + " And then?").backend
+
+
+@pytest.mark.parametrize("path", ["grpc-complete", "grpc-chat", "http-completions", "http-chat"])
+async def test_a_prompt_cached_elsewhere_goes_where_it_is_cached(tmp_path: Path, path: str) -> None:
+    port = free_port()
+    async with EmulatorFleet(3, POD) as fleet, aiohttp.ClientSession() as session:
+        settings = sidecar_config(
+            tmp_path,
+            fleet.urls,
+            kv_events=True,
+            unregistered_routing="precise",
+            openai_listen=f"127.0.0.1:{port}",
+        )
+        async with running_sidecar(settings) as (sidecar, stub):
+            await wait_for(
+                lambda: (
+                    sidecar.kv_events is not None and len(sidecar.kv_events.subscriber.feeds) == 3
+                ),
+                5,
+            )
+            head = TEXT.format(n=path)
+            chat = path.endswith("chat")
+            pick = organic_pick(sidecar, chat, head)
+            cached = next(url for url in fleet.urls if url != pick)
+            # the head straight to a pod the organic decision does not pick
+            body: dict[str, object] = {"model": POD.model, "max_tokens": 1}
+            if chat:
+                body["messages"] = [
+                    {"role": "system", "content": head},
+                    {"role": "user", "content": "Hi?"},
+                ]
+            else:
+                body["prompt"] = head
+            endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+            async with session.post(cached + endpoint, json=body) as answer:
+                assert answer.status == 200
+            assert sidecar.kv_events is not None
+            blocks = sidecar.kv_events.blocks
+            assert blocks is not None
+            await wait_for(lambda: blocks.block_count(cached) > 0, 5, "the pod's blocks")
+
+            front = f"http://127.0.0.1:{port}"
+            assert await send(path, stub, session, front, head) == cached
+            assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
+
+            cold_head = "A cold start. " * 40
+            expected = organic_pick(sidecar, chat, cold_head)
+            assert await send(path, stub, session, front, cold_head) == expected
+            assert counted(sidecar.metrics, PRECISE, outcome="cold") == 1
+
+
+async def send(path: str, stub: Any, session: aiohttp.ClientSession, front: str, head: str) -> str:
+    """One request for `head` and a question on `path`; the pod that served it."""
+    messages = [("system", head), *MESSAGES]
+    if path == "grpc-complete":
+        complete = router_pb2.CompleteRequest(input=head + " And then?", max_tokens=1)
+        chunks = [c async for c in stub.Complete(complete, timeout=10)]
+        return str(chunks[0].backend)
+    if path == "grpc-chat":
+        request = router_pb2.ChatRequest(
+            messages=[router_pb2.ChatMessage(role=r, content=c) for r, c in messages], max_tokens=1
+        )
+        chunks = [c async for c in stub.Chat(request, timeout=10)]
+        return str(chunks[0].backend)
+    body: dict[str, object] = {"model": POD.model, "max_tokens": 1}
+    if path == "http-chat":
+        body["messages"] = [{"role": r, "content": c} for r, c in messages]
+        endpoint = "/v1/chat/completions"
+    else:
+        body["prompt"] = head + " And then?"
+        endpoint = "/v1/completions"
+    async with session.post(front + endpoint, json=body) as answer:
+        assert answer.status == 200, await answer.text()
+        return answer.headers[BACKEND_HEADER]
