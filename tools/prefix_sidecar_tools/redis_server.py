@@ -9,6 +9,9 @@ import contextlib
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -68,3 +71,31 @@ class RedisServer:
     def pause(self, paused: bool) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
+
+@contextlib.asynccontextmanager
+async def indexer_process(backends: list[str], redis_url: str) -> AsyncIterator[None]:
+    """`prefix-sidecar kv-indexer` over `backends` into `redis_url`, as a process, stopped
+    by SIGTERM when the block ends."""
+    command = [sys.executable, "-m", "prefix_sidecar.cli", "kv-indexer", "--redis", redis_url]
+    command += [f"--backend={url}" for url in backends]
+    process = await asyncio.create_subprocess_exec(*command)
+    try:
+        yield
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 10)
+
+
+@contextlib.asynccontextmanager
+async def shared_index(backends: list[str]) -> AsyncIterator[str]:
+    """A throwaway redis-server and an indexer over `backends`; yields the Redis URL."""
+    with tempfile.TemporaryDirectory() as workdir:
+        server = RedisServer(Path(workdir))
+        await server.start()
+        try:
+            async with indexer_process(backends, server.url):
+                yield server.url
+        finally:
+            server.kill()

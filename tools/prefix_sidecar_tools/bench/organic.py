@@ -20,7 +20,11 @@ the OpenAI HTTP front's /v1/completions and /v1/chat/completions) under each pol
   sessions got a narrower set than starts (home spread 3, sessions over the whole home
   set): a before/after on the same pods;
 - unfollowed / unfollowed_xK (only when --policies names it): organic routing without
-  session follow (organic_follow_sessions off): every later turn to its session's pod.
+  session follow (organic_follow_sessions off): every later turn to its session's pod;
+- precise / precise_xK (only when --policies names it): unregistered_routing precise, each
+  sidecar following every pod's KV events (the pods publish them in every run then);
+- indexed / indexed_xK (only when --policies names it): precise on the shared index, a
+  redis-server and a `kv-indexer` started for the run, the sidecars with kv_index_url.
 With --pin-flows every request of a flow goes through one sidecar (radix replica) of the
 _xK runs instead of one drawn per request.
 Every run starts with the pods' caches emptied. The oracle (organic_oracle) gives the hit
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import math
 import sys
@@ -69,6 +74,7 @@ from prefix_sidecar_tools.bench.organic_report import (
 )
 from prefix_sidecar_tools.bench.organic_trace import CLASSES, OrganicTrace, TraceParams, build_trace
 from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, reset_cache
+from prefix_sidecar_tools.redis_server import shared_index
 from prefix_sidecar_tools.report import (
     add_command,
     add_json_option,
@@ -106,6 +112,12 @@ OPTIONAL_POLICIES: dict[str, dict[str, object]] = {
     "wide": {"organic_home_spread": 3.0, "organic_session_spread": 3.0},
     # every later turn to its session's pod (no session follow, contract 9h)
     "unfollowed": {"organic_follow_sessions": False},
+    # organic, then the pod the KV events say holds the most of the prompt (the pods
+    # publish events for these runs)
+    "precise": {"unregistered_routing": "precise", "kv_events": True},
+    # precise on the shared index: a redis-server and a kv-indexer per run, no
+    # subscriptions in the sidecars (kv_index_url)
+    "indexed": {"unregistered_routing": "precise"},
 }
 
 
@@ -130,11 +142,13 @@ def previous_turns(trace: OrganicTrace) -> list[int]:
 
 
 def pod_config(args: argparse.Namespace) -> EmulatorConfig:
+    precise = {"precise", "indexed"} & set((args.policies or "").split(","))
     return EmulatorConfig(
         time_scale=args.time_scale,
         kv_tokens=args.kv_tokens,
         prefill_tps=args.prefill_tps,
         max_running=64,
+        kv_events="map" if precise else "off",
     )
 
 
@@ -158,6 +172,7 @@ async def run_one(
     organic_kinds: dict[str, float] = {}
     picks: dict[str, float] = {}  # the sidecars' bounded-load branches (home, spill, ...)
     failovers: dict[str, float] = {}  # attempts moved to the next pod, by reason
+    precise: dict[str, float] = {}  # precise routing's outcomes
     if name.startswith("radix"):
         replicas = int(name.partition("_x")[2] or 1)
         routers = [
@@ -186,10 +201,13 @@ async def run_one(
             settings[SCHEME_SETTING] = "window"
         elif policy in OPTIONAL_POLICIES:
             settings.update(OPTIONAL_POLICIES[policy])
-        group = SidecarGroup(
-            sidecars, urls, settings, socket_dir=socket_dir, http_front=path.startswith("http")
-        )
-        async with group:
+        async with contextlib.AsyncExitStack() as stack:
+            if policy == "indexed":
+                settings["kv_index_url"] = await stack.enter_async_context(shared_index(urls))
+            group = SidecarGroup(
+                sidecars, urls, settings, socket_dir=socket_dir, http_front=path.startswith("http")
+            )
+            await stack.enter_async_context(group)
             if path.startswith("grpc"):
                 channels = [
                     grpc.aio.insecure_channel(t, options=CHANNEL_OPTIONS) for t in group.targets
@@ -213,6 +231,7 @@ async def run_one(
         organic_kinds = summed_by(scraped, "prefix_sidecar_organic_decisions_total", "kind")
         picks = summed_by(scraped, "prefix_sidecar_requests_total", "branch")
         failovers = summed_by(scraped, "prefix_sidecar_failovers_total", "reason")
+        precise = summed_by(scraped, "prefix_sidecar_precise_decisions_total", "outcome")
         decision = {
             "p50": bucket_percentile(buckets, 50) * 1e6,
             "p99": bucket_percentile(buckets, 99) * 1e6,
@@ -237,6 +256,7 @@ async def run_one(
         summary["organic_decisions"] = {k: int(v) for k, v in organic_kinds.items()}
         summary["picks"] = {k: int(v) for k, v in picks.items()}
         summary["failovers"] = {k: int(v) for k, v in failovers.items()}
+        summary["precise"] = {k: int(v) for k, v in precise.items()}
     summary["wall_s"] = time.perf_counter() - started
     return summary
 

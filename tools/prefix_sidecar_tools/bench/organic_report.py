@@ -283,6 +283,11 @@ def _organic_decision_lines(report: dict[str, Any]) -> list[str]:
                 lines.append(
                     f"  {'':<{len(path)}} {'':<{len(name)}}  picks: {_percentages(run['picks'])}"
                 )
+            if run.get("precise"):  # what precise routing did with them
+                lines.append(
+                    f"  {'':<{len(path)}} {'':<{len(name)}}  precise: "
+                    f"{_percentages(run['precise'])}"
+                )
             if run.get("failovers"):
                 moved = ", ".join(f"{reason} {count}" for reason, count in run["failovers"].items())
                 lines.append(f"  {'':<{len(path)}} {'':<{len(name)}}  failovers: {moved}")

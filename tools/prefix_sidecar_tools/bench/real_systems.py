@@ -4,6 +4,8 @@ yields a Sender (the organic bench's: fill a Result for one request) over one fl
   sidecar      a real `prefix-sidecar serve` process; the workload's prefixes registered
                with prewarm over gRPC, every request a streamed POST to its HTTP front,
                which routes a prompt that starts with a registered prefix to its home
+  precise      the same with unregistered_routing precise (kv_events on: the pods publish
+               their KV events when this system is among those run)
   round-robin  straight to pod seq mod N
   least-loaded straight to the pod with the fewest of this client's requests in flight
   sglang       SGLang's router (`--policy cache_aware`), every request a POST to it
@@ -125,12 +127,14 @@ async def register_prewarmed(target: str, prefixes: Sequence[Prefix]) -> list[li
 
 
 @contextlib.asynccontextmanager
-async def sidecar(setup: Setup) -> AsyncIterator[Sender]:
+async def sidecar(setup: Setup, *settings: str) -> AsyncIterator[Sender]:
+    """`settings`: more `--set` values for the sidecar."""
     port = free_port()
     socket_dir = tempfile.mkdtemp(prefix="sc-")  # short: sun_path is ~107 bytes
     argv = [f"--backend={url}" for url in setup.fleet.urls]
     argv += ["--openai-listen", f"127.0.0.1:{port}", "--set", f"model={setup.fleet.model}"]
     argv += ["--set", "health_interval_s=0.5", "--set", "grace_s=1"]
+    argv += [arg for value in settings for arg in ("--set", value)]
     process = SidecarProcess(
         f"{socket_dir}/sidecar.sock",
         argv,
@@ -148,8 +152,13 @@ async def sidecar(setup: Setup) -> AsyncIterator[Sender]:
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
+def precise(setup: Setup) -> AbstractAsyncContextManager[Sender]:
+    return sidecar(setup, "unregistered_routing=precise", "kv_events=true")
+
+
 SYSTEMS: dict[str, SystemFactory] = {
     "sidecar": sidecar,
+    "precise": precise,
     "round-robin": round_robin,
     "least-loaded": least_loaded,
     "sglang": sglang,
@@ -157,5 +166,10 @@ SYSTEMS: dict[str, SystemFactory] = {
 
 
 def default_systems() -> list[str]:
-    """Every system, SGLang's router only when `sglang-router` is installed."""
-    return [name for name in SYSTEMS if name != "sglang" or sglang_router_available()]
+    """Every system but precise (named only: it has the pods publish events), SGLang's
+    router only when `sglang-router` is installed."""
+    return [
+        name
+        for name in SYSTEMS
+        if name != "precise" and (name != "sglang" or sglang_router_available())
+    ]

@@ -136,6 +136,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             block_size=block,
             scratch=Path(scratch) / "f",
             startup_timeout=args.startup_timeout,
+            kv_events="precise" in args.systems,
         )
         timeout = aiohttp.ClientTimeout(total=args.timeout * 2)
         async with fleet, aiohttp.ClientSession(timeout=timeout) as session:
