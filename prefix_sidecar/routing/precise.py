@@ -15,14 +15,11 @@ The matches are passed in (pod -> blocks): routing never imports kv_events.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.policy import Policy
 from prefix_sidecar.routing.table import RoutingTable
-
-if TYPE_CHECKING:
-    from prefix_sidecar.routing.router import Decision
 
 
 class BlockSource(Protocol):
@@ -35,13 +32,6 @@ class BlockSource(Protocol):
     async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
         """Per pod, the whole blocks of `tokens` it holds from the first on; None when
         the source did not answer in time."""
-
-
-class PreciseStep(Protocol):
-    """The request step that moves an organic decision (kv_events/precise.py)."""
-
-    async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
-        """`decision` for an unregistered request whose text is `what`, perhaps moved."""
 
 
 def to_cached(

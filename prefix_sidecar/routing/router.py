@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, Protocol, TypedDict
 
 from prefix_sidecar import _core
 from prefix_sidecar.config import Config
@@ -36,7 +36,6 @@ from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.placement import HomePlacer
 from prefix_sidecar.routing.policy import Policy, ignores_key, make_policy
 from prefix_sidecar.routing.policy_names import PREFIX_AFFINITY
-from prefix_sidecar.routing.precise import PreciseStep
 from prefix_sidecar.routing.resident import ResidencyView, to_resident
 from prefix_sidecar.routing.table import RoutingTable
 
@@ -68,6 +67,13 @@ class Decision:
     # The pod was the key's only home and took the request under its cap: no choice among
     # pods was made (the fleet view counts the other sidecars' requests for choices only).
     forced: bool = False
+
+
+class PreciseStep(Protocol):
+    """The request step that moves an organic decision (kv_events/precise.py)."""
+
+    async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
+        """`decision` for an unregistered request whose text is `what`, perhaps moved."""
 
 
 class Router:
