@@ -1,0 +1,47 @@
+"""routing/precise.py's pick: the pod holding most of a prompt, in a deterministic order,
+only under its cap, and never one holding no more than the organic pick."""
+
+from __future__ import annotations
+
+from prefix_sidecar.routing.precise import request_text, to_cached
+from prefix_sidecar.routing.prefix_affinity import PrefixAffinity
+from prefix_sidecar.routing.random_pick import RandomPick
+
+from .conftest import pods, serving_pool
+
+POLICY = PrefixAffinity(load_factor=1.25, load_cap_floor=8)
+A, B, C, D = pods(4)
+
+
+def pick(
+    matches: dict[str, int], loads: dict[str, int] | None = None, policy: object = POLICY
+) -> str | None:
+    pool = serving_pool([A, B, C, D])
+    for url, count in (loads or {}).items():
+        for _ in range(count):
+            pool.acquire(url)
+    return to_cached(policy, pool.table, 7, A, [A, B, C, D], matches, 8)  # type: ignore[arg-type]
+
+
+def test_the_pod_holding_the_most_takes_it_and_ties_go_in_preference_order() -> None:
+    assert pick({A: 1, B: 3, C: 5}) == C
+    assert pick({A: 1, D: 4, C: 4}) == C  # C comes before D in the decision's order
+    assert pick({A: 5, B: 5}) is None  # no more than the organic pick holds
+    assert pick({}) is None
+
+
+def test_a_pod_over_its_cap_is_passed_for_the_next() -> None:
+    assert pick({B: 6, C: 4}, loads={B: 40}) == C
+    assert pick({B: 6}, loads={B: 40}) is None
+
+
+def test_a_baseline_policy_keeps_its_own_pick() -> None:
+    assert pick({B: 6}, policy=RandomPick()) is None
+
+
+def test_what_tokenize_is_asked() -> None:
+    assert request_text(False, (), "hello") == {"prompt": "hello"}
+    chat = request_text(True, (("system", "s"), ("user", "u")), "s")
+    assert chat == {
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    }
