@@ -139,6 +139,26 @@ def ceiling(
     return Ceiling(prompt, cached)
 
 
+def organic_ceiling(token_ids: Sequence[Sequence[int]], block_size: int) -> Ceiling:
+    """The organic trace's infinite-cache ceiling: one cache of whole blocks sees the
+    prompts (their pod-side token ids) in trace order, and serves each the leading blocks
+    seen before; a prompt wholly cached still recomputes its last token, as vLLM does."""
+    seen: set[int] = set()
+    prompt = cached = 0
+    for ids in token_ids:
+        prompt += len(ids)
+        key, hit, leading = 0, 0, True
+        for start in range(0, len(ids) - block_size + 1, block_size):
+            key = hash((key, tuple(ids[start : start + block_size])))
+            if leading and key in seen:
+                hit += block_size
+            else:
+                leading = False
+            seen.add(key)
+        cached += min(hit, max(0, len(ids) - 1) // block_size * block_size)
+    return Ceiling(prompt, cached)
+
+
 def kv_tokens_for(sizes: Sequence[int], share: float, block_size: int) -> int:
     """A pod's KV budget from the prefixes' target sizes: `share` of all their tokens (so
     they cannot all fit in one pod when share < 1), never less than the largest plus four

@@ -133,12 +133,18 @@ def _registered_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _organic_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
-    header = f"{'system':<13}{'n':>4}{'err':>4}{'hit':>7}{'usage':>7}{'p50 ms':>8}{'p99 ms':>8}"
-    lines = ["organic (bench organic's trace)", header, "-" * len(header)]
+    header = (
+        f"{'system':<13}{'n':>4}{'err':>4}{'hit':>7}{'usage':>7}{'ceil':>6}{'of ceil':>8}"
+        f"{'p50 ms':>8}{'p99 ms':>8}"
+    )
+    lines = ["organic (bench organic's trace; ceil: one infinite cache)", header]
+    lines.append("-" * len(header))
     for name, row in rows.items():
         lines.append(
             f"{name:<13}{row['requests']:>4}{row['errors']:>4}{row['hit_rate']:>7.3f}"
-            f"{row['usage_hit_rate']:>7.3f}{row['ttft_p50_ms']:>8.1f}{row['ttft_p99_ms']:>8.1f}"
+            f"{row['usage_hit_rate']:>7.3f}{row.get('ceiling', math.nan):>6.3f}"
+            f"{row.get('of_ceiling', math.nan):>8.3f}{row['ttft_p50_ms']:>8.1f}"
+            f"{row['ttft_p99_ms']:>8.1f}"
         )
     return lines
 

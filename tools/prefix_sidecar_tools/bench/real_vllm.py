@@ -25,16 +25,20 @@ from typing import Any
 
 import aiohttp
 
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.tokenize import token_ids
 from prefix_sidecar_tools.bench.organic_driver import Result, replay
 from prefix_sidecar_tools.bench.organic_trace import OrganicTrace, TraceParams
 from prefix_sidecar_tools.bench.organic_trace import build_trace as build_organic
 from prefix_sidecar_tools.bench.real_megasale import (
+    Ceiling,
     MegasaleParams,
     Prefix,
     build_prefixes,
     build_trace,
     ceiling,
     kv_tokens_for,
+    organic_ceiling,
     target_sizes,
 )
 from prefix_sidecar_tools.bench.real_report import per_request, scrape, summarize
@@ -87,10 +91,11 @@ async def make_cold(fleet: VllmFleet, session: aiohttp.ClientSession, how: str) 
 
 
 async def run_system(
-    name: str, setup: Setup, trace: OrganicTrace, time_scale: float
+    name: str, setup: Setup, trace: OrganicTrace, time_scale: float, found: Ceiling | None
 ) -> tuple[list[Result], dict[str, Any]]:
-    """One system on one workload: counters before, the replay, counters after; the
-    registered workload's row also has its whole-block ceiling."""
+    """One system on one workload: counters before, the replay, counters after; the row
+    has the workload's whole-block ceiling (`found`, the organic one; the registered one is
+    worked out over the answered requests)."""
     urls = setup.fleet.urls
     before = await scrape(setup.session, urls)
     started = time.perf_counter()
@@ -98,7 +103,6 @@ async def run_system(
         results = await replay(trace, send, time_scale)
     elapsed = time.perf_counter() - started
     after = await scrape(setup.session, urls)
-    found = None
     if setup.prefixes:
         found = ceiling(trace, results, setup.prefixes, setup.fleet.block_size)
     row = summarize(results, before, after, elapsed, found)
@@ -157,6 +161,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 "workloads": {},
                 "requests": {},
             }
+            ceilings = await _organic_ceiling(fleet, workloads)
             first = True
             for workload, (trace, scale) in workloads.items():
                 rows: dict[str, Any] = report["workloads"].setdefault(workload, {})
@@ -172,7 +177,8 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                         args.timeout,
                         Path(scratch),
                     )
-                    results, row = await run_system(name, setup, trace, scale)
+                    found = ceilings.get(workload)
+                    results, row = await run_system(name, setup, trace, scale, found)
                     rows[name] = row
                     report["requests"][f"{workload}/{name}"] = per_request(
                         results, [r.owner for r in trace.requests], fleet.urls
@@ -184,6 +190,21 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                     )
     report["elapsed_s"] = time.perf_counter() - started
     return report
+
+
+async def _organic_ceiling(
+    fleet: VllmFleet, workloads: dict[str, tuple[OrganicTrace, float]]
+) -> dict[str, Ceiling]:
+    """The organic trace's ceiling, its prompts tokenized by a pod (its own tokenizer)."""
+    if "organic" not in workloads:
+        return {}
+    trace = workloads["organic"][0]
+    async with UpstreamClient() as client:
+        ids = [
+            await token_ids(client, fleet.urls[0], r.prompt, model=fleet.model)
+            for r in trace.requests
+        ]
+    return {"organic": organic_ceiling(ids, fleet.block_size)}
 
 
 def _workloads(
