@@ -20,6 +20,7 @@ from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.attack.pods import RAW_MODES, UNASKED_TEXT, raw_pod
+from prefix_sidecar_tools.attack.runner import prompt_routed_to
 from prefix_sidecar_tools.harness import free_port
 from tests.server.conftest import running_sidecar, sidecar_config
 
@@ -45,17 +46,6 @@ async def complete(session: aiohttp.ClientSession, front: str, prompt: str) -> t
         if response.status == 200:
             text = json.loads(raw)["choices"][0]["text"]
         return response.status, text, response.headers.get(BACKEND_HEADER, "")
-
-
-async def routed_to(stub: Any, pod: str) -> str:
-    """A caller's prompt whose first pick is `pod`, as the Route RPC names it: with two pods on
-    random ports the ring can give one of them none of a dozen short prompts."""
-    for n in range(1024):
-        prompt = f"caller {n}"
-        reply = await stub.Route(router_pb2.RouteRequest(prompt=prompt), timeout=10)
-        if reply.backend == pod:
-            return prompt
-    raise AssertionError(f"no prompt of 1,024 is routed to {pod} first")
 
 
 def counted(metrics: Metrics, name: str, **labels: str) -> float:
@@ -92,7 +82,10 @@ async def test_a_broken_answer_fails_over_to_the_good_pod(tmp_path: Path, mode: 
         raw_pod("good") as good,
         sidecar_with(tmp_path, [bad, good]) as (front, sidecar, stub),
     ):
-        prompts = [await routed_to(stub, bad)] + [f"caller {n}" for n in range(CALLERS)]
+        # the broken pod a caller's first pick, as the Route RPC names it: two pods on random
+        # ports can give it none of a dozen short prompts
+        first = await prompt_routed_to(stub, bad, "caller")
+        prompts = [first] + [f"caller {n}" for n in range(CALLERS)]
         async with aiohttp.ClientSession() as session:
             answers = [await complete(session, front, prompt) for prompt in prompts]
         moved = counted(sidecar.metrics, "prefix_sidecar_failovers_total", backend=bad)

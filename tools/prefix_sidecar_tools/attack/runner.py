@@ -335,7 +335,7 @@ async def _wait_members(stub: Any, urls: set[str], timeout: float = 15.0) -> Non
         await asyncio.sleep(0.05)
 
 
-async def _prompt_for(stub: Any, backend: str, tag: str) -> str:
+async def prompt_routed_to(stub: Any, backend: str, tag: str) -> str:
     """A prompt that the sidecar routes to `backend` first (routing is deterministic)."""
     from prefix_sidecar.v1 import router_pb2
 
@@ -367,7 +367,7 @@ async def run(
         async with grpc.aio.insecure_channel(sidecar.target) as channel:
             stub = router_pb2_grpc.RouterStub(channel)
             await _wait_members(stub, {harness.healthy})
-            probe = Probe(prompt=await _prompt_for(stub, harness.healthy, "probe"))
+            probe = Probe(prompt=await prompt_routed_to(stub, harness.healthy, "probe"))
             probe.running.set()
             probing = asyncio.create_task(_probe(stub, probe))
             baseline_rss = rss_bytes(pid)
@@ -419,10 +419,10 @@ async def _scenario(
         probe.running.clear()
         harness.set_members(sorted(members))
         await _wait_members(stub, members)
-        attack_options["prompt"] = await _prompt_for(stub, hostile, scenario.name)
+        attack_options["prompt"] = await prompt_routed_to(stub, hostile, scenario.name)
         # The probe measures another caller's latency: its key must stay on the healthy pod
         # now that the hostile one is a member too (pod ports, so ring places, vary by run).
-        probe.prompt = await _prompt_for(stub, harness.healthy, f"probe-{scenario.name}")
+        probe.prompt = await prompt_routed_to(stub, harness.healthy, f"probe-{scenario.name}")
         probe.running.set()
     if scenario.kind == "broken_pods":
         attack_options = await _broken_pods_in(harness, stub, probe, scenario.options["count"])
@@ -515,10 +515,12 @@ async def _broken_pods_in(harness: Harness, stub: Any, probe: Probe, count: int)
     harness.set_members(sorted(members))
     await _wait_members(stub, members)
     prompts = {
-        mode: [await _prompt_for(stub, harness.pods[mode], f"{mode} {n}") for n in range(count)]
+        mode: [
+            await prompt_routed_to(stub, harness.pods[mode], f"{mode} {n}") for n in range(count)
+        ]
         for mode in BROKEN_MODES
     }
-    probe.prompt = await _prompt_for(stub, harness.healthy, "probe-broken-pods")
+    probe.prompt = await prompt_routed_to(stub, harness.healthy, "probe-broken-pods")
     probe.running.set()
     pods = {mode: harness.pods[mode] for mode in BROKEN_MODES}
     return {"http_url": harness.http_url, "prompts": prompts, "pods": pods}
