@@ -136,8 +136,11 @@ class IndexWriter:
         self.pending.clear()
 
     async def _rewrite(self) -> None:
-        """Every pod a new generation, every block it holds written under it."""
+        """Every pod a new generation, every block it holds written under it. What is
+        heard meanwhile is queued and sent after (a block the rewrite already wrote may be
+        removed while it runs); a failure or an overflow meanwhile asks for another."""
         self.pending.clear()
+        self.rewrite = False
         for blocks in self.pods.values():
             blocks.generation = layout.new_generation()
         batch: list[Operation] = []
@@ -147,7 +150,6 @@ class IndexWriter:
                 await self._send(batch)
                 batch = []
         await self._send(batch)
-        self.rewrite = False
 
     def _everything(self) -> Iterator[Operation]:
         for pod, blocks in list(self.pods.items()):
@@ -189,9 +191,7 @@ class IndexWriter:
         self.written += len(batch)
 
     def _queue(self, operations: Any) -> None:
-        if self.rewrite:
-            self.wake.set()
-            return  # the rewrite writes the state these operations lead to
+        # Queued while a rewrite waits too: the rewrite drops them as it starts.
         self.pending.extend(operations)
         if len(self.pending) > MAX_PENDING:
             logger.warning("kv-index: %d operations queued; rewriting the index", MAX_PENDING)

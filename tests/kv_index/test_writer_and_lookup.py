@@ -15,7 +15,7 @@ from prefix_sidecar.kv_events.block_keys import chain
 from prefix_sidecar.kv_events.decode import BlockRemoved
 from prefix_sidecar.kv_index import layout
 from prefix_sidecar.kv_index.lookup import DOWN_S, IndexLookup
-from prefix_sidecar.kv_index.writer import IndexWriter
+from prefix_sidecar.kv_index.writer import PIPELINE_COMMANDS, IndexWriter
 from prefix_sidecar_tools.redis_server import RedisServer
 from tests.kv_events.test_residency import BLOCK, stored_chunks
 from tests.server.conftest import wait_for
@@ -132,3 +132,30 @@ async def test_a_pod_matches_from_the_first_block_on_and_only_in_its_generation(
     lookup = IndexLookup(redis, deadline_s=1.0)
     assert await lookup.matches(keys) == {"http://a": 2, "http://b": 3}
     assert await lookup.matches(keys[1:]) == {"http://a": 1, "http://b": 2}  # a chain's own counts
+
+
+async def test_a_block_removed_while_the_index_is_rewritten_is_removed_from_it(
+    redis: Redis,
+) -> None:
+    """The rewrite writes a pod's blocks in several pipelines; a removal heard while it runs
+    must still reach Redis (it was dropped as 'covered by the rewrite')."""
+    tokens = list(range(1, 1 + 3 * PIPELINE_COMMANDS * BLOCK))
+    keys = chain(tokens, BLOCK)
+    writer = IndexWriter(redis)
+    writer.reset("http://a", known=True)
+    writer.apply("http://a", tuple(stored_chunks(tokens, 1, per_event=100)))
+    task = asyncio.create_task(writer.run())
+    try:
+        while writer.written < PIPELINE_COMMANDS:  # the rewrite has begun, not ended
+            await asyncio.sleep(0)
+        assert writer.written < len(keys)
+        writer.apply("http://a", (BlockRemoved((len(keys),)),))  # the chain's tail evicted
+        await wait_for(lambda: writer.settled, 10, "written")
+        last = layout.block_name(layout.DEFAULT_NAMESPACE, keys[-1])
+        assert await redis.execute_command("HGETALL", last) == {}
+        found = await IndexLookup(redis, deadline_s=1.0).matches(keys)
+        assert found is not None and 0 < found["http://a"] < len(keys)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
