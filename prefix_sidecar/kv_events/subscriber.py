@@ -29,14 +29,12 @@ drops show as gaps), never a loop stall. Each failure is logged once per pod and
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -49,14 +47,19 @@ from prefix_sidecar.kv_events.decode import (
     decode_message,
     decode_seq,
 )
+from prefix_sidecar.kv_events.sources import (
+    SOURCES_MAX_BYTES,
+    SOURCES_PATH,
+    SOURCES_TIMEOUT_S,
+    Source,
+    SourceError,
+    parse_sources,
+)
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 
 logger = logging.getLogger(__name__)
 
-SOURCES_PATH = "/kv_event_sources"
-SOURCES_TIMEOUT_S = 2.0
-SOURCES_MAX_BYTES = 16 * 1024
 RETRY_S = 2.0  # x U(0.5, 1.5): a pod without events is asked again
 RCVHWM = 10_000
 STEP_MESSAGES = 64
@@ -103,17 +106,6 @@ class KvEventSink(Protocol):
     def apply(self, pod: str, events: tuple[KvEvent, ...]) -> None: ...
 
 
-class SourceError(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class Source:
-    endpoint: str
-    replay_endpoint: str | None
-    topic: bytes
-
-
 @dataclass
 class Feed:
     url: str
@@ -121,41 +113,6 @@ class Feed:
     replayed_below: int | None = None  # batches under it came in the connect's replay
     replayed_at: float = float("-inf")
     task: asyncio.Task[None] | None = None
-
-
-def zmq_endpoint(value: object, pod_host: str) -> str:
-    """`tcp://HOST:PORT` with a wildcard host read as the pod's own; only TCP, validated."""
-    if not isinstance(value, str) or not value.startswith("tcp://") or len(value) > 300:
-        raise SourceError("not a tcp:// endpoint")
-    host, _, port = value[6:].rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise SourceError("no port in the endpoint")
-    if host in ("*", "0.0.0.0", "::", "[::]"):
-        host = f"[{pod_host}]" if ":" in pod_host else pod_host
-    else:  # a concrete address makes the pod connect to its subscriber: not supported
-        raise SourceError("the pod connects out (a concrete endpoint): bind it on tcp://*:PORT")
-    return f"tcp://{host}:{int(port)}"
-
-
-def parse_sources(body: bytes, pod_url: str) -> Source:
-    """vLLM's `{rank: KVEventsConfig}`: rank 0's publisher (one per data-parallel rank)."""
-    try:
-        ranks = json.loads(body)
-        config = ranks["0"] if "0" in ranks else ranks[0]
-    except (ValueError, KeyError, TypeError, IndexError):
-        raise SourceError("no rank 0 in the answer") from None
-    if not isinstance(config, dict) or config.get("publisher") != "zmq":
-        raise SourceError("KV events are not published over zmq")
-    host = urlsplit(pod_url).hostname or "127.0.0.1"
-    replay = config.get("replay_endpoint")
-    topic = config.get("topic") or ""
-    if not isinstance(topic, str) or len(topic) > 256:
-        raise SourceError("bad topic")
-    return Source(
-        zmq_endpoint(config.get("endpoint"), host),
-        None if replay is None else zmq_endpoint(replay, host),
-        topic.encode(),
-    )
 
 
 class KvEventSubscriber:

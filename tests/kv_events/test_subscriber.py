@@ -17,7 +17,8 @@ import pytest
 import zmq
 
 from prefix_sidecar.kv_events.decode import BlockStored, KvEvent
-from prefix_sidecar.kv_events.subscriber import KvEventSubscriber, SourceError, parse_sources
+from prefix_sidecar.kv_events.sources import SourceError, parse_sources
+from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.upstream.client import UpstreamClient
 from tests.background import LoopWatch
 from tests.kv_events.publisher import TOPIC, Publisher, RecordingSink, payload, stored
