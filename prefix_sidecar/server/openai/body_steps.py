@@ -60,14 +60,10 @@ Reader = Callable[[str, Any, int], Events]
 
 
 async def read_request(
-    raw: bytes,
-    *,
-    chat: bool,
-    store: PrefixStore | None = None,
-    window: int = 4096,
-    turns: bool = True,
+    raw: bytes, *, chat: bool, store: PrefixStore | None, window: int, turns: bool
 ) -> FrontRequest:
-    """body.parse_request, for a body of any size under the limit, in steps."""
+    """body.parse_request, for a body of any size under the limit, in steps (the front
+    gives every setting; parse_request's defaults are for its tests)."""
     cut = route_string_cut(raw, chat, store)
     if len(raw) - (cut.end - cut.start if cut is not None else 0) <= SYNC_BYTES:
         return parse_around(raw, cut, chat=chat, window=window, turns=turns)

@@ -12,7 +12,14 @@ import pytest
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.server.openai import body_steps
 from prefix_sidecar.server.openai.body import MAX_DEPTH, FrontError, FrontRequest, parse_request
-from prefix_sidecar.server.openai.body_steps import SYNC_BYTES, read_request
+from prefix_sidecar.server.openai.body_steps import SYNC_BYTES
+from prefix_sidecar.server.openai.body_steps import read_request as front_read
+
+
+async def read_request(raw: bytes, *, chat: bool, store: PrefixStore | None = None) -> FrontRequest:
+    """The front's read, with parse_request's default window and turns."""
+    return await front_read(raw, chat=chat, store=store, window=4096, turns=True)
+
 
 # An unknown field that takes a body over SYNC_BYTES, so read_request reads it with ijson.
 PAD = b'"pad": [' + b"0," * (SYNC_BYTES // 2) + b"0]"

@@ -84,7 +84,7 @@ async def _read(reader: str, raw: bytes, chat: bool) -> FrontRequest:
     if reader == "json.loads":
         return parse_request(raw, chat=chat)
     if reader == "front":
-        return await read_request(raw, chat=chat, store=PrefixStore(), window=WINDOW)
+        return await read_request(raw, chat=chat, store=PrefixStore(), window=WINDOW, turns=True)
     return await read_in_steps(raw, chat, WINDOW + 1)
 
 
