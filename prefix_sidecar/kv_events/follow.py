@@ -67,13 +67,7 @@ class KvEventsFollow:
         precise = config.unregistered_routing == "precise" and not config.kv_index_url
         self.blocks = FleetBlocks() if precise else None
         if self.blocks is not None:
-            router.precise = PreciseRouting(
-                client,
-                self.blocks,
-                router,
-                model=config.model,
-                on_outcome=lambda outcome: metrics.child(metrics.precise_decisions, outcome).inc(),
-            )
+            PreciseRouting.install(client, self.blocks, router, config, metrics)
         self.subscriber = KvEventSubscriber(
             client,
             self.reprewarm if self.blocks is None else BothSinks(self.reprewarm, self.blocks),

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from prefix_sidecar.config import Config
+from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.routing.organic import LOAD_CAP_FLOOR
 from prefix_sidecar.routing.pick import Branch
 from prefix_sidecar.routing.precise import BlockSource, to_cached
@@ -33,18 +35,31 @@ TEMPLATE_BYTES_PER_MESSAGE = 64
 OUTCOMES = ("moved", "kept", "cold", "tokenize_error", "no_answer")
 
 
+@dataclasses.dataclass(eq=False)
 class PreciseRouting:
-    def __init__(
-        self,
+    client: UpstreamClient
+    blocks: BlockSource
+    router: Router
+    model: str = ""  # the pods' model, for /tokenize when the caller names none
+    on_outcome: Callable[[str], None] = lambda outcome: None
+
+    @classmethod
+    def install(
+        cls,
         client: UpstreamClient,
         blocks: BlockSource,
         router: Router,
-        *,
-        model: str = "",
-        on_outcome: Callable[[str], None] = lambda outcome: None,
+        config: Config,
+        metrics: Metrics,
     ) -> None:
-        self.client, self.blocks, self.router, self.model = client, blocks, router, model
-        self.on_outcome = on_outcome
+        """Make this the router's precise step over `blocks`, counted in metrics."""
+        router.precise = cls(
+            client,
+            blocks,
+            router,
+            model=config.model,
+            on_outcome=lambda outcome: metrics.child(metrics.precise_decisions, outcome).inc(),
+        )
 
     async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
         """`decision` for an unregistered request whose text is `what` ({"prompt": ...} or

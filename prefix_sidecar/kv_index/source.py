@@ -48,11 +48,5 @@ def attach_index(
         redis, on_outcome=lambda outcome: metrics.child(metrics.kv_index_queries, outcome).inc()
     )
     source = IndexSource(lookup)
-    router.precise = PreciseRouting(
-        client,
-        source,
-        router,
-        model=config.model,
-        on_outcome=lambda outcome: metrics.child(metrics.precise_decisions, outcome).inc(),
-    )
+    PreciseRouting.install(client, source, router, config, metrics)
     return source
