@@ -131,3 +131,27 @@ async def send(path: str, stub: Any, session: aiohttp.ClientSession, front: str,
     async with session.post(front + endpoint, json=body) as answer:
         assert answer.status == 200, await answer.text()
         return answer.headers[BACKEND_HEADER]
+
+
+async def test_a_grpc_call_is_tokenized_under_the_model_it_names(tmp_path: Path) -> None:
+    """The caller's `model`, not the sidecar's default, names the tokenizer on /tokenize: a
+    default the pods do not serve would make every /tokenize a 404."""
+    async with EmulatorFleet(2, POD) as fleet:
+        settings = sidecar_config(
+            tmp_path, fleet.urls, kv_events=True, unregistered_routing="precise", model="unserved"
+        )
+        async with running_sidecar(settings) as (sidecar, stub):
+            precise = sidecar.router.precise
+            assert precise is not None
+            asked: list[str] = []
+            refine = precise.refine
+
+            async def recorded(decision: Any, what: dict[str, Any], model: str = "") -> Any:
+                asked.append(model)
+                return await refine(decision, what, model)
+
+            precise.refine = recorded  # type: ignore[method-assign]
+            request = router_pb2.CompleteRequest(input=TEXT, max_tokens=1, model=POD.model)
+            assert [c async for c in stub.Complete(request, timeout=10)]
+            assert asked == [POD.model]
+            assert counted(sidecar.metrics, PRECISE, outcome="tokenize_error") == 0

@@ -46,8 +46,10 @@ class UpstreamPlan:
     chat: bool
     named: str = ""  # the prefix_name the caller sent, if any
     raw_events: bool = False  # the caller wants each pod event's JSON in Chunk.events
-    # Routed by the prompt: its text as /tokenize takes it, for precise routing.
+    # Routed by the prompt: its text as /tokenize takes it, for precise routing, and the
+    # model the pod's body names ("": the pod's default), which tokenizes it.
     tokenize: dict[str, Any] | None = None
+    model: str = ""
 
     @property
     def prefix_label(self) -> str:
@@ -171,15 +173,16 @@ class Planner:
             named=request.prefix_name,
             raw_events=request.raw_events,
             tokenize=tokenize,
+            model=model,
         )
 
-    async def refined(self, plan: UpstreamPlan, model: str = "") -> UpstreamPlan:
+    async def refined(self, plan: UpstreamPlan) -> UpstreamPlan:
         """With precise routing, an unregistered call moved to the pod holding the most of it."""
         precise = self.router.precise
         if precise is None or plan.tokenize is None:
             return plan
         started = time.perf_counter_ns()
-        decision = await precise.refine(plan.decision, plan.tokenize, model)
+        decision = await precise.refine(plan.decision, plan.tokenize, plan.model)
         spent = decision.decision_ns + time.perf_counter_ns() - started
         return dataclasses.replace(plan, decision=dataclasses.replace(decision, decision_ns=spent))
 
