@@ -61,8 +61,10 @@ def organic_pick(sidecar: Sidecar, chat: bool, head: str) -> str:
 
 @pytest.mark.parametrize("path", ["grpc-complete", "grpc-chat", "http-completions", "http-chat"])
 async def test_a_prompt_cached_elsewhere_goes_where_it_is_cached(tmp_path: Path, path: str) -> None:
-    port = free_port()
     async with EmulatorFleet(3, POD) as fleet, aiohttp.ClientSession() as session:
+        # the port asked once the pods (and their KV-event sockets) hold theirs: asked before,
+        # the kernel once gave it to one of them (address already in use, in CI)
+        port = free_port()
         settings = sidecar_config(
             tmp_path,
             fleet.urls,
