@@ -144,7 +144,7 @@ def test_components_take_their_defaults_from_the_config() -> None:
     assert store["max_bytes"].default == DEFAULTS.max_prefix_bytes
     prices = inspect.signature(Prices).parameters
     assert [prices[k].default for k in ("base", "cache", "out")] == [
-        DEFAULTS.price_base, DEFAULTS.price_cache, DEFAULTS.price_out,
+        *DEFAULTS.prices,
     ]  # fmt: skip
     pool = inspect.signature(BackendPool).parameters
     assert pool["hash_table"].default == DEFAULTS.hash_table
@@ -183,6 +183,10 @@ FORMER_FIELDS = [
     ("api_key_env", API_KEY_ENV, "PREFIX_SIDECAR_API_KEY"),
     ("tokenize_path", inspect.signature(count_tokens).parameters["path"].default, "/tokenize"),
     ("policy", router.DEFAULT_POLICY, "prefix_affinity"),
+    # One price sheet now: the three prices' defaults, in order.
+    ("price_base", DEFAULTS.prices[0], 2.0),
+    ("price_cache", DEFAULTS.prices[1], 0.2),
+    ("price_out", DEFAULTS.prices[2], 6.0),
 ]
 
 
@@ -230,6 +234,8 @@ def _docs_default(name: str, value: Any) -> str:
         return f"`{str(value).lower()}`"
     if value == ():
         return "`[]`"
+    if isinstance(value, tuple) and not isinstance(value[0], tuple):
+        return f"`{list(value)}`"
     return "empty" if value == "" else f"`{value}`"
 
 

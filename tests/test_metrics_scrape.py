@@ -32,7 +32,7 @@ def _big_metrics() -> Metrics:
         url = f"http://10.0.{pod // 250}.{pod % 250}:8000"
         metrics.set_backend(url, "serving", True)
         for status in ("OK", "CANCELLED", "UNAVAILABLE"):
-            metrics.child(metrics.requests, "grpc", "Complete", url, "ring_hit", status).inc()
+            metrics.child(metrics.requests, "grpc", "Complete", "p", url, "ring_hit", status).inc()
         metrics.child(metrics.ttft, "grpc", url).observe(0.05)
         metrics.child(metrics.failovers, "grpc", url, "http_503").inc()
     for index in range(NAMES):

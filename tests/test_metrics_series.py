@@ -32,7 +32,9 @@ def test_a_departed_pods_in_flight_never_goes_negative_and_then_goes() -> None:
     assert series(metrics, "prefix_sidecar_ttft_seconds_count") == {}
 
     metrics.child(metrics.in_flight, FRONT_GRPC, "http://old").dec()  # the stream ends
-    metrics.child(metrics.requests, FRONT_GRPC, "Complete", "http://old", "home", "OK").inc()
+    metrics.child(
+        metrics.requests, FRONT_GRPC, "Complete", "default", "http://old", "home", "OK"
+    ).inc()
     assert series(metrics, "prefix_sidecar_in_flight") == {("grpc", "http://old"): 0.0}
     assert b"http://old" not in metrics.render()
     assert not metrics._children  # the memo forgot them too
@@ -45,7 +47,7 @@ def test_both_fronts_series_of_a_departed_pod_go_and_no_backend_stays() -> None:
     metrics.track(lambda url: url in members, lambda name: False)
     for front, rpc in ((FRONT_GRPC, "Complete"), (FRONT_HTTP, "http_completions")):
         for url in ("http://old", "http://new", "-"):
-            metrics.child(metrics.requests, front, rpc, url, "home", "OK").inc()
+            metrics.child(metrics.requests, front, rpc, "default", url, "home", "OK").inc()
         for url in ("http://old", "http://new"):
             metrics.child(metrics.ttft, front, url).observe(0.1)
         metrics.child(metrics.decision, front, rpc).observe(1e-6)
@@ -53,7 +55,7 @@ def test_both_fronts_series_of_a_departed_pod_go_and_no_backend_stays() -> None:
     members.discard("http://old")
     metrics.forget_backends()
     assert set(series(metrics, "prefix_sidecar_requests_total")) == {
-        (front, rpc, url, "home", "OK")
+        (front, rpc, "default", url, "home", "OK")
         for front, rpc in (("grpc", "Complete"), ("http", "http_completions"))
         for url in ("http://new", "-")
     }

@@ -119,4 +119,5 @@ def describe(config: Config) -> dict[str, Any]:
     """The config as plain data, for logs and `serve --print-config`; no secrets in it."""
     data = dataclasses.asdict(config)
     data["socket_mode"] = oct(config.socket_mode)
+    data["pools"] = [pool.describe() for pool in config.pools]
     return data

@@ -4,9 +4,10 @@ prices its cost metrics count in."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from prefix_sidecar.config.checks import NOT_NEGATIVE
-from prefix_sidecar.fields import one_of, setting
+from prefix_sidecar.config.checks import NOT_NEGATIVE, ConfigError, as_list
+from prefix_sidecar.fields import coerce_scalar, one_of, setting
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -20,6 +21,20 @@ def _log_level(value: str) -> str | None:
     if value.lower() in LOG_LEVELS:
         return None
     return f"must be debug, info, warning or error, got {value!r}"
+
+
+def _prices(name: str, value: Any) -> tuple[float, float, float]:
+    items = as_list(name, value)
+    if len(items) != 3:
+        raise ConfigError(
+            f"config field {name!r} must be three prices, uncached prompt, cached prompt and "
+            f"output (e.g. [2.0, 0.2, 6.0]), got {value!r:.80}"
+        )
+    prices = [coerce_scalar(name, item, float) for item in items]
+    for price in prices:
+        if (reason := NOT_NEGATIVE(price)) is not None:
+            raise ConfigError(f"config field {name!r} {reason}")
+    return prices[0], prices[1], prices[2]
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,9 @@ class OperationsSettings:
         "text", "text, or json: one JSON object per line", check=one_of(LOG_FORMATS)
     )
 
-    price_base: float = setting(2.0, "yuan per million uncached prompt tokens", check=NOT_NEGATIVE)
-    price_cache: float = setting(0.2, "yuan per million cached prompt tokens", check=NOT_NEGATIVE)
-    price_out: float = setting(6.0, "yuan per million output tokens", check=NOT_NEGATIVE)
+    # One price sheet: a provider quotes the three together (docs/mission.md's cost model).
+    prices: tuple[float, float, float] = setting(
+        (2.0, 0.2, 6.0),
+        "yuan per million tokens: uncached prompt, cached prompt, output (the cost metrics)",
+        parse=_prices,
+    )

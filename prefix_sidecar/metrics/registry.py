@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,13 +29,7 @@ from prometheus_client import (
 from prometheus_client.metrics import MetricWrapperBase
 
 from prefix_sidecar.config import DEFAULTS
-from prefix_sidecar.metrics.scrape_time import (
-    HomeTokensCollector,
-    OrganicCollector,
-    OrganicState,
-    PodLoads,
-    PodLoadsCollector,
-)
+from prefix_sidecar.metrics.scrape_time import PoolsCollector, PoolState
 from prefix_sidecar.metrics.series import (
     BACKEND_HEALTHY,
     BACKEND_STATE,
@@ -62,6 +57,13 @@ from prefix_sidecar.metrics.series import (
     Series,
 )
 
+
+class PoolView(Protocol):
+    """What a scrape reads of a pool (server/model_pool.py ModelPool)."""
+
+    def scrape_state(self) -> PoolState: ...
+
+
 # (metric, the position of the label that names a pod or a prefix)
 Bounded = list[tuple[MetricWrapperBase, int]]
 
@@ -75,9 +77,9 @@ class Prices:
     """docs/mission.md's price model, in yuan per million tokens: a prompt token computed,
     a prompt token read from the prefix cache, an output token."""
 
-    base: float = DEFAULTS.price_base
-    cache: float = DEFAULTS.price_cache
-    out: float = DEFAULTS.price_out
+    base: float = DEFAULTS.prices[0]
+    cache: float = DEFAULTS.prices[1]
+    out: float = DEFAULTS.prices[2]
 
 
 class Metrics:
@@ -117,9 +119,7 @@ class Metrics:
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
         self._live_backend: Callable[[str], bool] = _always
         self._live_prefix: Callable[[str], bool] = _always
-        self._home_tokens: HomeTokensCollector | None = None
-        self._pod_loads: PodLoadsCollector | None = None
-        self._organic: OrganicCollector | None = None
+        self._pools: PoolsCollector | None = None
 
     def _register(self, spec: Series[M]) -> M:
         """Build `spec` on this registry; a series with a pod or prefix label is swept."""
@@ -212,25 +212,13 @@ class Metrics:
 
     # --- scrape-time series and rendering -----------------------------------------------
 
-    def watch_home_tokens(
-        self, homed: Callable[[], dict[str, int]], budget: Callable[[], int]
-    ) -> None:
-        """Export, at scrape time, the prefix tokens each pod is home to and the budget in
-        use (routing contract section 6; configured, or from the pods' KV): a pod near its
-        budget is where KV will run short."""
-        self._home_tokens = HomeTokensCollector(lambda: (homed(), budget()))
-        self.registry.register(self._home_tokens)
-
-    def watch_pod_loads(self, read: Callable[[], PodLoads]) -> None:
-        """Export, at scrape time, the loads bounded load picks on (bounded: member pods)."""
-        self._pod_loads = PodLoadsCollector(read)
-        self.registry.register(self._pod_loads)
-
-    def watch_organic(self, read: Callable[[], OrganicState]) -> None:
-        """Export, at scrape time, what organic routing decided and how much it has learnt
-        (docs/organic-routing.md, "Observing it"): fixed label sets, bounded."""
-        self._organic = OrganicCollector(read)
-        self.registry.register(self._organic)
+    def watch_pools(self, pools: Sequence[PoolView]) -> None:
+        """Export, at scrape time, each pool's routing state: the prefix tokens each pod is
+        home to and the budget in use (routing contract section 6: a pod near its budget is
+        where KV will run short), the loads bounded load picks on, and what organic routing
+        decided and has learnt (docs/organic-routing.md, "Observing it")."""
+        self._pools = PoolsCollector(lambda: [pool.scrape_state() for pool in pools])
+        self.registry.register(self._pools)
 
     def render(self) -> bytes:
         self._prepare_scrape()
@@ -247,9 +235,8 @@ class Metrics:
     def _prepare_scrape(self) -> None:
         self.forget_backends()
         self.forget_prefixes()
-        for collector in (self._home_tokens, self._pod_loads, self._organic):
-            if collector is not None:
-                collector.snapshot()
+        if self._pools is not None:
+            self._pools.snapshot()
 
 
 def _label_sets(metric: MetricWrapperBase) -> list[tuple[str, ...]]:

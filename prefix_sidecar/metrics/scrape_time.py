@@ -1,17 +1,16 @@
 """Series computed when scraped, from routing state the sidecar reads, not pushes: the
-prefix tokens each pod is home to, the loads bounded load picks on, organic routing's
-decisions and table.
+prefix tokens each pod is home to and the budget in use, the loads bounded load picks on,
+organic routing's decisions and table; each pool's.
 
 `snapshot` reads the state on the event loop (the routing state is the loop's); `collect`,
 possibly in a thread, renders that reading. Every label set here is bounded: member pods,
-or a fixed list of kinds and maps.
+configured pools, or a fixed list of kinds and maps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -28,103 +27,91 @@ class PodLoads:
     fleet_scale: float
 
 
-class ScrapeTimeCollector:
-    """A collector that reads its state through `read` at scrape time."""
+@dataclass(frozen=True)
+class PoolState:
+    """One pool's routing state as a scrape reads it."""
 
-    def __init__(self, read: Callable[[], object]) -> None:
+    name: str
+    homed: dict[str, int]  # url -> prefix tokens the pod is home to
+    budget: int  # the home KV budget in use (0: plain ring placement)
+    loads: PodLoads
+    organic: OrganicState | None  # None: the pool routes no prompt organically
+
+
+class PoolsCollector:
+    """Every pool's scrape-time series, read through `read` (lazily computed)."""
+
+    def __init__(self, read: Callable[[], list[PoolState]]) -> None:
         self._read = read
-        self._snapshot: object = None
+        self._snapshot: list[PoolState] | None = None
 
     def snapshot(self) -> None:
         self._snapshot = self._read()
 
     def collect(self) -> Iterator[Metric]:
-        snapshot, self._snapshot = self._snapshot, None
-        yield from self.families(snapshot if snapshot is not None else self._read())
-
-    def families(self, state: Any) -> Iterator[Metric]:
-        raise NotImplementedError
+        pools, self._snapshot = self._snapshot, None
+        yield from families(pools if pools is not None else self._read())
 
 
-class HomeTokensCollector(ScrapeTimeCollector):
-    """The prefix tokens each pod is home to and the budget in use (lazily computed)."""
-
-    def families(self, state: tuple[dict[str, int], int]) -> Iterator[GaugeMetricFamily]:
-        homed, budget = state
-        tokens = GaugeMetricFamily(
-            "prefix_sidecar_home_prefix_tokens",
-            "Estimated prefix KV tokens each pod is home to (registered prefixes x replicas)",
-            labels=["backend"],
-        )
-        for url, count in homed.items():
+def families(pools: list[PoolState]) -> Iterator[Metric]:
+    tokens = GaugeMetricFamily(
+        "prefix_sidecar_home_prefix_tokens",
+        "Estimated prefix KV tokens each pod is home to (registered prefixes x replicas)",
+        labels=["backend"],
+    )
+    budget = GaugeMetricFamily(
+        "prefix_sidecar_home_kv_budget_tokens",
+        "Home KV budget per unit of pod weight in use, per pool: home_kv_budget_tokens, else "
+        "the pods' reported KV x home_kv_fraction (0: plain ring placement)",
+        labels=["pool"],
+    )
+    effective = GaugeMetricFamily(
+        "prefix_sidecar_backend_load",
+        "The load bounded-load picks see per pod: own in-flight, or the pod's report "
+        "when a load rule uses it (docs/load-signals.md)",
+        labels=["backend"],
+    )
+    reported = GaugeMetricFamily(
+        "prefix_sidecar_backend_reported_load",
+        "The pod's own fresh report in use (running + waiting, or the saturation "
+        "report); absent while none is fresh",
+        labels=["backend"],
+    )
+    scale = GaugeMetricFamily(
+        "prefix_sidecar_fleet_scale",
+        "The fleet view's estimate of how many sidecars' requests a pod carries per one "
+        "of ours (1 without the fleet view), per pool",
+        labels=["pool"],
+    )
+    decisions = CounterMetricFamily(
+        "prefix_sidecar_organic_decisions",
+        "Organic routing decisions of unregistered prompts by pool and kind: unanchored, "
+        "later_turn, start_stayed, start_moved, start_far, later_followed "
+        "(docs/organic-routing.md)",
+        labels=["pool", "kind"],
+    )
+    table = GaugeMetricFamily(
+        "prefix_sidecar_organic_table_entries",
+        "Entries the organic anchor table holds per pool and map (blocks, branch_points, "
+        "families), both generations; bounded by the table's block cap",
+        labels=["pool", "map"],
+    )
+    organic = False
+    for pool in pools:
+        for url, count in pool.homed.items():
             tokens.add_metric([url], count)
-        yield tokens
-        yield GaugeMetricFamily(
-            "prefix_sidecar_home_kv_budget_tokens",
-            "Home KV budget per unit of pod weight in use: home_kv_budget_tokens, else the "
-            "pods' reported KV x home_kv_fraction (0: plain ring placement)",
-            value=budget,
-        )
-
-
-class PodLoadsCollector(ScrapeTimeCollector):
-    """What bounded load picks on, per member pod: the effective load, the pod's own fresh
-    report, and the fleet view's K-estimate (docs/load-signals.md)."""
-
-    def families(self, state: PodLoads) -> Iterator[GaugeMetricFamily]:
-        effective = GaugeMetricFamily(
-            "prefix_sidecar_backend_load",
-            "The load bounded-load picks see per pod: own in-flight, or the pod's report "
-            "when a load rule uses it (docs/load-signals.md)",
-            labels=["backend"],
-        )
-        reported = GaugeMetricFamily(
-            "prefix_sidecar_backend_reported_load",
-            "The pod's own fresh report in use (running + waiting, or the saturation "
-            "report); absent while none is fresh",
-            labels=["backend"],
-        )
-        for url, (load, report) in state.loads.items():
+        budget.add_metric([pool.name], pool.budget)
+        for url, (load, report) in pool.loads.loads.items():
             effective.add_metric([url], load)
             if report is not None:
                 reported.add_metric([url], report)
-        yield effective
-        yield reported
-        yield GaugeMetricFamily(
-            "prefix_sidecar_fleet_scale",
-            "The fleet view's estimate of how many sidecars' requests a pod carries per one "
-            "of ours (1 without the fleet view)",
-            value=state.fleet_scale,
-        )
-
-
-class OrganicCollector(ScrapeTimeCollector):
-    """Organic routing's decisions by kind since start, and its table's entries per map."""
-
-    def families(self, state: OrganicState) -> Iterator[Metric]:
-        yield _one_label(
-            CounterMetricFamily(
-                "prefix_sidecar_organic_decisions",
-                "Organic routing decisions of unregistered prompts by kind: unanchored, "
-                "later_turn, start_stayed, start_moved, start_far, later_followed "
-                "(docs/organic-routing.md)",
-                labels=["kind"],
-            ),
-            state.decisions,
-        )
-        yield _one_label(
-            GaugeMetricFamily(
-                "prefix_sidecar_organic_table_entries",
-                "Entries the organic anchor table holds per map (blocks, branch_points, "
-                "families), both generations; bounded by organic_table_blocks",
-                labels=["map"],
-            ),
-            state.table,
-        )
-
-
-def _one_label(family: CounterMetricFamily | GaugeMetricFamily, values: dict[str, int]) -> Metric:
-    """`family` with one sample per (label value, value)."""
-    for label, value in values.items():
-        family.add_metric([label], value)
-    return family
+        scale.add_metric([pool.name], pool.loads.fleet_scale)
+        if pool.organic is not None:
+            organic = True
+            for kind, count in pool.organic.decisions.items():
+                decisions.add_metric([pool.name, kind], count)
+            for name, count in pool.organic.table.items():
+                table.add_metric([pool.name, name], count)
+    yield from (tokens, budget, effective, reported, scale)
+    if organic:
+        yield from (decisions, table)

@@ -49,8 +49,8 @@ class Series(Generic[M]):
 REQUESTS = Series(
     Counter,
     "prefix_sidecar_requests",
-    "Requests by front end (grpc or http), RPC, backend, routing branch and status",
-    ("front", "rpc", "backend", "branch", "status"),
+    "Requests by front end (grpc or http), RPC, pool, backend, routing branch and status",
+    ("front", "rpc", "pool", "backend", "branch", "status"),
 )
 FAILOVERS = Series(
     Counter,

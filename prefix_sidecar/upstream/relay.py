@@ -64,6 +64,7 @@ Item = TypeVar("Item")
 
 @dataclass
 class RelayOutcome:
+    pool: str = ""  # the pool the request's model picked ("": refused before that)
     backend: str = ""
     attempts: int = 0
     status: str = "OK"

@@ -34,8 +34,12 @@ async def test_a_flooded_home_is_known_routed_around_and_prewarmed_again(
                 name="rules", text=text, replicas=2, prewarm=True
             )
             registered = await stub.RegisterPrefix(request, timeout=30)
-            homes = sidecar.router.home_set(sidecar.store.get(registered.id))
-            await wait_for(lambda: sidecar.residency.resident(registered.id) == sorted(homes), 10)
+            homes = sidecar.pools.default.router.home_set(
+                sidecar.pools.default.store.get(registered.id)
+            )
+            await wait_for(
+                lambda: sidecar.pools.default.residency.resident(registered.id) == sorted(homes), 10
+            )
 
             route = router_pb2.RouteRequest(prefix_id=registered.id)
             flooded = (await stub.Route(route)).backend
@@ -43,10 +47,14 @@ async def test_a_flooded_home_is_known_routed_around_and_prewarmed_again(
                 body = {"model": POD.model, "prompt": f"flood {seed} " * 120, "max_tokens": 1}
                 async with session.post(f"{flooded}/v1/completions", json=body) as answer:
                     assert answer.status == 200
-            await wait_for(lambda: sidecar.residency.holds(flooded, registered.id) is False, 5)
+            await wait_for(
+                lambda: sidecar.pools.default.residency.holds(flooded, registered.id) is False, 5
+            )
             assert (await stub.Route(route)).backend != flooded  # the other home holds it
             await wait_for(lambda: reprewarms(sidecar, "evicted") == 1, 10, "a re-prewarm")
-            await wait_for(lambda: sidecar.residency.holds(flooded, registered.id) is True, 10)
+            await wait_for(
+                lambda: sidecar.pools.default.residency.holds(flooded, registered.id) is True, 10
+            )
             assert (await stub.Route(route)).backend == flooded  # its hash pick again
 
 

@@ -55,8 +55,8 @@ MESSAGES = [("user", "Hi?"), ("assistant", "x"), ("user", "And then?")]
 def organic_pick(sidecar: Sidecar, chat: bool, head: str) -> str:
     """The organic decision for what `send` sends, before precise routing moves it."""
     if chat:
-        return sidecar.router.for_chat([("system", head), *MESSAGES]).backend
-    return sidecar.router.for_prompt(head + " And then?").backend
+        return sidecar.pools.default.router.for_chat([("system", head), *MESSAGES]).backend
+    return sidecar.pools.default.router.for_prompt(head + " And then?").backend
 
 
 @pytest.mark.parametrize("path", ["grpc-complete", "grpc-chat", "http-completions", "http-chat"])
@@ -75,7 +75,8 @@ async def test_a_prompt_cached_elsewhere_goes_where_it_is_cached(tmp_path: Path,
         async with running_sidecar(settings) as (sidecar, stub):
             await wait_for(
                 lambda: (
-                    sidecar.kv_events is not None and len(sidecar.kv_events.subscriber.feeds) == 3
+                    sidecar.pools.default.kv_events is not None
+                    and len(sidecar.pools.default.kv_events.subscriber.feeds) == 3
                 ),
                 5,
             )
@@ -95,8 +96,8 @@ async def test_a_prompt_cached_elsewhere_goes_where_it_is_cached(tmp_path: Path,
             endpoint = "/v1/chat/completions" if chat else "/v1/completions"
             async with session.post(cached + endpoint, json=body) as answer:
                 assert answer.status == 200
-            assert sidecar.kv_events is not None
-            blocks = sidecar.kv_events.blocks
+            assert sidecar.pools.default.kv_events is not None
+            blocks = sidecar.pools.default.kv_events.blocks
             assert blocks is not None
             await wait_for(lambda: blocks.block_count(cached) > 0, 5, "the pod's blocks")
 
@@ -143,7 +144,7 @@ async def test_a_grpc_call_is_tokenized_under_the_model_it_names(tmp_path: Path)
             tmp_path, fleet.urls, kv_events=True, unregistered_routing="precise", model="unserved"
         )
         async with running_sidecar(settings) as (sidecar, stub):
-            precise = sidecar.router.precise
+            precise = sidecar.pools.default.router.precise
             assert precise is not None
             asked: list[str] = []
             refine = precise.refine

@@ -33,9 +33,11 @@ async def test_a_sidecar_with_kv_events_knows_where_a_prefix_lives(tmp_path: Pat
                 "block_size": BLOCK,
             }
             await publisher.send(0, payload(event))
-            await wait_for(lambda: sidecar.residency.resident(registered.id) == [publisher.url])
+            await wait_for(
+                lambda: sidecar.pools.default.residency.resident(registered.id) == [publisher.url]
+            )
             await publisher.send(1, payload({"type": "BlockRemoved", "block_hashes": [2**64 - 2]}))
-            await wait_for(lambda: sidecar.residency.resident(registered.id) == [])
+            await wait_for(lambda: sidecar.pools.default.residency.resident(registered.id) == [])
             page = sidecar.metrics.render().decode()
     counted = f'prefix_sidecar_kv_events_total{{backend="{publisher.url}",outcome="batch"}} 2.0'
     assert counted in page
@@ -45,7 +47,7 @@ async def test_a_sidecar_with_kv_events_knows_where_a_prefix_lives(tmp_path: Pat
 async def test_off_by_default(tmp_path: Path) -> None:
     config = sidecar_config(tmp_path, ["http://127.0.0.1:9"])
     async with running_sidecar(config, wait=False) as (sidecar, _):
-        assert sidecar.kv_events is None
+        assert sidecar.pools.default.kv_events is None
 
 
 async def test_only_the_home_sets_of_registered_prefixes_are_followed(tmp_path: Path) -> None:
@@ -56,12 +58,16 @@ async def test_only_the_home_sets_of_registered_prefixes_are_followed(tmp_path: 
         urls = [pod.url for pod in pods]
         config = sidecar_config(tmp_path, urls, kv_events=True)
         sidecar, stub = await stack.enter_async_context(running_sidecar(config))
-        assert sidecar.kv_events is not None
-        feeds = sidecar.kv_events.subscriber.feeds
+        assert sidecar.pools.default.kv_events is not None
+        feeds = sidecar.pools.default.kv_events.subscriber.feeds
         assert not feeds  # nothing registered: no pod to follow
 
         def homes() -> set[str]:
-            return {url for entry in sidecar.store for url in sidecar.router.home_set(entry)}
+            return {
+                url
+                for entry in sidecar.pools.default.store
+                for url in sidecar.pools.default.router.home_set(entry)
+            }
 
         ids = []
         for name in ("a", "b", "c"):

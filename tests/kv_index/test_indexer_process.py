@@ -85,7 +85,7 @@ async def test_a_sidecar_routes_by_the_index_and_falls_back_when_redis_dies(
         ):
             head = "Merchant handbook: refunds within 7 days, no coupon stacking. " * 12
             prompt = head + " And then?"
-            pick = sidecar.router.for_prompt(prompt).backend
+            pick = sidecar.pools.default.router.for_prompt(prompt).backend
             cached = next(url for url in fleet.urls if url != pick)
             body = {"model": POD.model, "prompt": head, "max_tokens": 1}
             async with session.post(f"{cached}/v1/completions", json=body) as answer:

@@ -44,7 +44,7 @@ async def test_a_metrics_port_in_use_fails_start_and_leaves_nothing_open(
     assert sidecar.server is not None
     timed_out = await sidecar.server.wait_for_termination(timeout=1.0)
     assert not timed_out, "the gRPC server still runs"
-    assert not sidecar.client.lean._idle, "a pod connection was left open"
+    assert not sidecar.pools.default.client.lean._idle, "a pod connection was left open"
     assert not os.path.exists(config.socket_path), "the socket file was left behind"
     assert other_tasks() <= tasks_before, "tasks were left running"
     assert sidecar.metrics_port is None
@@ -65,7 +65,7 @@ async def test_async_with_a_failing_start_raises_and_cleans_up(
         async with sidecar:
             pytest.fail("the body must not run")
     assert not os.path.exists(config.socket_path)
-    assert not sidecar.client.lean._idle, "a pod connection was left open"
+    assert not sidecar.pools.default.client.lean._idle, "a pod connection was left open"
 
 
 async def test_stop_is_safe_twice_and_before_start(tmp_path: Path) -> None:

@@ -40,7 +40,9 @@ async def test_prefixes_warm_on_the_homes_the_placement_moves_them_to(tmp_path: 
         config = sidecar_config(tmp_path, [a, b], load_signals=False)
         async with Sidecar(config) as sidecar:
             await wait_for(
-                lambda: all(b.state == SERVING for b in sidecar.pool.backends.values()),
+                lambda: all(
+                    b.state == SERVING for b in sidecar.pools.default.pool.backends.values()
+                ),
                 what="both pods serving",
             )
             # Five prefixes on pod a's ring arc and three on b's: a budget of 4.5 prefixes a
@@ -48,34 +50,34 @@ async def test_prefixes_warm_on_the_homes_the_placement_moves_them_to(tmp_path: 
             wanted = {a: 5, b: 3}
             entries, texts = [], {}
             for i in range(200):
-                entry = sidecar.store.register(f"p{i}", prefix_text(i))[0]
-                (home,) = sidecar.router.home_set(entry)
+                entry = sidecar.pools.default.store.register(f"p{i}", prefix_text(i))[0]
+                (home,) = sidecar.pools.default.router.home_set(entry)
                 if wanted[home] == 0:
-                    sidecar.store.unregister_id(entry.id)
+                    sidecar.pools.default.store.unregister_id(entry.id)
                     continue
                 wanted[home] -= 1
                 entries.append(entry)
                 texts[entry.id] = prefix_text(i)
                 if not any(wanted.values()):
                     break
-            first = {e.id: sidecar.router.home_set(e) for e in entries}
+            first = {e.id: sidecar.pools.default.router.home_set(e) for e in entries}
             pairs = [(e, url) for e in entries for url in first[e.id]]
-            for event in await sidecar.prewarmer.warm_all(pairs):
-                sidecar.pool.note_warm_prefix(event.backend, event.prefix_id)
-            total = sum(sidecar.router.placer.tokens_of(e) for e in entries)
+            for event in await sidecar.pools.default.prewarmer.warm_all(pairs):
+                sidecar.pools.default.pool.note_warm_prefix(event.backend, event.prefix_id)
+            total = sum(sidecar.pools.default.router.placer.tokens_of(e) for e in entries)
             # Pods of KV 2x the prefixes' half: a budget of about half the prefix tokens each.
-            sidecar._pods_kv_changed(total + total // 8)
-            moved = [e for e in entries if sidecar.router.home_set(e) != first[e.id]]
+            sidecar.pools.default._pods_kv_changed(total + total // 8)
+            moved = [e for e in entries if sidecar.pools.default.router.home_set(e) != first[e.id]]
             assert moved, "the budget moved no prefix: the test shows nothing"
 
             def all_homes_warm() -> bool:
                 return all(
-                    e.id in sidecar.pool.backends[url].warm_prefixes
+                    e.id in sidecar.pools.default.pool.backends[url].warm_prefixes
                     for e in entries
-                    for url in sidecar.router.home_set(e)
+                    for url in sidecar.pools.default.router.home_set(e)
                 )
 
             await wait_for(all_homes_warm, timeout=10.0, what="every home warm")
             for entry in moved:
-                (home,) = sidecar.router.home_set(entry)
+                (home,) = sidecar.pools.default.router.home_set(entry)
                 assert await cached_tokens(home, texts[entry.id]) > 0, (entry.id, home)

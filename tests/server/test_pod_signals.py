@@ -62,30 +62,35 @@ async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(
     async with run_emulator(big) as a, run_emulator(small) as b:
         config = sidecar_config(tmp_path, [a, b])
         async with Sidecar(config) as sidecar:
-            sidecar.store.register("rules", text)
-            entry = sidecar.store.by_name("rules")
+            sidecar.pools.default.store.register("rules", text)
+            entry = sidecar.pools.default.store.by_name("rules")
             await wait_for(lambda: entry.tokens > 0, what="the prefix's token count")
             assert entry.tokens == count_tokens(text.encode())
             # The smallest pod's KV x 0.5 is the budget: the router places with it.
             await wait_for(
-                lambda: sidecar.router.placer.budget_tokens == 80_000, what="the KV budget"
+                lambda: sidecar.pools.default.router.placer.budget_tokens == 80_000,
+                what="the KV budget",
             )
-            assert sidecar.signals is not None and sidecar.signals.kv_tokens == 160_000
+            assert (
+                sidecar.pools.default.signals is not None
+                and sidecar.pools.default.signals.kv_tokens == 160_000
+            )
             # The metric shows the budget in use, not the (unset) configured one.
             scraped = sidecar.metrics.render().decode()
-            assert "\nprefix_sidecar_home_kv_budget_tokens 80000.0\n" in scraped
+            assert '\nprefix_sidecar_home_kv_budget_tokens{pool="default"} 80000.0\n' in scraped
             # Load the small pod behind the sidecar's back: its own gauges reach the pool.
             async with _someone_elses_requests(b):
                 # 1 running, 2 waiting: saturated, reported at own (0) + its cap (the floor
                 # 8: nothing else is in flight), so the next pick spills past it.
                 await wait_for(
-                    lambda: sidecar.pool.backends[b].reported_load == 8,
+                    lambda: sidecar.pools.default.pool.backends[b].reported_load == 8,
                     what="b reported over its cap",
                 )
-                table = sidecar.pool.table
+                table = sidecar.pools.default.pool.table
                 assert table.loads[table.index[b]] == 8
             await wait_for(
-                lambda: sidecar.pool.backends[b].reported_load is None, what="b idle again"
+                lambda: sidecar.pools.default.pool.backends[b].reported_load is None,
+                what="b idle again",
             )
 
 
@@ -95,12 +100,12 @@ async def test_signals_off_reads_no_load(tmp_path: Path) -> None:
     async with run_emulator(FAST) as a:
         config = sidecar_config(tmp_path, [a], load_signals=False)
         async with Sidecar(config) as sidecar:
-            sidecar.store.register("rules", "some rules " * 100)
-            entry = sidecar.store.by_name("rules")
+            sidecar.pools.default.store.register("rules", "some rules " * 100)
+            entry = sidecar.pools.default.store.by_name("rules")
             await wait_for(lambda: entry.tokens > 0, what="the prefix's token count")
             await asyncio.sleep(0.3)
-            assert sidecar.signals is None and sidecar.poller is None
-            assert sidecar.pool.backends[a].reported_load is None
+            assert sidecar.pools.default.signals is None and sidecar.pools.default.poller is None
+            assert sidecar.pools.default.pool.backends[a].reported_load is None
 
 
 def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -> None:
@@ -112,7 +117,7 @@ def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -
 
     pods = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]
     sidecar = Sidecar(sidecar_config(tmp_path, pods, load_cap_floor=8))
-    pool = sidecar.pool
+    pool = sidecar.pools.default.pool
     pool.set_members([Member(url) for url in pods])
     for url in pods:
         pool.set_health(url, True)
@@ -121,7 +126,7 @@ def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -
         url = rng.choice(pods)
         for _ in range(rng.randrange(0, 40)):
             pool.acquire(rng.choice(pods))
-        v = sidecar._over_cap_load(url)
+        v = sidecar.pools.default._over_cap_load(url)
         assert v is not None
         table = pool.table
         rest = table.total - table.loads[table.index[url]]
@@ -144,12 +149,15 @@ async def test_the_fleet_view_sees_another_callers_load_and_exports_it(
         async with Sidecar(config) as sidecar:
             async with _someone_elses_requests(b):
                 await wait_for(
-                    lambda: sidecar.pool.backends[b].reported_load == 3,
+                    lambda: sidecar.pools.default.pool.backends[b].reported_load == 3,
                     what="b's 1 running + 2 waiting in the pool",
                 )
                 scraped = sidecar.metrics.render().decode()
                 assert f'prefix_sidecar_backend_reported_load{{backend="{b}"}} 3.0' in scraped
                 # None of our own requests were read yet: K is unknown, own counts decide.
                 assert f'prefix_sidecar_backend_load{{backend="{b}"}} 0.0' in scraped
-                assert "\nprefix_sidecar_fleet_scale 1.0\n" in scraped
-            await wait_for(lambda: sidecar.pool.backends[b].reported_load == 0, what="b idle again")
+                assert '\nprefix_sidecar_fleet_scale{pool="default"} 1.0\n' in scraped
+            await wait_for(
+                lambda: sidecar.pools.default.pool.backends[b].reported_load == 0,
+                what="b idle again",
+            )

@@ -112,11 +112,13 @@ async def test_a_sidecar_knows_where_a_registered_prefix_lives_and_when_it_is_ev
         )
         registered = await stub.RegisterPrefix(request, timeout=120)
         started = time.monotonic()
-        await wait_for(lambda: sidecar.residency.resident(registered.id) == kv_fleet.urls, 30)
+        await wait_for(
+            lambda: sidecar.pools.default.residency.resident(registered.id) == kv_fleet.urls, 30
+        )
         known_after = time.monotonic() - started
         for seed in range(100, 112):  # more distinct blocks than the cache holds
             await complete(session, kv_fleet, prompt(seed))
-        await wait_for(lambda: sidecar.residency.resident(registered.id) == [], 30)
+        await wait_for(lambda: sidecar.pools.default.residency.resident(registered.id) == [], 30)
     print(f"\nresident {known_after * 1e3:.0f} ms after RegisterPrefix returned; evicted after")
 
 
@@ -132,29 +134,31 @@ async def test_a_stopped_pod_is_unknown_at_once(kv_fleet: VllmFleet, tmp_path: P
             name="kv-restart", text=document("kv-restart", 700), prewarm=True
         )
         registered = await stub.RegisterPrefix(request, timeout=120)
-        await wait_for(lambda: sidecar.residency.resident(registered.id) == kv_fleet.urls, 30)
+        await wait_for(
+            lambda: sidecar.pools.default.residency.resident(registered.id) == kv_fleet.urls, 30
+        )
         resets: list[bool] = []
-        reset = sidecar.residency.reset
+        reset = sidecar.pools.default.residency.reset
 
         def noting_reset(pod: str, known: bool) -> None:
             resets.append(known)
             reset(pod, known)
 
-        sidecar.residency.reset = noting_reset  # type: ignore[method-assign]
+        sidecar.pools.default.residency.reset = noting_reset  # type: ignore[method-assign]
         # Reconnects 4-12 s apart, so the sidecar comes back after the pod's warm-up prewarm
         # was published: only the replay on connect can tell it then (a hit publishes nothing).
-        assert sidecar.kv_events is not None
-        sidecar.kv_events.subscriber.retry_s = 8.0
+        assert sidecar.pools.default.kv_events is not None
+        sidecar.pools.default.kv_events.subscriber.retry_s = 8.0
         started = time.monotonic()
         await kv_fleet.pods[0].stop()
         await wait_for(lambda: False in resets, 30, "the stopped pod taken as unknown")
         unknown_after = time.monotonic() - started
-        assert sidecar.residency.resident(registered.id) == []
+        assert sidecar.pools.default.residency.resident(registered.id) == []
         await kv_fleet.restart(0)
         await wait_serving(stub, kv_fleet.urls, timeout=60)
         served = time.monotonic()
         await wait_for(
-            lambda: kv_fleet.urls[0] in sidecar.residency.resident(registered.id),
+            lambda: kv_fleet.urls[0] in sidecar.pools.default.residency.resident(registered.id),
             30,
             "the restarted pod known to hold the prefix its warm-up prewarmed",
         )
@@ -183,7 +187,7 @@ async def test_a_pod_too_small_for_its_prefixes_is_refilled_at_most_once_an_inte
         for i, text in enumerate(texts):
             request = router_pb2.RegisterPrefixRequest(name=f"thrash-{i}", text=text, prewarm=True)
             await stub.RegisterPrefix(request, timeout=120)
-        sizes = [entry.tokens for entry in sidecar.store]
+        sizes = [entry.tokens for entry in sidecar.pools.default.store]
         assert all(20 * BLOCK < size < 28 * BLOCK for size in sizes), sizes  # 3 do not fit
         started, sent_before = time.monotonic(), reprewarms(sidecar, "evicted")
         gauge: set[float | None] = set()

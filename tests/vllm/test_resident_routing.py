@@ -60,11 +60,13 @@ async def test_a_lost_home_routes_to_the_replica_that_holds_it(
             name="resroute", text=document("resroute", 700), replicas=2, prewarm=True
         )
         registered = await stub.RegisterPrefix(request, timeout=120)
-        entry = sidecar.store.get(registered.id)
-        homes = sidecar.router.home_set(entry)
+        entry = sidecar.pools.default.store.get(registered.id)
+        homes = sidecar.pools.default.router.home_set(entry)
         assert len(homes) == 2
-        await wait_for(lambda: sidecar.residency.resident(registered.id) == sorted(homes), 30)
-        tokens = sidecar.store.get(registered.id).tokens
+        await wait_for(
+            lambda: sidecar.pools.default.residency.resident(registered.id) == sorted(homes), 30
+        )
+        tokens = sidecar.pools.default.store.get(registered.id).tokens
         whole = tokens // BLOCK * BLOCK
         assert whole >= 4 * BLOCK
 
@@ -77,9 +79,11 @@ async def test_a_lost_home_routes_to_the_replica_that_holds_it(
         started = time.monotonic()
         for seed in range(40):
             await flood(session, flooded, kv_fleet.model, seed)
-            if sidecar.residency.holds(flooded, registered.id) is False:
+            if sidecar.pools.default.residency.holds(flooded, registered.id) is False:
                 break
-        assert sidecar.residency.holds(flooded, registered.id) is False, "never evicted"
+        assert sidecar.pools.default.residency.holds(flooded, registered.id) is False, (
+            "never evicted"
+        )
         flood_s = time.monotonic() - started
         assert await next_pod() != flooded
         served, usage = await complete_usage(stub, registered.id, " Question: after the flood?")
@@ -88,9 +92,11 @@ async def test_a_lost_home_routes_to_the_replica_that_holds_it(
         flood_served = served
         # The flooded pod is re-prewarmed, once, and holds the prefix again.
         started = time.monotonic()
-        await wait_for(lambda: sidecar.residency.holds(flooded, registered.id) is True, 30)
+        await wait_for(
+            lambda: sidecar.pools.default.residency.holds(flooded, registered.id) is True, 30
+        )
         back_s = time.monotonic() - started
-        back_resident = sidecar.residency.holds(flooded, registered.id)
+        back_resident = sidecar.pools.default.residency.holds(flooded, registered.id)
         sent = reprewarms(sidecar, "evicted")
         assert sent == 1
 
@@ -99,7 +105,9 @@ async def test_a_lost_home_routes_to_the_replica_that_holds_it(
         index = kv_fleet.urls.index(restarted)
         warmed_before = sample(sidecar, "prefix_sidecar_prewarm_total", restarted, "warmed")
         await kv_fleet.kill(index)
-        await wait_for(lambda: not sidecar.residency.known(restarted), 30, "the pod unknown")
+        await wait_for(
+            lambda: not sidecar.pools.default.residency.known(restarted), 30, "the pod unknown"
+        )
         await kv_fleet.restart(index)
         await wait_serving(stub, kv_fleet.urls, timeout=60)
         # Warmed before it served (warm_before_serve); unknown until the subscriber found its
@@ -113,7 +121,7 @@ async def test_a_lost_home_routes_to_the_replica_that_holds_it(
         if served != restarted:
             await flood(session, restarted, kv_fleet.model, 1000)  # one batch from it
         await asyncio.sleep(2)
-        holds_after = sidecar.residency.holds(restarted, registered.id)
+        holds_after = sidecar.pools.default.residency.holds(restarted, registered.id)
         outcomes = {
             outcome: sample(sidecar, "prefix_sidecar_kv_events_total", restarted, outcome)
             for outcome in ("start", "restart", "replayed", "gap", "disconnected", "no_source")

@@ -34,7 +34,8 @@ def record_outcome(
     `front` is the listener that took it (FRONT_GRPC or FRONT_HTTP, the metrics' label)."""
     status = outcome.status
     backend = outcome.backend or "-"
-    metrics.child(metrics.requests, front, rpc, backend, branch or "-", status).inc()
+    pool = outcome.pool or "-"
+    metrics.child(metrics.requests, front, rpc, pool, backend, branch or "-", status).inc()
     prompt, completion, cached = outcome.usage
     if prompt or completion:
         metrics.record_usage(prefix or "-", prompt, cached, completion)
@@ -45,6 +46,7 @@ def record_outcome(
         {
             "prefix": prefix or None,
             "backend": outcome.backend or None,
+            "pool": outcome.pool or None,
             "branch": branch or None,
             "attempts": outcome.attempts,
             "status": status,

@@ -28,7 +28,9 @@ from prefix_sidecar.server.grpc.validation import (
     sampling_params,
     text_field,
 )
+from prefix_sidecar.server.model_pool import ModelPool
 from prefix_sidecar.upstream.body import SplicedBody, chat_body, completion_body, escape
+from prefix_sidecar.upstream.relay import Relay
 from prefix_sidecar.v1 import router_pb2
 
 # What a pod's body is built from: sampling params, model, extra_json members.
@@ -73,10 +75,17 @@ CHAT = StreamingRpc("Chat", "/v1/chat/completions", chat=True)
 
 
 class Planner:
-    def __init__(self, config: Config, store: PrefixStore, router: Router) -> None:
-        self.config = config
-        self.store = store
-        self.router = router
+    """One pool's planning: its prefixes, its router and the relay to its pods."""
+
+    def __init__(self, pool: ModelPool, several: bool = False) -> None:
+        """`several`: the sidecar has other pools, so the model must be the typed field's."""
+        self.pool = pool.name
+        self._pod_model = pool.pod_model
+        self._several = several
+        self.config: Config = pool.config
+        self.store: PrefixStore = pool.store
+        self.router: Router = pool.router
+        self.relay: Relay = pool.relay
 
     def decide(self, decide: Callable[[], Decision]) -> Decision:
         try:
@@ -209,5 +218,10 @@ class Planner:
         extra_json replaces the configured default."""
         params = sampling_params(request)
         extra, keys = extra_members(request, rpc, params, self.config.max_input_bytes)
+        if "model" in keys and self._several:
+            raise invalid_argument(
+                "extra_json sets model, but this sidecar has several pools and the model "
+                "field picks one: set the model field instead"
+            )
         model = request.model or ("" if "model" in keys else self.config.model)
-        return params, model, extra
+        return params, self._pod_model(model), extra

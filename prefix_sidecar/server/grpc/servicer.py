@@ -20,15 +20,14 @@ import grpc
 
 from prefix_sidecar.abort import RpcAbort, invalid_argument
 from prefix_sidecar.config import Config
-from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.metrics import FRONT_GRPC, Metrics
-from prefix_sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound, PrefixStore
-from prefix_sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent
-from prefix_sidecar.routing.router import Router
+from prefix_sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound
+from prefix_sidecar.prewarm import FAILED, WARMED, WarmEvent
 from prefix_sidecar.server.grpc.plan import Planner
 from prefix_sidecar.server.grpc.stream import stream_reply
 from prefix_sidecar.server.grpc.validation import registration_text
-from prefix_sidecar.upstream.relay import Relay
+from prefix_sidecar.server.model_pool import ModelPool
+from prefix_sidecar.server.pools import Pools, UnknownModel
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
 logger = logging.getLogger("sidecar.requests")
@@ -56,16 +55,23 @@ def _status_on_error(method: Callable[..., Awaitable[T]]) -> Callable[..., Await
 @dataclass(eq=False)
 class RouterServicer(router_pb2_grpc.RouterServicer):
     config: Config
-    store: PrefixStore
-    pool: BackendPool
-    router: Router
-    relay: Relay
-    prewarmer: Prewarmer
+    pools: Pools
     metrics: Metrics
-    plans: Planner = field(init=False)
+    _planners: dict[str, Planner] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.plans = Planner(self.config, self.store, self.router)
+        several = len(self.pools) > 1
+        self._planners = {pool.name: Planner(pool, several) for pool in self.pools}
+
+    def _pool(self, model: str) -> ModelPool:
+        """The pool of a request's model; NOT_FOUND, naming the models served, when none."""
+        try:
+            return self.pools.for_model(model)
+        except UnknownModel as exc:
+            raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+
+    def _planner(self, model: str) -> Planner:
+        return self._planners[self._pool(model).name]
 
     # --- prefixes -----------------------------------------------------------------------
 
@@ -74,24 +80,26 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.RegisterPrefixRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.Prefix:
         text = registration_text(request, self.config.max_prefix_bytes)
+        pool = self._pool(request.model)
         try:
-            entry, created = self.store.register(request.name, text, request.replicas)
+            entry, created = pool.store.register(request.name, text, request.replicas)
         except PrefixError as exc:
             raise invalid_argument(str(exc)) from None
         logger.info(
-            "prefix %s registered as %s (%d bytes, %s)",
+            "prefix %s registered in pool %s as %s (%d bytes, %s)",
             request.name,
+            pool.name,
             entry.id[:12],
             entry.size,
             "new" if created else "already known",
         )
-        reply = self._prefix_message(request.name, entry)
+        reply = self._prefix_message(pool, request.name, entry)
         if request.prewarm:
-            targets = self.router.home_set(entry)
+            targets = pool.router.home_set(entry)
             if not targets:
                 raise RpcAbort(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
-            for event in await self.prewarmer.warm_all([(entry, url) for url in targets]):
-                self._note_warm(entry, event)
+            for event in await pool.prewarmer.warm_all([(entry, url) for url in targets]):
+                self._note_warm(pool, entry, event)
                 reply.prewarm.append(_event_message(event))
         return reply
 
@@ -100,22 +108,24 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.UnregisterPrefixRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.UnregisterPrefixReply:
         which = request.WhichOneof("prefix")
+        pool = self._pool(request.model)
+        store = pool.store
         try:
             if which == "prefix_id":
-                names = self.store.names_of(request.prefix_id)
-                removed = self.store.unregister_id(request.prefix_id)
+                names = store.names_of(request.prefix_id)
+                removed = store.unregister_id(request.prefix_id)
             elif which == "prefix_name":
                 names = (request.prefix_name,)
-                removed = self.store.unregister_name(request.prefix_name)
+                removed = store.unregister_name(request.prefix_name)
             else:
                 raise invalid_argument("set prefix_id or prefix_name to unregister")
         except PrefixNotFound as exc:
             raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
         for prefix_id in removed:
-            self.pool.forget_prefix(prefix_id)
-        # The token series of every name that no longer points at a text.
+            pool.pool.forget_prefix(prefix_id)
+        # The token series of every name that no longer points at a text in any pool.
         for name in names:
-            if not self.store.has_name(name):
+            if not any(other.store.has_name(name) for other in self.pools):
                 self.metrics.forget_prefix(name)
         return router_pb2.UnregisterPrefixReply(removed_ids=removed)
 
@@ -123,20 +133,27 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def ListPrefixes(
         self, request: router_pb2.ListPrefixesRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ListPrefixesReply:
-        # One item per (name, version): a text registered under two names is listed twice.
+        # One item per pool and (name, version): a text registered under two names, or in
+        # two pools, is listed twice.
         return router_pb2.ListPrefixesReply(
-            prefixes=[self._prefix_message(name, entry) for name, entry in self.store.named()]
+            prefixes=[
+                self._prefix_message(pool, name, entry)
+                for pool in self.pools
+                for name, entry in pool.store.named()
+            ]
         )
 
-    def _prefix_message(self, name: str, entry: PrefixEntry) -> router_pb2.Prefix:
+    @staticmethod
+    def _prefix_message(pool: ModelPool, name: str, entry: PrefixEntry) -> router_pb2.Prefix:
         return router_pb2.Prefix(
             id=entry.id,
             name=name,
             bytes=entry.size,
             route_key=entry.route_key,
-            replicas=self.router.replicas_of(entry),
-            backends=self.router.home_set(entry),
-            versions=self.store.versions(name),
+            replicas=pool.router.replicas_of(entry),
+            backends=pool.router.home_set(entry),
+            versions=pool.store.versions(name),
+            pool=pool.name,
         )
 
     # --- routing ------------------------------------------------------------------------
@@ -145,7 +162,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Route(
         self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouteReply:
-        decision = self.plans.route(request)
+        planner = self._planner(request.model)
+        decision = planner.route(request)
         self.metrics.child(self.metrics.decision, FRONT_GRPC, "Route").observe(
             decision.decision_ns / 1e9
         )
@@ -156,6 +174,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             route_key=decision.route_key,
             branch=decision.branch,
             decision_ns=decision.decision_ns,
+            pool=planner.pool,
         )
 
     # --- streaming (stream.py) --------------------------------------------------------
@@ -163,22 +182,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Complete(
         self, request: router_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        await stream_reply(
-            "Complete",
-            self.plans.completion,
-            request,
-            context,
-            self.relay,
-            self.metrics,
-            self.plans.refined,
-        )
+        await stream_reply("Complete", self._planner, request, context, self.metrics)
 
     async def Chat(
         self, request: router_pb2.ChatRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        await stream_reply(
-            "Chat", self.plans.chat, request, context, self.relay, self.metrics, self.plans.refined
-        )
+        await stream_reply("Chat", self._planner, request, context, self.metrics)
 
     # --- prewarm and backends -----------------------------------------------------------
 
@@ -187,29 +196,31 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     ) -> AsyncIterator[router_pb2.PrewarmEvent]:
         try:
             which = request.WhichOneof("prefix")
+            pool = self._pool(request.model)
+            planner = self._planners[pool.name]
             if which == "prefix_id":
-                entry = self.plans.by_id(request.prefix_id)
+                entry = planner.by_id(request.prefix_id)
             elif which == "prefix_name":
-                entry = self.plans.by_name(request.prefix_name)
+                entry = planner.by_name(request.prefix_name)
             else:
                 raise invalid_argument("set prefix_id or prefix_name")
             if request.all_backends:
-                targets = [b.url for b in self.pool.backends.values() if b.healthy is not False]
+                targets = [b.url for b in pool.pool.backends.values() if b.healthy is not False]
             else:
-                targets = self.router.home_set(entry)
+                targets = pool.router.home_set(entry)
             if not targets:
                 raise RpcAbort(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
         except RpcAbort as exc:
             await context.abort(exc.code, exc.message)
             return
-        async for event in self.prewarmer.run([(entry, url) for url in targets]):
-            self._note_warm(entry, event)
+        async for event in pool.prewarmer.run([(entry, url) for url in targets]):
+            self._note_warm(pool, entry, event)
             yield _event_message(event)
 
-    def _note_warm(self, entry: PrefixEntry, event: WarmEvent) -> None:
+    def _note_warm(self, pool: ModelPool, entry: PrefixEntry, event: WarmEvent) -> None:
         # A prewarm that ends after its prefix was unregistered must not list it as warm.
-        if event.state == WARMED and self.store.has_id(entry.id):
-            self.pool.note_warm_prefix(event.backend, entry.id)
+        if event.state == WARMED and pool.store.has_id(entry.id):
+            pool.pool.note_warm_prefix(event.backend, entry.id)
         if event.state in (WARMED, FAILED):
             self.metrics.child(self.metrics.prewarm, event.backend, event.state.lower()).inc()
 
@@ -226,10 +237,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 in_flight=b.in_flight,
                 warm_prefixes=sorted(b.warm_prefixes),
                 last_error=b.last_error,
+                pool=pool.name,
             )
-            for b in sorted(self.pool.backends.values(), key=lambda b: b.url)
+            for pool in self.pools
+            for b in sorted(pool.pool.backends.values(), key=lambda b: b.url)
         ]
-        return router_pb2.ListBackendsReply(backends=backends, generation=self.pool.generation)
+        generation = sum(pool.pool.generation for pool in self.pools)
+        return router_pb2.ListBackendsReply(backends=backends, generation=generation)
 
 
 def _event_message(event: WarmEvent) -> router_pb2.PrewarmEvent:

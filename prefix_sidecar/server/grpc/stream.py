@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -23,24 +23,22 @@ from prefix_sidecar.metrics import FRONT_GRPC, Metrics
 from prefix_sidecar.server.common.request_log import record_outcome
 from prefix_sidecar.server.common.trace_context import TraceContext
 from prefix_sidecar.server.grpc.early_headers import EarlyHeaders
-from prefix_sidecar.server.grpc.plan import UpstreamPlan
+from prefix_sidecar.server.grpc.plan import CHAT, Planner
 from prefix_sidecar.upstream import caller
-from prefix_sidecar.upstream.relay import Relay, RelayOutcome
+from prefix_sidecar.upstream.relay import RelayOutcome
 
 logger = logging.getLogger("sidecar.requests")
 
 
 async def stream_reply(
     rpc: str,
-    plan: Callable[[Any], UpstreamPlan],
+    planner_for: Callable[[str], Planner],
     request: Any,
     context: grpc.aio.ServicerContext,
-    relay: Relay,
     metrics: Metrics,
-    refine: Callable[[UpstreamPlan], Awaitable[UpstreamPlan]] | None = None,
 ) -> None:
-    """Validate and route (plan), relay the pod's stream with the caller's trace
-    headers, and log/measure the outcome."""
+    """Find the request's pool by its model (`planner_for`), validate and route (plan),
+    relay the pod's stream with the caller's trace headers, and log/measure the outcome."""
     started = time.perf_counter()
     outcome = RelayOutcome()
     branch = prefix_label = ""
@@ -49,15 +47,16 @@ async def stream_reply(
     trace = TraceContext.from_metadata(context.invocation_metadata())
     caller.watch(context)
     try:
-        upstream = plan(request)
-        if refine is not None:
-            upstream = await refine(upstream)
+        planner = planner_for(request.model)
+        outcome.pool = planner.pool
+        plan = planner.chat if rpc == CHAT.name else planner.completion
+        upstream = await planner.refined(plan(request))
         branch = upstream.decision.branch
         prefix_label = upstream.prefix_label
         decision_ns = upstream.decision.decision_ns
         metrics.child(metrics.decision, FRONT_GRPC, rpc).observe(decision_ns / 1e9)
         headers = EarlyHeaders(context)
-        chunks = relay.stream(
+        chunks = planner.relay.stream(
             upstream.decision.preference,
             upstream.path,
             upstream.body,

@@ -197,6 +197,14 @@ def read_cut(
     return FrontRequest(request.model, head, request.stream, marks=marks, matched=True)
 
 
+def route_string_span(raw: bytes, chat: bool) -> tuple[int, int] | None:
+    """(start, end) of the route string's escaped bytes in the body, by a quick look (see
+    _route_string); None when it does not look like one."""
+    start = _route_string(raw, chat)
+    end = _string_end(raw, start) if start is not None else None
+    return None if start is None or end is None else (start, end)
+
+
 def _route_string(raw: bytes, chat: bool) -> int | None:
     """Where the prompt's (or the first message's content's) string starts in the body, by
     a quick look for its key; None when it does not look like one. parse_request checks

@@ -27,7 +27,6 @@ from dataclasses import InitVar, dataclass, field
 from prefix_sidecar import __version__
 from prefix_sidecar.config import Config
 from prefix_sidecar.hostport import is_loopback_host, split_host_port
-from prefix_sidecar.membership.pool import SERVING, BackendPool
 from prefix_sidecar.metrics import FRONT_HTTP, Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
 from prefix_sidecar.routing.precise import request_text
@@ -45,17 +44,16 @@ from prefix_sidecar.server.common.trace_context import (
 )
 from prefix_sidecar.server.common.unix_socket import SocketFile
 from prefix_sidecar.server.openai.body import FrontError, FrontRequest, bad_request
-from prefix_sidecar.server.openai.body_steps import read_request
 from prefix_sidecar.server.openai.http1 import HTTP1Server, Request, Response, StreamedResponse
-from prefix_sidecar.server.openai.splice import splice_prefix
+from prefix_sidecar.server.openai.models import models_body, pod_models
+from prefix_sidecar.server.openai.request_pool import read_in_pool
+from prefix_sidecar.server.openai.splice import rename_model, splice_prefix
+from prefix_sidecar.server.pools import Pools
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER, RETRY_AFTER_S, forward
-from prefix_sidecar.upstream.errors import UpstreamError
-from prefix_sidecar.upstream.relay import Relay, RelayOutcome
+from prefix_sidecar.upstream.relay import RelayOutcome
 
 logger = logging.getLogger(__name__)
 
-MODELS_TIMEOUT_S = 5.0
-MAX_MODELS_BYTES = 256 * 1024
 # The metrics' rpc label of each door (the gRPC RPCs are "Complete", "Chat", ...).
 RPC_COMPLETIONS = "http_completions"
 RPC_CHAT = "http_chat"
@@ -75,10 +73,7 @@ class OpenAIFront:
     """The front's routes and lifecycle; `api_key` goes only into the pods' headers."""
 
     config: Config
-    router: Router
-    store: PrefixStore
-    relay: Relay
-    pool: BackendPool
+    pools: Pools
     metrics: Metrics
     readiness: Readiness
     api_key: InitVar[str]
@@ -211,31 +206,31 @@ class OpenAIFront:
         self, request: Request, path: str, rpc: str, *, chat: bool, started: float
     ) -> Answer:
         trace = _trace_context(request)
+        # One pool: known before the body is read (a refused body is counted in it too).
+        outcome = RelayOutcome(pool=self.pools.default.name if len(self.pools) == 1 else "")
         try:
-            entry = self._prefix_of(request)
             raw = request.body  # at most max_message_bytes (the server answers 413 above)
-            parsed = await read_request(
-                raw,
-                chat=chat,
-                store=self.store if entry is None else None,
-                window=self.router.head_bytes,
-                turns=self.router.follows_conversations,
-            )
+            pool, parsed = await read_in_pool(self.pools, raw, chat)
+            router = pool.router
+            outcome.pool = pool.name
+            if parsed.model and pool.pod_model(parsed.model) != parsed.model:
+                raw = rename_model(raw, pool.pod_model(parsed.model))
+            entry = self._prefix_of(request, pool.store)
             if len(raw) > YIELD_ABOVE_BYTES:
                 await asyncio.sleep(0)
             if entry is None:
-                decision, decision_ns = self._route(parsed, chat)
-                if self.router.precise is not None and decision.prefix is None:
+                decision, decision_ns = self._route(router, parsed, chat)
+                if router.precise is not None and decision.prefix is None:
                     moving = time.perf_counter_ns()
                     what = request_text(chat, parsed.messages, parsed.route_text)
-                    decision = await self.router.precise.refine(decision, what, parsed.model or "")
+                    decision = await router.precise.refine(decision, what, parsed.model or "")
                     decision_ns += time.perf_counter_ns() - moving
             else:
-                decision = self.router.for_prefix(entry)
+                decision = router.for_prefix(entry)
                 decision_ns = decision.decision_ns
                 raw = splice_prefix(raw, entry.json_bytes, chat=chat)
         except NoBackendError as exc:
-            self._count_refused(rpc, "UNAVAILABLE", started, trace)
+            self._count_refused(rpc, "UNAVAILABLE", started, trace, outcome.pool)
             raise FrontError(
                 503,
                 str(exc),
@@ -245,12 +240,12 @@ class OpenAIFront:
             ) from None
         except FrontError as exc:
             # A request refused before routing is counted as the gRPC front counts one.
-            self._count_refused(rpc, _STATUS_NAMES.get(exc.status, "UNKNOWN"), started, trace)
+            status = _STATUS_NAMES.get(exc.status, "UNKNOWN")
+            self._count_refused(rpc, status, started, trace, outcome.pool)
             raise
-        outcome = RelayOutcome()
         try:
             return await forward(
-                self.relay,
+                pool.relay,
                 request,
                 decision,
                 path,
@@ -279,24 +274,28 @@ class OpenAIFront:
                 front=FRONT_HTTP,
             )
 
-    def _count_refused(self, rpc: str, status: str, started: float, trace: TraceContext) -> None:
-        outcome = RelayOutcome(status=status)
+    def _count_refused(
+        self, rpc: str, status: str, started: float, trace: TraceContext, pool: str
+    ) -> None:
+        outcome = RelayOutcome(pool=pool, status=status)
         record_outcome(self.metrics, rpc, "", "", outcome, started, trace, front=FRONT_HTTP)
 
-    def _route(self, parsed: FrontRequest, chat: bool) -> tuple[Decision, int]:
+    @staticmethod
+    def _route(router: Router, parsed: FrontRequest, chat: bool) -> tuple[Decision, int]:
         """The router's decision for the prompt, and its time in ns. A prompt matched where
         it lies in the body routes as its prefix; without one, its head routes as the whole
         prompt would (the route key reads only the route window, and no prefix matches a
         head of a prompt that none matches)."""
         if parsed.matched and parsed.prefix is not None:
-            decision = self.router.for_prefix(parsed.prefix)
+            decision = router.for_prefix(parsed.prefix)
         elif chat:
-            decision = self.router.for_chat(list(parsed.messages), parsed.answers)
+            decision = router.for_chat(list(parsed.messages), parsed.answers)
         else:
-            decision = self.router.for_prompt(parsed.route_text, parsed.marks)
+            decision = router.for_prompt(parsed.route_text, parsed.marks)
         return decision, decision.decision_ns
 
-    def _prefix_of(self, request: Request) -> PrefixEntry | None:
+    @staticmethod
+    def _prefix_of(request: Request, store: PrefixStore) -> PrefixEntry | None:
         """The prefix a thin query names in its headers; 404 when it is not registered."""
         prefix_id = request.headers.get(PREFIX_ID_HEADER)
         name = request.headers.get(PREFIX_NAME_HEADER)
@@ -306,9 +305,9 @@ class OpenAIFront:
             raise bad_request(f"send {PREFIX_ID_HEADER} or {PREFIX_NAME_HEADER}, not both")
         try:
             if prefix_id is not None:
-                return self.store.get(prefix_id)
+                return store.get(prefix_id)
             assert name is not None
-            return self.store.by_name(name)
+            return store.by_name(name)
         except PrefixNotFound as exc:
             raise FrontError(
                 404,
@@ -329,37 +328,29 @@ class OpenAIFront:
         return headers
 
     async def models(self, request: Request) -> Answer:
-        """The model list of a serving pod, as it wrote it."""
-        serving = [b.url for b in self.pool.backends.values() if b.state == SERVING]
+        """Every pool's models (models.py); one pool taking any model: its pod's list as
+        the pod wrote it."""
         headers = self._headers_for_pod(request, _trace_context(request))
         headers.pop("Content-Type")
-        for backend in serving[: self.config.max_attempts]:
-            try:
-                answer = await self.relay.client.fetch(
-                    "GET",
-                    backend,
-                    "/v1/models",
-                    timeout_s=MODELS_TIMEOUT_S,
-                    limit=MAX_MODELS_BYTES,
-                    headers=headers,
+        answers = [(pool, await pod_models(pool, headers)) for pool in self.pools]
+        if not self.config.pools:
+            found = answers[0][1]
+            if found is None:
+                raise FrontError(
+                    503,
+                    "no serving pod answered /v1/models",
+                    type="service_unavailable",
+                    code="no_backend",
+                    retry_after_s=RETRY_AFTER_S,
                 )
-            except UpstreamError:
-                continue
-            if answer.status >= 300 and answer.status != 401:
-                continue
-            if answer.body is None:
-                continue  # longer than any model list: not a model list
+            backend, answer = found
             labels = [(BACKEND_HEADER, backend)]
             if "content-type" in answer.headers:
                 labels.append(("Content-Type", answer.headers["content-type"]))
+            assert answer.body is not None
             return Response(answer.status, answer.body, labels)
-        raise FrontError(
-            503,
-            "no serving pod answered /v1/models",
-            type="service_unavailable",
-            code="no_backend",
-            retry_after_s=RETRY_AFTER_S,
-        )
+        body = models_body([(pool, found[1] if found else None) for pool, found in answers])
+        return Response(200, body, content_type="application/json")
 
     async def health(self, _: Request) -> Answer:
         why = self.readiness.reason()

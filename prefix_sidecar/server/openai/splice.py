@@ -1,4 +1,5 @@
-"""Thin queries on the OpenAI front: a registered prefix spliced into the caller's body.
+"""Edits of a caller's body on the OpenAI front: a registered prefix spliced in, an alias
+model name replaced by the pool's own.
 
 With `x-prefix-id` or `x-prefix-name`, the caller sends only the thin query; the sidecar
 puts the prefix's escaped bytes (PrefixEntry.json_bytes, kept once at registration) in
@@ -41,6 +42,19 @@ def splice_prefix(raw: bytes, prefix: bytes, *, chat: bool) -> bytes:
         raise bad_request("with a prefix header the prompt must be a string", name)
     at = _byte_offset(raw, text, start) + 1  # just inside the opening quote
     return raw[:at] + prefix + raw[at:]
+
+
+def rename_model(raw: bytes, model: str) -> bytes:
+    """`raw` with its top-level model (an alias of the pool's) replaced by `model`, every
+    other byte as written; FrontError 400 when the body has no string model."""
+    text = raw.decode("utf-8")
+    found = _top_level_value(text, "model")
+    if found is None or not isinstance(found[0], str):
+        raise bad_request("model must be a string", "model")
+    start = found[1]
+    _, close = json.decoder.scanstring(text, start + 1)  # type: ignore[attr-defined]
+    at, end = _byte_offset(raw, text, start), _byte_offset(raw, text, close)
+    return raw[:at] + json.dumps(model).encode() + raw[end:]
 
 
 def _top_level_value(text: str, wanted: str) -> tuple[Any, int] | None:

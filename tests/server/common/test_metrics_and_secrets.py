@@ -59,7 +59,13 @@ async def test_metrics_endpoint_exposes_the_documented_series(
         assert wanted in metrics.get(name, {}), f"{name}{labels} missing: {metrics.get(name)}"
         return metrics[name][wanted]
 
-    requests = {"front": "grpc", "rpc": "Complete", "backend": backend, "branch": "home"}
+    requests = {
+        "front": "grpc",
+        "rpc": "Complete",
+        "pool": "default",
+        "backend": backend,
+        "branch": "home",
+    }
     assert value("prefix_sidecar_requests_total", **requests, status="OK") == 1
     assert value("prefix_sidecar_decision_seconds_count", front="grpc", rpc="Complete") == 1
     assert value("prefix_sidecar_ttft_seconds_count", front="grpc", backend=backend) == 1

@@ -55,7 +55,7 @@ async def test_concurrent_streams_of_one_prefix_stay_home_below_the_floor(
             while await call.read() is not grpc.aio.EOF:
                 pass
 
-    policy = sidecar.router.policy
+    policy = sidecar.pools.default.router.policy
     assert isinstance(policy, PrefixAffinity)
     assert policy.load_cap_floor == (8 if floor is None else floor)
     ring = owner_ring(pods)

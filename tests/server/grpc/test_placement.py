@@ -90,7 +90,9 @@ async def test_the_budget_spreads_prefixes_and_everything_follows_it(tmp_path: P
         metrics = sidecar.metrics.render().decode()
         for url, tokens in homed.items():
             assert f'prefix_sidecar_home_prefix_tokens{{backend="{url}"}} {tokens:.1f}' in metrics
-        assert re.search(r"^prefix_sidecar_home_kv_budget_tokens 3000\.0$", metrics, re.M)
+        assert re.search(
+            r'^prefix_sidecar_home_kv_budget_tokens\{pool="default"\} 3000\.0$', metrics, re.M
+        )
 
 
 async def test_without_a_budget_homes_are_the_rings_first_owners(tmp_path: Path) -> None:

@@ -316,8 +316,8 @@ async def test_deeply_nested_json_is_a_counted_400(
             assert error["type"] == "invalid_request_error" and "nests deeper" in error["message"]
         counted = sidecar.metrics.registry.get_sample_value(
             "prefix_sidecar_requests_total",
-            {"front": "http", "rpc": "http_completions", "backend": "-", "branch": "-",
-             "status": "INVALID_ARGUMENT"},
+            {"front": "http", "rpc": "http_completions", "pool": "default", "backend": "-",
+             "branch": "-", "status": "INVALID_ARGUMENT"},
         )  # fmt: skip
         assert counted == 1
         assert not pod.bodies

@@ -481,7 +481,7 @@ async def test_an_openai_port_in_use_fails_start_and_leaves_nothing_open(
             await sidecar.start()
     assert sidecar.server is not None
     assert not await sidecar.server.wait_for_termination(timeout=1.0), "gRPC still runs"
-    assert not sidecar.client.lean._idle, "a pod connection was left open"
+    assert not sidecar.pools.default.client.lean._idle, "a pod connection was left open"
     assert not os.path.exists(config.socket_path)
     # The same port, free now: a sidecar starts on it and stops cleanly.
     async with running_sidecar(config, wait=False) as (running, _):
@@ -563,11 +563,11 @@ async def test_http_requests_count_tokens_and_log_like_grpc_calls(
                 assert reply.status == 200, await reply.text()
                 await reply.read()
         scrape = sidecar.metrics.render().decode()
-        assert sidecar.pool.backends[pod].in_flight == 0
+        assert sidecar.pools.default.pool.backends[pod].in_flight == 0
     # The gRPC path's series, told apart by front="http" (and rpc=http_*).
     assert (
         f'prefix_sidecar_requests_total{{backend="{pod}",branch="home",front="http",'
-        'rpc="http_completions",status="OK"} 2.0'
+        'pool="default",rpc="http_completions",status="OK"} 2.0'
     ) in scrape
     assert (
         'prefix_sidecar_decision_seconds_count{front="http",rpc="http_completions"} 2.0'
@@ -579,7 +579,7 @@ async def test_http_requests_count_tokens_and_log_like_grpc_calls(
     lines = [r.getMessage() for r in caplog.records if r.name == "sidecar.requests"]
     assert len(lines) == 2, lines
     for line in lines:
-        assert line.startswith(f"http_completions prefix=- backend={pod} branch=home")
+        assert line.startswith(f"http_completions prefix=- backend={pod} pool=default branch=home")
         assert "status=OK" in line and "completion_tokens=5" in line
         assert f"traceparent={trace}" in line
 

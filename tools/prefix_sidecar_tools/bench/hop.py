@@ -126,27 +126,19 @@ async def route_breakdown(prefix: str, calls: int) -> dict[str, float]:
     from prefix_sidecar.server.app import Sidecar
     from prefix_sidecar.server.grpc.servicer import RouterServicer
     from prefix_sidecar.upstream.body import completion_body
-    from prefix_sidecar.upstream.relay import Relay
 
     urls = [f"http://127.0.0.1:{9000 + i}" for i in range(4)]
     sidecar = Sidecar(Config(backends=tuple((url, 1) for url in urls)))
+    pool = sidecar.pools.default
     try:
-        sidecar.pool.set_members([Member(url, 1) for url in urls])
+        pool.pool.set_members([Member(url, 1) for url in urls])
         for url in urls:
-            sidecar.pool.set_health(url, True)
-        entry, _ = sidecar.store.register("compliance-rules", prefix, 0)
-        servicer = RouterServicer(
-            sidecar.config,
-            sidecar.store,
-            sidecar.pool,
-            sidecar.router,
-            cast(Relay, None),  # Route never relays
-            sidecar.prewarmer,
-            sidecar.metrics,
-        )
+            pool.pool.set_health(url, True)
+        entry, _ = pool.store.register("compliance-rules", prefix, 0)
+        servicer = RouterServicer(sidecar.config, sidecar.pools, sidecar.metrics)
         data = router_pb2.RouteRequest(prefix_id=entry.id).SerializeToString()
         request = router_pb2.RouteRequest.FromString(data)
-        decision = sidecar.router.for_prefix(entry)
+        decision = pool.router.for_prefix(entry)
         histogram = sidecar.metrics.decision
         # ("grpc", "Route") once the series carry a `front` label, else ("Route",)
         labels = tuple(
@@ -169,11 +161,9 @@ async def route_breakdown(prefix: str, calls: int) -> dict[str, float]:
             "decode RouteRequest (protobuf)": lambda: router_pb2.RouteRequest.FromString(data),
             "request.WhichOneof + store.get(prefix_id)": lambda: (
                 request.WhichOneof("target"),
-                sidecar.store.get(request.prefix_id),
+                pool.store.get(request.prefix_id),
             ),
-            "router.for_prefix (decision incl. ring.pick)": lambda: sidecar.router.for_prefix(
-                entry
-            ),
+            "router.for_prefix (decision incl. ring.pick)": lambda: pool.router.for_prefix(entry),
             "metrics: decision.labels('Route').observe()": lambda: histogram.labels(
                 *labels
             ).observe(1e-6),
@@ -207,7 +197,7 @@ async def route_breakdown(prefix: str, calls: int) -> dict[str, float]:
         )
         return result
     finally:
-        await sidecar.client.close()
+        await pool.client.close()
 
 
 # --- the measured calls ---------------------------------------------------------------

@@ -1,0 +1,255 @@
+"""One pool of a sidecar: one model's pods and everything that routes to them.
+
+A pool (config `pools`, prefix_sidecar/config/pools.py) has its own prefix store, backend
+pool and ring, router, health checks, load signals, prewarm, warm-before-serve, prefix
+sizing, KV-event following and relay; its pod client keeps its own connection budget per
+pod. What it shares with the other pools is the sidecar's: the metrics, the fronts and the
+process. Built from the pool's own config (the top level with the pool's keys), so a pool
+routes exactly as a one-pool sidecar with its config would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from prefix_sidecar.config import Config
+from prefix_sidecar.config.pools import PoolSpec
+from prefix_sidecar.kv_events.follow import KvEventsFollow
+from prefix_sidecar.kv_events.residency import Residency
+from prefix_sidecar.kv_index.source import IndexSource, attach_index
+from prefix_sidecar.membership.health import HealthMonitor
+from prefix_sidecar.membership.load_signals import LoadSignals, MetricsPoller, poller, rules
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.membership.sources import Member, MembershipError
+from prefix_sidecar.metrics import Metrics, OrganicState, PodLoads, PoolState
+from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.prewarm import Prewarmer
+from prefix_sidecar.routing import placement
+from prefix_sidecar.routing.router import Router
+from prefix_sidecar.routing.table import RoutingTable
+from prefix_sidecar.server.from_config import load_prefixes, membership_source
+from prefix_sidecar.server.warm_before_serve import JoinerWarmup, NewHomeWarmup
+from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.relay import Relay, RelayPolicy
+from prefix_sidecar.upstream.tokenize import PrefixSizer
+
+logger = logging.getLogger(__name__)
+
+
+class ModelPool:
+    """The parts of one pool; `start` loads its prefixes and starts its tasks, `stop` ends
+    them (the sidecar stops the fronts first)."""
+
+    def __init__(
+        self,
+        spec: PoolSpec,
+        config: Config,
+        metrics: Metrics,
+        policy: str | None = None,
+        on_table: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`config`: the pool's own (config.pools.pool_configs); `on_table`: called after
+        every routing table change of this pool (the sidecar's readiness)."""
+        self.name = spec.name
+        self.models = spec.models
+        self.config = config
+        self.metrics = metrics
+        self._on_table = on_table
+        self.store = PrefixStore(config.max_prefixes, config.max_prefix_bytes)
+        # The pods' own load and KV (docs/load-signals.md); None = own in-flight only.
+        self.signals = (
+            LoadSignals(
+                lambda url, load: self.pool.report_load(url, load),
+                rules.LoadRule(rules.MAX_AGE_S, rules.KV_THRESHOLD),
+                over_cap=self._over_cap_load if rules.REPORT_SATURATION else None,
+                on_reading=(
+                    (lambda url, load: self.pool.report_reading(url, load))
+                    if rules.FLEET_VIEW and not rules.REPORT_SATURATION
+                    else None
+                ),
+                on_kv=self._pods_kv_changed,
+            )
+            if config.load_signals
+            else None
+        )
+        self.client = UpstreamClient(
+            connect_timeout_s=config.connect_timeout_s,
+            per_backend_connections=config.per_backend_connections,
+            api_key=config.api_key(),
+            load_observer=self.signals,
+            on_unasked=lambda url: metrics.child(metrics.unasked_bytes, url).inc(),
+        )
+        self.pool = BackendPool(
+            hash_table=config.hash_table,
+            warm_before_serve=config.warm_before_serve,
+            needs_warming=lambda: len(self.store) > 0,
+            on_warm_needed=lambda url: self.joiners(url),
+            on_change=self._table_changed,
+        )
+        self.router = Router.from_config(self.pool, self.store, config, policy)
+        self.prewarmer = Prewarmer(self.client, model=config.model)
+        self.joiners = JoinerWarmup(self.prewarmer, self.store, self.router, self.pool, metrics)
+        self.new_homes = NewHomeWarmup(self.prewarmer, self.store, self.router, self.pool, metrics)
+        self.health = HealthMonitor(
+            self.client,
+            path=config.health_path,
+            interval_s=config.health_interval_s,
+            timeout_s=config.health_timeout_s,
+            failure_threshold=config.eject_after_failures,
+            on_change=self.pool.set_health,
+        )
+        self.relay = Relay(
+            self.client,
+            self.pool,
+            self.health,
+            metrics,
+            RelayPolicy(
+                max_attempts=config.max_attempts,
+                first_token_timeout_s=config.first_token_timeout_s,
+                upstream_timeout_s=config.upstream_timeout_s,
+                max_message_bytes=config.max_message_bytes,
+            ),
+        )
+        self.poller: MetricsPoller | None = None
+        self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
+        self.residency = Residency()  # fed by the pods' KV events when kv_events is on
+        self.kv_events: KvEventsFollow | None = None
+        self.kv_index: IndexSource | None = None  # precise routing's, with kv_index_url
+        # The LoRA adapters the pool's pods report holding, by name.
+        self.adapters: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- what the sidecar reads ---------------------------------------------------------
+
+    def serves(self, url: str) -> bool:
+        return url in self.pool.backends
+
+    def pod_model(self, model: str) -> str:
+        """The name the pods get for a request's model: the pool's first for an alias (as
+        an llm-d InferenceModel rewrites its name), any other as the caller gave it."""
+        return self.models[0] if model in self.models[1:] else model
+
+    def scrape_state(self) -> PoolState:
+        """What the metrics export of this pool at a scrape (metrics/scrape_time.py)."""
+        backends = self.pool.backends.values()
+        loads = {b.url: (b.load, b.reported_load) for b in backends}
+        organic = self.router.organic
+        return PoolState(
+            self.name,
+            self.router.homed_tokens(),
+            self.router.placer.budget_tokens,
+            PodLoads(loads, self.pool.fleet_scale),
+            OrganicState(dict(organic.decisions), organic.table.sizes()) if organic else None,
+        )
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def load_prefixes(self) -> None:
+        """Register the prefixes the pool's config names (ValueError naming the file)."""
+        load_prefixes(self.config, self.store)
+
+    async def start(self) -> None:
+        """Follow the pool's pods: membership, health, KV events, sizes, load polls."""
+        source = membership_source(self.config)
+        if self.config.kv_events:
+            self.router.residency = self.residency
+            parts = (self.client, self.residency, self.store, self.pool, self.metrics)
+            self.kv_events = KvEventsFollow(*parts, self.prewarmer, self.router, self.config)
+            self._tasks.append(self.kv_events.start())
+        self.kv_index = attach_index(self.router, self.client, self.metrics, self.config)
+        try:
+            first = await source.resolve()
+        except MembershipError as exc:
+            logger.error(
+                "pool %s: initial membership failed (will keep trying): %s", self.name, exc
+            )
+            first = []
+        if first:
+            self._set_members(first)
+        self._task(source.watch(self._set_members), "membership")
+        self._task(self.health.run(), "health")
+        # A pass runs as a task of its own, after every watcher (the router's placement too).
+        self.pool.watch(lambda _table: self.new_homes())
+        self.store.watch(self.new_homes)
+        self._task(self.new_homes.run(), "new-home-warmup")
+        self.sizer = PrefixSizer(
+            self.store,
+            self.client,
+            lambda: sorted(url for url, b in self.pool.backends.items() if b.healthy),
+            model=self.config.model,
+        )
+        self.store.watch(self.sizer.wake)
+        self.sizer.wake()
+        self._task(self.sizer.run(), "prefix-sizer")
+        if self.signals is not None and poller.POLL_SAMPLE > 0:
+            self.poller = MetricsPoller(
+                self.signals,
+                self.client,
+                interval_s=poller.POLL_INTERVAL_S,
+                sample=poller.POLL_SAMPLE,
+                timeout_s=poller.POLL_TIMEOUT_S,
+            )
+            self._task(self.poller.run(), "load-poll")
+        logger.info(
+            "pool %s: models %s, backends from %s", self.name, self.models, source.description
+        )
+
+    def _task(self, work: object, name: str) -> None:
+        self._tasks.append(asyncio.create_task(work, name=f"{self.name}:{name}"))  # type: ignore[arg-type]
+
+    def take_tasks(self) -> list[asyncio.Task[None]]:
+        """Every task still running, handed to the caller to cancel and await."""
+        tasks = [*self._tasks, *self.joiners.take_tasks(), *self.new_homes.take_tasks()]
+        self._tasks.clear()
+        return tasks
+
+    async def close(self) -> None:
+        """After its tasks ended: the sockets and connections the pool opened."""
+        if self.kv_events is not None:
+            await self.kv_events.stop()
+        if self.kv_index is not None:
+            await self.kv_index.close()
+        self.health.close()
+        await self.client.close()
+
+    # --- wiring -------------------------------------------------------------------------
+
+    def _set_members(self, members: list[Member]) -> None:
+        self.pool.set_members(members)
+        if self.signals is not None:
+            self.signals.set_members(m.url for m in members)
+        # Pod IPs change on every rollout: drop every series of the pods that left (an
+        # in-flight gauge of a stream still running stays until it ends, see Metrics._drop).
+        self.metrics.forget_backends()
+        self.health.set_members([m.url for m in members])
+        if self.kv_events is not None:
+            self.kv_events.set_pods(m.url for m in members)
+
+    def _over_cap_load(self, url: str) -> int | None:
+        return self.pool.table.over_cap_load(
+            url, self.config.load_factor, self.config.load_cap_floor
+        )
+
+    def _pods_kv_changed(self, kv_tokens: int | None) -> None:
+        """The pods' agreed KV size changed: with no configured budget (the override), the
+        budget is that size x HOME_KV_FRACTION (docs/load-signals.md)."""
+        if self.config.home_kv_budget_tokens or not placement.HOME_KV_FRACTION:
+            return
+        budget = int(kv_tokens * placement.HOME_KV_FRACTION) if kv_tokens else 0
+        logger.info(
+            "pool %s: home KV budget from the pods: %d tokens (pods' KV %s)",
+            self.name,
+            budget,
+            kv_tokens,
+        )
+        self.router.set_kv_budget(budget)
+        self.new_homes()
+
+    def _table_changed(self, table: RoutingTable) -> None:
+        if self.sizer is not None:
+            self.sizer.wake()  # a pod became healthy: prefixes not yet counted can be
+        for backend in self.pool.backends.values():
+            self.metrics.set_backend(backend.url, backend.state, backend.healthy)
+        self._on_table()
