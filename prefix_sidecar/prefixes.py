@@ -2,7 +2,10 @@
 
 A prefix is keyed by its id (SHA-256 of the UTF-8 text), so registering the same text twice
 is idempotent and every sidecar derives the same id and route key without talking to the
-others. A name points at its newest version; older versions stay resolvable by id until they
+others. A prefix registered for a LoRA adapter or a cache salt (its scope, routing/scope.py)
+is an entry of its own, with its scope's id and route key (routing contract 10).
+
+A name points at its newest version; older versions stay resolvable by id until they
 are unregistered, so a rules update does not break requests already in flight.
 
 Several names may point at the same text (one entry, one id). The entry lives while any name
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 from prefix_sidecar import _core
 from prefix_sidecar.config import DEFAULTS
+from prefix_sidecar.routing.scope import NO_SCOPE, Scope, scoped_key, scoped_prefix_id
 from prefix_sidecar.upstream.body import escape
 
 # Prompts are matched against registered prefixes by their first escaped bytes: prefixes at
@@ -58,6 +62,11 @@ class PrefixEntry:
     # KV size in tokens as a pod's own tokenizer counted it (POST /tokenize at registration,
     # prefix_sidecar/upstream/tokenize.py); 0 until measured: placement then estimates from bytes.
     tokens: int = 0
+    # The adapter and salt it was registered for; `text_id` and `text_key` are its text's
+    # own id and key (the route key unscoped), equal to `id` and `route_key` when unscoped.
+    scope: Scope = NO_SCOPE
+    text_id: str = ""
+    text_key: int = 0
 
     @property
     def name(self) -> str:
@@ -117,8 +126,11 @@ class PrefixStore:
     def __iter__(self) -> Iterator[PrefixEntry]:
         return iter(list(self._by_id.values()))
 
-    def register(self, name: str, text: str, replicas: int = 0) -> tuple[PrefixEntry, bool]:
-        """Store a prefix; returns (entry, created). Same text again is a no-op."""
+    def register(
+        self, name: str, text: str, replicas: int = 0, scope: Scope = NO_SCOPE
+    ) -> tuple[PrefixEntry, bool]:
+        """Store a prefix; returns (entry, created). Same text in the same scope again is a
+        no-op."""
         if not name:
             raise PrefixError("prefix name is empty; give the prefix a stable name")
         if len(name) > 256:
@@ -136,7 +148,8 @@ class PrefixStore:
                 f"prefix {name!r} is {len(data)} bytes; the maximum is {self._max_bytes} "
                 "(config max_prefix_bytes)"
             )
-        entry_id = _core.prefix_id(text)
+        text_id = _core.prefix_id(text)
+        entry_id = scoped_prefix_id(text_id, scope)
         with self._changing():
             if name not in self._versions and len(self._versions) >= self._max_prefixes:
                 raise PrefixLimitExceeded(
@@ -162,14 +175,18 @@ class PrefixStore:
                     f"the sidecar holds {len(self._by_id)} prefixes, its maximum "
                     "(config max_prefixes); unregister old versions first"
                 )
+            text_key = _core.route_key(data)
             entry = PrefixEntry(
                 id=entry_id,
                 names=(name,),
                 json_bytes=escape(text),
-                route_key=_core.route_key(data),
+                route_key=scoped_key(text_key, scope),
                 replicas=replicas,
                 size=len(data),
                 chars=len(text),
+                scope=scope,
+                text_id=text_id,
+                text_key=text_key,
             )
             self._by_id[entry_id] = entry
             versions.append(entry_id)
@@ -203,11 +220,22 @@ class PrefixStore:
             )
         return entry
 
-    def by_name(self, name: str) -> PrefixEntry:
+    def by_name(self, name: str, scope: Scope = NO_SCOPE) -> PrefixEntry:
+        """The newest version of the name registered in `scope`, else its newest version."""
         versions = self._versions.get(name)
         if not versions:
             raise PrefixNotFound(f"no prefix named {name!r}; register it first (RegisterPrefix)")
+        for prefix_id in reversed(versions):
+            entry = self._by_id[prefix_id]
+            if entry.scope == scope:
+                return entry
         return self._by_id[versions[-1]]
+
+    def in_scope(self, entry: PrefixEntry, scope: Scope) -> PrefixEntry | None:
+        """The entry of `entry`'s text registered in `scope`, if any."""
+        if entry.scope == scope:
+            return entry
+        return self._by_id.get(scoped_prefix_id(entry.text_id, scope))
 
     def versions(self, name: str) -> list[str]:
         return list(self._versions.get(name, ()))

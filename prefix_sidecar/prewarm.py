@@ -183,7 +183,10 @@ class Prewarmer:
         # block cannot be warmed by any text sent ahead of the query, only by sending the
         # prefix and the query as token ids (the request path, not the prewarm). Measured on
         # vLLM, per join: python -m prefix_sidecar_tools.vllm.boundary --url URL.
-        body = completion_body(entry.json_bytes, "", {"max_tokens": 1}, self.model)
+        # A prefix registered for an adapter or a salt is warmed under them (contract 10).
+        adapter, salt = entry.scope
+        params: dict[str, object] = {"max_tokens": 1, **({"cache_salt": salt} if salt else {})}
+        body = completion_body(entry.json_bytes, "", params, adapter or self.model)
         stream = await self.client.open(
             url, "/v1/completions", body, timeout_s=self.timeout_s, chat=False
         )

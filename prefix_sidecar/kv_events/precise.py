@@ -20,10 +20,11 @@ from typing import Any
 
 from prefix_sidecar.config import Config
 from prefix_sidecar.metrics import Metrics
+from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.organic import LOAD_CAP_FLOOR
 from prefix_sidecar.routing.pick import Branch
 from prefix_sidecar.routing.precise import BlockSource, to_cached
-from prefix_sidecar.routing.router import Decision, Router
+from prefix_sidecar.routing.router import Router
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.tokenize import SPECIAL_TOKENS_SLACK, TokenizeError, tokens_of
 

@@ -18,7 +18,9 @@ from prefix_sidecar.upstream.tokenize import PrefixPass, token_ids
 class PrefixWatcher(Protocol):
     """The residency (kv_events/residency.py), or the sink in front of it (reprewarm.py)."""
 
-    def watch_prefix(self, prefix_id: str, token_ids: Sequence[int]) -> None: ...
+    def watch_prefix(
+        self, prefix_id: str, token_ids: Sequence[int], lora_name: str | None = None
+    ) -> None: ...
 
     def forget_prefix(self, prefix_id: str) -> None: ...
 
@@ -44,10 +46,14 @@ class PrefixTokens(PrefixPass):
         super().forget(live)
 
     def done(self, entry: PrefixEntry) -> bool:
-        return entry.id in self.learnt
+        # A salted prefix's blocks are hashed with its salt, which the events do not key
+        # (block_keys.py): where it lives stays unknown, so it is neither routed around nor
+        # prewarmed again on an event.
+        return entry.id in self.learnt or bool(entry.scope.salt)
 
     async def ask(self, pod: str, entry: PrefixEntry) -> None:
         tokens = await token_ids(self.client, pod, entry.text, model=self.model)
         if self.store.has_id(entry.id):
-            self.residency.watch_prefix(entry.id, tokens)
+            # An adapter's blocks chain from a root of its name, as the pods' events do.
+            self.residency.watch_prefix(entry.id, tokens, entry.scope.adapter or None)
             self.learnt[entry.id] = len(tokens)

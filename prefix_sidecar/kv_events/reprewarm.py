@@ -96,10 +96,12 @@ class ReprewarmSink:
             self._why[pod] = "evicted"  # says more than a (re)connect in the same window
         self._schedule(pod)  # stores too: what a pod holds now is what a later loss loses
 
-    def watch_prefix(self, prefix_id: str, token_ids: Sequence[int]) -> None:
+    def watch_prefix(
+        self, prefix_id: str, token_ids: Sequence[int], lora_name: str | None = None
+    ) -> None:
         """The prefix's token ids (often after its prewarm was stored): what each pod holds
         of it is read again, so that a later loss is seen as one."""
-        self.residency.watch_prefix(prefix_id, token_ids)
+        self.residency.watch_prefix(prefix_id, token_ids, lora_name)
         for pod in self._had:
             self._schedule(pod)
 

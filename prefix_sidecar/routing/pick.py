@@ -20,6 +20,8 @@ class Branch(StrEnum):
     # Precise organic routing: the pod that holds the longest prefix of the prompt, by the
     # pods' KV events, under its cap (routing/precise.py).
     CACHED = "cached"
+    # A LoRA adapter's request moved to a pod that holds the adapter (routing/adapters.py).
+    ADAPTER = "adapter"
     # The baselines, one branch each.
     RING_HIT = "ring_hit"  # consistent_hash: the key's ring owner, whatever its load
     ROUND_ROBIN = "round_robin"

@@ -21,22 +21,25 @@ modules' constants), so each has one default: the config's or the constant's.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from dataclasses import replace
+from typing import TypedDict
 
 from prefix_sidecar import _core
 from prefix_sidecar.config import Config
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.routing import anchors, organic, placement
+from prefix_sidecar.routing.adapters import AdapterView, to_adapter_holder
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks
+from prefix_sidecar.routing.decision import Decision, PreciseStep, serving_ring
 from prefix_sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.placement import HomePlacer
 from prefix_sidecar.routing.policy import Policy, ignores_key, make_policy
 from prefix_sidecar.routing.policy_names import PREFIX_AFFINITY
 from prefix_sidecar.routing.resident import ResidencyView, to_resident
+from prefix_sidecar.routing.scope import NO_SCOPE, Scope, scoped_key
 from prefix_sidecar.routing.table import RoutingTable
 
 # The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
@@ -49,31 +52,6 @@ ROUTE_WINDOW_BYTES = 4096
 # The pick production uses; the others are baselines that benchmarks run the same sidecar
 # with (`Sidecar(config, policy)`), so the name is no setting.
 DEFAULT_POLICY = PREFIX_AFFINITY
-
-
-class NoBackendError(Exception):
-    """No pod can take the request (none known, or all ejected)."""
-
-
-@dataclass(frozen=True)
-class Decision:
-    backend: str
-    preference: list[str]
-    prefix: PrefixEntry | None
-    route_key: int
-    branch: Branch
-    decision_ns: int
-    generation: int
-    # The pod was the key's only home and took the request under its cap: no choice among
-    # pods was made (the fleet view counts the other sidecars' requests for choices only).
-    forced: bool = False
-
-
-class PreciseStep(Protocol):
-    """The request step that moves an organic decision (kv_events/precise.py)."""
-
-    async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
-        """`decision` for an unregistered request whose text is `what`, perhaps moved."""
 
 
 class Router:
@@ -142,6 +120,8 @@ class Router:
         self.residency: ResidencyView | None = None
         # Set with unregistered_routing precise: the fronts await it for unregistered requests.
         self.precise: PreciseStep | None = None
+        # Set by the pool: which pod holds which LoRA adapter (routing/adapters.py).
+        self.adapters: AdapterView | None = None
         if self._placing:
             self._watch_and_place()
 
@@ -184,24 +164,38 @@ class Router:
         """The replica count the prefix asked for, else the configured default."""
         return entry.replicas if entry is not None and entry.replicas else self.default_replicas
 
-    def for_prefix(self, entry: PrefixEntry) -> Decision:
-        return self._decide(time.perf_counter_ns(), entry.route_key, entry)
+    def for_prefix(self, entry: PrefixEntry, scope: Scope = NO_SCOPE) -> Decision:
+        """A registered prefix; `scope`: the request's adapter and salt (contract 10)."""
+        return self._for_entry(time.perf_counter_ns(), entry, scope)
 
-    def for_prefix_text(self, text: str) -> Decision:
+    def _for_entry(self, started: int, entry: PrefixEntry, scope: Scope) -> Decision:
+        """The entry's own decision in its scope; in another, that scope's entry of the same
+        text, else the text's key scoped (no placement, nothing warm: the text alone)."""
+        if entry.scope is scope or entry.scope == scope:
+            return self._scoped(self._decide(started, entry.route_key, entry), scope)
+        own = self.store.in_scope(entry, scope)
+        if own is not None:
+            return self._scoped(self._decide(started, own.route_key, own), scope)
+        decision = self._decide(started, scoped_key(entry.text_key, scope), None)
+        return self._scoped(replace(decision, prefix=entry), scope)
+
+    def for_prefix_text(self, text: str, scope: Scope = NO_SCOPE) -> Decision:
         """An unregistered prefix sent inline: same key as if it were registered."""
         started = time.perf_counter_ns()
         entry = self.store.match(text)
         if entry is not None and entry.size == len(text.encode("utf-8")):
-            return self._decide(started, entry.route_key, entry)
-        return self._decide_bytes(started, text.encode("utf-8"))
+            return self._for_entry(started, entry, scope)
+        return self._decide_bytes(started, text.encode("utf-8"), scope)
 
-    def for_prompt(self, prompt: str, marks: tuple[int, int] | None = None) -> Decision:
+    def for_prompt(
+        self, prompt: str, marks: tuple[int, int] | None = None, scope: Scope = NO_SCOPE
+    ) -> Decision:
         """`marks`: the prompt's (mark, after) by its chat template, when `prompt` is only its
         head (default: read from `prompt`; organic routing's 9h)."""
         started = time.perf_counter_ns()
         entry = self.store.match(prompt)
         if entry is not None:
-            return self._decide(started, entry.route_key, entry)
+            return self._for_entry(started, entry, scope)
         organic = self.organic
         if organic is not None:
             head = prompt[:ORGANIC_HEAD_BYTES].encode("utf-8")[:ORGANIC_HEAD_BYTES]
@@ -211,17 +205,18 @@ class Router:
                 marks = turn_marks(prompt)
             keys = organic.for_prompt(head, marks)
             if keys is not None:
-                return self._decide_organic(started, keys)
+                return self._decide_organic(started, keys, scope)
         window = prompt.encode("utf-8")[: self.route_window_bytes]
-        return self._decide_bytes(started, window)
+        return self._decide_bytes(started, window, scope)
 
-    def _decide_bytes(self, started: int, data: bytes) -> Decision:
+    def _decide_bytes(self, started: int, data: bytes, scope: Scope = NO_SCOPE) -> Decision:
         """An unregistered key: hashed and picked in one core call when the policy can."""
         select_bytes = self._select_bytes
-        if select_bytes is None:
-            return self._decide(started, _core.route_key(data), None)
+        if select_bytes is None or not scope.empty:
+            key = scoped_key(_core.route_key(data), scope)
+            return self._scoped(self._decide(started, key, None), scope)
         table = self.pool.table
-        ring = _serving(table)
+        ring = serving_ring(table)
         replicas = self.default_replicas
         backend, branch, key = select_bytes(table, data, replicas)
         attempts = self.max_attempts
@@ -229,21 +224,37 @@ class Router:
         forced = replicas == 1 and branch is Branch.HOME
         return self._decision(started, table, key, None, backend, branch, preference, forced)
 
-    def for_chat(self, messages: list[tuple[str, str]], answers: int | None = None) -> Decision:
+    def for_chat(
+        self,
+        messages: list[tuple[str, str]],
+        answers: int | None = None,
+        scope: Scope = NO_SCOPE,
+    ) -> Decision:
         """An unregistered chat, messages as (role, text): its first message routes as a
         registered prefix when it starts with one; otherwise by its structure (organic), or
         as a prompt of its first message's text (window). `answers`: the whole chat's
         assistant messages when `messages` holds only its first ones."""
         first = messages[0][1] if messages else ""
         if self.organic is None or self.store.match(first) is not None:
-            return self.for_prompt(first)
+            return self.for_prompt(first, scope=scope)
         started = time.perf_counter_ns()
-        return self._decide_organic(started, self.organic.for_chat(messages, answers))
+        return self._decide_organic(started, self.organic.for_chat(messages, answers), scope)
 
-    def _decide_organic(self, started: int, keys: OrganicKeys) -> Decision:
-        """The session's pod in its family's home set, under bounded load (contract 9)."""
+    def _scoped(self, decision: Decision, scope: Scope) -> Decision:
+        """An adapter's request moved to a pod that holds it (routing/adapters.py)."""
+        if not scope.adapter or self.adapters is None:
+            return decision
+        return to_adapter_holder(self.policy, self.pool.table, decision, scope, self.adapters)
+
+    def _decide_organic(self, started: int, keys: OrganicKeys, scope: Scope = NO_SCOPE) -> Decision:
+        """The session's pod in its family's home set, under bounded load (contract 9);
+        its keys scoped (contract 10)."""
+        if not scope.empty:
+            keys = keys._replace(
+                family=scoped_key(keys.family, scope), session=scoped_key(keys.session, scope)
+            )
         table = self.pool.table
-        ring = _serving(table)
+        ring = serving_ring(table)
         assert self.organic is not None
         home = self.organic.homes(ring, keys)
         # The spill walks the family's preference order: its home set first, where the
@@ -256,7 +267,7 @@ class Router:
         for member in (ring.members[home], *ring.preference(keys.family, self.max_attempts)):
             if member not in preference and len(preference) < self.max_attempts:
                 preference.append(member)
-        return Decision(
+        decision = Decision(
             backend=backend,
             preference=preference,
             prefix=None,
@@ -267,10 +278,11 @@ class Router:
             # a later turn on its session's pod; a start's pod is a choice (9f)
             forced=branch is Branch.HOME and not keys.start,
         )
+        return self._scoped(decision, scope)
 
     def _decide(self, started: int, key: int, entry: PrefixEntry | None) -> Decision:
         table = self.pool.table
-        ring = _serving(table)
+        ring = serving_ring(table)
         homes = None
         if entry is None:
             replicas = self.default_replicas
@@ -385,14 +397,3 @@ def settings(config: Config) -> RouterSettings:
         organic_balance_starts=organic.BALANCE_STARTS,
         organic_follow_sessions=organic.FOLLOW_SESSIONS,
     )
-
-
-def _serving(table: RoutingTable) -> _core.HashTable:
-    """The table's ring, or the error that says why there is none."""
-    ring = table.ring
-    if ring is None:
-        raise NoBackendError(
-            "no healthy vLLM pod: every backend is ejected or none is configured "
-            "(check --backend / backends_file / backends_dns and the pods' health)"
-        )
-    return ring

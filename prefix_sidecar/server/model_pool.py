@@ -19,6 +19,7 @@ from prefix_sidecar.config.pools import PoolSpec
 from prefix_sidecar.kv_events.follow import KvEventsFollow
 from prefix_sidecar.kv_events.residency import Residency
 from prefix_sidecar.kv_index.source import IndexSource, attach_index
+from prefix_sidecar.membership.adapters import AdapterWatch
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.load_signals import LoadSignals, MetricsPoller, poller, rules
 from prefix_sidecar.membership.pool import BackendPool
@@ -117,14 +118,19 @@ class ModelPool:
         self.residency = Residency()  # fed by the pods' KV events when kv_events is on
         self.kv_events: KvEventsFollow | None = None
         self.kv_index: IndexSource | None = None  # precise routing's, with kv_index_url
-        # The LoRA adapters the pool's pods report holding, by name.
-        self.adapters: set[str] = set()
+        # Which pod holds which LoRA adapter, from their /v1/models (membership/adapters.py).
+        self.adapters = AdapterWatch(self.client)
+        self.router.adapters = self.adapters
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- what the sidecar reads ---------------------------------------------------------
 
     def serves(self, url: str) -> bool:
         return url in self.pool.backends
+
+    def adapter_of(self, model: str) -> str:
+        """`model` when it names a LoRA adapter the pool's pods hold, else ""."""
+        return model if model in self.adapters and model not in self.models else ""
 
     def pod_model(self, model: str) -> str:
         """The name the pods get for a request's model: the pool's first for an alias (as
@@ -170,6 +176,7 @@ class ModelPool:
             self._set_members(first)
         self._task(source.watch(self._set_members), "membership")
         self._task(self.health.run(), "health")
+        self._task(self.adapters.run(), "adapters")
         # A pass runs as a task of its own, after every watcher (the router's placement too).
         self.pool.watch(lambda _table: self.new_homes())
         self.store.watch(self.new_homes)
@@ -224,6 +231,7 @@ class ModelPool:
         # in-flight gauge of a stream still running stays until it ends, see Metrics._drop).
         self.metrics.forget_backends()
         self.health.set_members([m.url for m in members])
+        self.adapters.set_members(m.url for m in members)
         if self.kv_events is not None:
             self.kv_events.set_pods(m.url for m in members)
 

@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncGenerator, Mapping
 
 from prefix_sidecar.metrics import FRONT_HTTP
-from prefix_sidecar.routing.router import Decision
+from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.server.openai.body import FrontError
 from prefix_sidecar.server.openai.http1 import Request, Response, StreamedResponse
 from prefix_sidecar.upstream.answer import read_capped, read_from

@@ -280,7 +280,7 @@ def test_the_contracts_vectors_for_the_routing_side() -> None:
 
 
 def test_no_ring_is_no_backend(make_router: MakeRouter) -> None:
-    from prefix_sidecar.routing.router import NoBackendError
+    from prefix_sidecar.routing.decision import NoBackendError
 
     router = make_router(BackendPool(), PrefixStore())
     with pytest.raises(NoBackendError):

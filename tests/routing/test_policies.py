@@ -40,6 +40,7 @@ def test_branch_values_are_the_wire_and_metric_words() -> None:
         "spill",
         "fallback",
         "cached",
+        "adapter",
         "ring_hit",
         "round_robin",
         "random",

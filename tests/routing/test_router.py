@@ -11,9 +11,10 @@ from prefix_sidecar import _core
 from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.routing.decision import NoBackendError
 from prefix_sidecar.routing.pick import Branch
 from prefix_sidecar.routing.policy import make_policy
-from prefix_sidecar.routing.router import NoBackendError, Router
+from prefix_sidecar.routing.router import Router
 
 from .conftest import MakeRouter, pods, serving_pool
 

@@ -21,7 +21,9 @@ import grpc
 from prefix_sidecar.abort import RpcAbort, invalid_argument
 from prefix_sidecar.config import Config
 from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
-from prefix_sidecar.routing.router import Decision, NoBackendError, Router
+from prefix_sidecar.routing.decision import Decision, NoBackendError
+from prefix_sidecar.routing.router import Router
+from prefix_sidecar.routing.scope import NO_SCOPE, Scope, checked_salt
 from prefix_sidecar.server.grpc.validation import (
     chat_messages,
     extra_members,
@@ -81,6 +83,7 @@ class Planner:
         """`several`: the sidecar has other pools, so the model must be the typed field's."""
         self.pool = pool.name
         self._pod_model = pool.pod_model
+        self._adapter_of = pool.adapter_of
         self._several = several
         self.config: Config = pool.config
         self.store: PrefixStore = pool.store
@@ -99,19 +102,32 @@ class Planner:
         except PrefixNotFound as exc:
             raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
 
-    def by_name(self, name: str) -> PrefixEntry:
+    def by_name(self, name: str, scope: Scope = NO_SCOPE) -> PrefixEntry:
         try:
-            return self.store.by_name(name)
+            return self.store.by_name(name, scope)
         except PrefixNotFound as exc:
             raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+
+    def scope(self, request: Any) -> Scope:
+        """The request's adapter (its model, when the pool's pods hold one of that name) and
+        cache salt (routing contract 10)."""
+        try:
+            salt = checked_salt(request.cache_salt)
+        except ValueError as exc:
+            raise invalid_argument(str(exc)) from None
+        return Scope(self._adapter_of(request.model), salt)
 
     def route(self, request: router_pb2.RouteRequest) -> Decision:
         """The Route RPC's decision: by prefix id, by prefix name, or by a whole prompt."""
         which = request.WhichOneof("target")
+        scope = self.scope(request)
+        router = self.router
         if which == "prefix_id":
-            return self.decide(lambda: self.router.for_prefix(self.by_id(request.prefix_id)))
+            entry = self.by_id(request.prefix_id)
+            return self.decide(lambda: router.for_prefix(entry, scope))
         if which == "prefix_name":
-            return self.decide(lambda: self.router.for_prefix(self.by_name(request.prefix_name)))
+            entry = self.by_name(request.prefix_name, scope)
+            return self.decide(lambda: router.for_prefix(entry, scope))
         if which == "prompt":
             prompt = text_field(
                 request.prompt,
@@ -119,11 +135,12 @@ class Planner:
                 self.config.max_prefix_bytes + self.config.max_input_bytes,
                 "config max_prefix_bytes + max_input_bytes",
             )
-            return self.decide(lambda: self.router.for_prompt(prompt))
+            return self.decide(lambda: router.for_prompt(prompt, scope=scope))
         raise invalid_argument("set one of prefix_id, prefix_name or prompt")
 
     def completion(self, request: router_pb2.CompleteRequest) -> UpstreamPlan:
-        prefix, decision, entry = self._resolve_prefix(request)
+        scope = self.scope(request)
+        prefix, decision, entry = self._resolve_prefix(request, scope)
         user_input = text_field(request.input, "input", self.config.max_input_bytes)
         if decision is None and not user_input:
             raise invalid_argument(
@@ -134,13 +151,15 @@ class Planner:
             COMPLETE,
             request,
             (decision, entry),
-            lambda: self.router.for_prompt(user_input),
+            lambda: self.router.for_prompt(user_input, scope=scope),
             lambda params, model, extra: completion_body(prefix, user_input, params, model, extra),
             {"prompt": user_input},
+            scope,
         )
 
     def chat(self, request: router_pb2.ChatRequest) -> UpstreamPlan:
-        prefix, decision, entry = self._resolve_prefix(request)
+        scope = self.scope(request)
+        prefix, decision, entry = self._resolve_prefix(request, scope)
         messages = chat_messages(request.messages, self.config.max_input_bytes)
         if not messages:
             raise invalid_argument(
@@ -151,9 +170,12 @@ class Planner:
             CHAT,
             request,
             (decision, entry),
-            lambda: self.router.for_chat([(m["role"], m["content"]) for m in messages]),
+            lambda: self.router.for_chat(
+                [(m["role"], m["content"]) for m in messages], scope=scope
+            ),
             lambda params, model, extra: chat_body(prefix, messages, params, model, extra),
             {"messages": messages},
+            scope,
         )
 
     def _plan(
@@ -164,15 +186,19 @@ class Planner:
         by_prompt: Callable[[], Decision],
         body_of: BodyOf,
         text: dict[str, Any],
+        scope: Scope,
     ) -> UpstreamPlan:
-        """Route by the prompt when no prefix routed the call, then build the pod's body."""
+        """Route by the prompt when no prefix routed the call, then build the pod's body.
+        Precise routing keys blocks without the salt: a salted prompt is not moved."""
         decision, entry = by_prefix
         tokenize = None
         if decision is None:
             decision = self.decide(by_prompt)
             entry = decision.prefix
-            tokenize = text if entry is None else None
+            tokenize = text if entry is None and scope.empty else None
         params, model, extra = self._body_fields(rpc.name, request)
+        if scope.salt:
+            params["cache_salt"] = scope.salt
         return UpstreamPlan(
             decision,
             entry,
@@ -195,23 +221,26 @@ class Planner:
         spent = decision.decision_ns + time.perf_counter_ns() - started
         return dataclasses.replace(plan, decision=dataclasses.replace(decision, decision_ns=spent))
 
-    def _resolve_prefix(self, request: Any) -> tuple[bytes, Decision | None, PrefixEntry | None]:
+    def _resolve_prefix(
+        self, request: Any, scope: Scope
+    ) -> tuple[bytes, Decision | None, PrefixEntry | None]:
         """(escaped prefix bytes, decision if routed by prefix, entry) for Complete/Chat."""
         which = request.WhichOneof("prefix")
         if which == "prefix_id":
             entry = self.by_id(request.prefix_id)
         elif which == "prefix_name":
-            entry = self.by_name(request.prefix_name)
+            entry = self.by_name(request.prefix_name, scope)
         elif which == "prefix_text":
             text = text_field(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
             if not text:
                 return b"", None, None
-            decision = self.decide(lambda: self.router.for_prefix_text(text))
+            decision = self.decide(lambda: self.router.for_prefix_text(text, scope))
             prefix = decision.prefix.json_bytes if decision.prefix is not None else escape(text)
             return prefix, decision, decision.prefix
         else:
             return b"", None, None
-        return entry.json_bytes, self.decide(lambda: self.router.for_prefix(entry)), entry
+        decision = self.decide(lambda: self.router.for_prefix(entry, scope))
+        return entry.json_bytes, decision, entry
 
     def _body_fields(self, rpc: str, request: Any) -> tuple[dict[str, object], str, bytes]:
         """(sampling params, model, extra_json members) for the pod's body. A model in

@@ -81,8 +81,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     ) -> router_pb2.Prefix:
         text = registration_text(request, self.config.max_prefix_bytes)
         pool = self._pool(request.model)
+        scope = self._planners[pool.name].scope(request)
         try:
-            entry, created = pool.store.register(request.name, text, request.replicas)
+            entry, created = pool.store.register(request.name, text, request.replicas, scope)
         except PrefixError as exc:
             raise invalid_argument(str(exc)) from None
         logger.info(
@@ -154,6 +155,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             backends=pool.router.home_set(entry),
             versions=pool.store.versions(name),
             pool=pool.name,
+            adapter=entry.scope.adapter,
+            salted=bool(entry.scope.salt),
         )
 
     # --- routing ------------------------------------------------------------------------
@@ -238,6 +241,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 warm_prefixes=sorted(b.warm_prefixes),
                 last_error=b.last_error,
                 pool=pool.name,
+                adapters=sorted(pool.adapters.of(b.url)),
             )
             for pool in self.pools
             for b in sorted(pool.pool.backends.values(), key=lambda b: b.url)

@@ -148,6 +148,11 @@ def extra_members(
             raise invalid_argument(
                 f"extra_json sets {shown!r}, which the sidecar writes itself; remove it"
             )
+        if key == "cache_salt":
+            raise invalid_argument(
+                "extra_json sets 'cache_salt': set the request's cache_salt field instead "
+                "(a salt keys the pods' cache, so routing must read it)"
+            )
         if key in params or (key == "model" and request.model):
             raise invalid_argument(
                 f"extra_json sets {shown!r} and so does the request's {key} field; "

@@ -28,6 +28,7 @@ from typing import Any
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks_escaped
 from prefix_sidecar.routing.organic import LEARN_MESSAGES
+from prefix_sidecar.routing.scope import checked_salt
 
 # What of a caller's text may reach an error message.
 QUOTE_CHARS = 80
@@ -89,6 +90,7 @@ class FrontRequest:
     # `route_text` at least its first `window` bytes (what the router reads of a prompt).
     matched: bool = False
     prefix: PrefixEntry | None = None
+    cache_salt: str = ""  # vLLM's, as the caller sent it (routing contract 10)
 
 
 # Escaped quotes looked at while finding where a route text ends; past them, json.loads.
@@ -190,11 +192,25 @@ def read_cut(
     if cut.prefix is None and chat:
         return None  # an unregistered chat routes on its messages
     if cut.prefix is not None:  # a registered prefix: no organic routing, nothing to read
-        return FrontRequest(request.model, "", request.stream, matched=True, prefix=cut.prefix)
+        return FrontRequest(
+            request.model,
+            "",
+            request.stream,
+            matched=True,
+            prefix=cut.prefix,
+            cache_salt=request.cache_salt,
+        )
     head = _decoded_head(raw, cut.start, cut.end, window)
     # read in the body, undecoded; not at all when the router would not look
     marks = turn_marks_escaped(raw, cut.start, cut.end) if turns else NOT_FOLLOWED
-    return FrontRequest(request.model, head, request.stream, marks=marks, matched=True)
+    return FrontRequest(
+        request.model,
+        head,
+        request.stream,
+        marks=marks,
+        matched=True,
+        cache_salt=request.cache_salt,
+    )
 
 
 def route_string_span(raw: bytes, chat: bool) -> tuple[int, int] | None:
@@ -306,10 +322,14 @@ def _read(data: Any, chat: bool) -> FrontRequest:
     stream = data.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise bad_request("stream must be a boolean", "stream")
+    try:
+        salt = checked_salt(data.get("cache_salt") or "")
+    except ValueError as exc:
+        raise bad_request(str(exc), "cache_salt") from None
     route_text = _first_message_text(data) if chat else _prompt_text(data)
     messages = _route_messages(data["messages"]) if chat else ()
     answers = _answers(data["messages"]) if chat else None
-    return FrontRequest(model, route_text, bool(stream), messages, answers)
+    return FrontRequest(model, route_text, bool(stream), messages, answers, cache_salt=salt)
 
 
 def _route_messages(messages: list[Any]) -> tuple[tuple[str, str], ...]:

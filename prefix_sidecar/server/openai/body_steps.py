@@ -242,7 +242,7 @@ def _content(event: str, value: Any, depth: int) -> Events:
             yield from _value(event, value, depth + 1)
 
 
-_COMPLETION: dict[str, Reader] = {"model": _value, "stream": _value}
+_COMPLETION: dict[str, Reader] = {"model": _value, "stream": _value, "cache_salt": _value}
 _CHAT: dict[str, Reader] = {**_COMPLETION, "messages": _messages}
 _ROLE: dict[str, Reader] = {"role": _value}
 _MESSAGE: dict[str, Reader] = {**_ROLE, "content": _content}

@@ -29,8 +29,10 @@ from prefix_sidecar.config import Config
 from prefix_sidecar.hostport import is_loopback_host, split_host_port
 from prefix_sidecar.metrics import FRONT_HTTP, Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
+from prefix_sidecar.routing.decision import Decision, NoBackendError
 from prefix_sidecar.routing.precise import request_text
-from prefix_sidecar.routing.router import Decision, NoBackendError, Router
+from prefix_sidecar.routing.router import Router
+from prefix_sidecar.routing.scope import Scope
 from prefix_sidecar.server.common.connections import front_cap, install_accept_log
 from prefix_sidecar.server.common.probes import Readiness
 from prefix_sidecar.server.common.request_log import record_outcome
@@ -215,18 +217,20 @@ class OpenAIFront:
             outcome.pool = pool.name
             if parsed.model and pool.pod_model(parsed.model) != parsed.model:
                 raw = rename_model(raw, pool.pod_model(parsed.model))
-            entry = self._prefix_of(request, pool.store)
+            scope = Scope(pool.adapter_of(parsed.model or ""), parsed.cache_salt)
+            entry = self._prefix_of(request, pool.store, scope)
             if len(raw) > YIELD_ABOVE_BYTES:
                 await asyncio.sleep(0)
             if entry is None:
-                decision, decision_ns = self._route(router, parsed, chat)
-                if router.precise is not None and decision.prefix is None:
+                decision, decision_ns = self._route(router, parsed, chat, scope)
+                # Precise routing keys blocks without a salt: a salted prompt is not moved.
+                if router.precise is not None and decision.prefix is None and scope.empty:
                     moving = time.perf_counter_ns()
                     what = request_text(chat, parsed.messages, parsed.route_text)
                     decision = await router.precise.refine(decision, what, parsed.model or "")
                     decision_ns += time.perf_counter_ns() - moving
             else:
-                decision = router.for_prefix(entry)
+                decision = router.for_prefix(entry, scope)
                 decision_ns = decision.decision_ns
                 raw = splice_prefix(raw, entry.json_bytes, chat=chat)
         except NoBackendError as exc:
@@ -281,21 +285,23 @@ class OpenAIFront:
         record_outcome(self.metrics, rpc, "", "", outcome, started, trace, front=FRONT_HTTP)
 
     @staticmethod
-    def _route(router: Router, parsed: FrontRequest, chat: bool) -> tuple[Decision, int]:
+    def _route(
+        router: Router, parsed: FrontRequest, chat: bool, scope: Scope
+    ) -> tuple[Decision, int]:
         """The router's decision for the prompt, and its time in ns. A prompt matched where
         it lies in the body routes as its prefix; without one, its head routes as the whole
         prompt would (the route key reads only the route window, and no prefix matches a
         head of a prompt that none matches)."""
         if parsed.matched and parsed.prefix is not None:
-            decision = router.for_prefix(parsed.prefix)
+            decision = router.for_prefix(parsed.prefix, scope)
         elif chat:
-            decision = router.for_chat(list(parsed.messages), parsed.answers)
+            decision = router.for_chat(list(parsed.messages), parsed.answers, scope)
         else:
-            decision = router.for_prompt(parsed.route_text, parsed.marks)
+            decision = router.for_prompt(parsed.route_text, parsed.marks, scope)
         return decision, decision.decision_ns
 
     @staticmethod
-    def _prefix_of(request: Request, store: PrefixStore) -> PrefixEntry | None:
+    def _prefix_of(request: Request, store: PrefixStore, scope: Scope) -> PrefixEntry | None:
         """The prefix a thin query names in its headers; 404 when it is not registered."""
         prefix_id = request.headers.get(PREFIX_ID_HEADER)
         name = request.headers.get(PREFIX_NAME_HEADER)
@@ -307,7 +313,7 @@ class OpenAIFront:
             if prefix_id is not None:
                 return store.get(prefix_id)
             assert name is not None
-            return store.by_name(name)
+            return store.by_name(name, scope)
         except PrefixNotFound as exc:
             raise FrontError(
                 404,

@@ -1,0 +1,48 @@
+"""What the router answers: a `Decision` (the pod, the failover order, why), the error when
+no pod can take a request, and the shape of the precise step that may move a decision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prefix_sidecar import _core
+from prefix_sidecar.prefixes import PrefixEntry
+from prefix_sidecar.routing.pick import Branch
+from prefix_sidecar.routing.table import RoutingTable
+
+
+class NoBackendError(Exception):
+    """No pod can take the request (none known, or all ejected)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    backend: str
+    preference: list[str]
+    prefix: PrefixEntry | None
+    route_key: int
+    branch: Branch
+    decision_ns: int
+    generation: int
+    # The pod was the key's only home and took the request under its cap: no choice among
+    # pods was made (the fleet view counts the other sidecars' requests for choices only).
+    forced: bool = False
+
+
+class PreciseStep(Protocol):
+    """The request step that moves an organic decision (kv_events/precise.py)."""
+
+    async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
+        """`decision` for an unregistered request whose text is `what`, perhaps moved."""
+
+
+def serving_ring(table: RoutingTable) -> _core.HashTable:
+    """The table's ring, or the error that says why there is none."""
+    ring = table.ring
+    if ring is None:
+        raise NoBackendError(
+            "no healthy vLLM pod: every backend is ejected or none is configured "
+            "(check --backend / backends_file / backends_dns and the pods' health)"
+        )
+    return ring
