@@ -32,7 +32,7 @@ from prefix_sidecar.membership.sources import MAX_WEIGHT, DnsSource, FileSource,
 from prefix_sidecar.metrics import Prices
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
-from prefix_sidecar.routing import anchors, organic, placement, router
+from prefix_sidecar.routing import anchors, organic, placement, router, router_settings
 from prefix_sidecar.upstream.tokenize import count_tokens
 from prefix_sidecar_tools.emulator.config import (
     EmulatorConfig,
@@ -175,7 +175,7 @@ FORMER_FIELDS = [
     ("home_balance_factor", placement.HOME_BALANCE_FACTOR, 0.0),
     ("bytes_per_token", placement.BYTES_PER_TOKEN, 4.0),
     ("vnodes", _core_py.DEFAULT_VNODES, 1024),  # 0 meant the core's default
-    ("route_window_bytes", router.ROUTE_WINDOW_BYTES, 4096),
+    ("route_window_bytes", router_settings.ROUTE_WINDOW_BYTES, 4096),
     ("prewarm_concurrency", prewarm.CONCURRENCY, 4),
     ("prewarm_attempts", prewarm.ATTEMPTS, 3),
     ("prewarm_backoff_s", prewarm.RETRY_BACKOFF_S, 0.2),
@@ -217,7 +217,7 @@ def test_components_read_the_constants_when_built() -> None:
     test) can run it with another value: the components and the router take them as given."""
     assert inspect.signature(Prewarmer).parameters["backoff_s"].default == prewarm.RETRY_BACKOFF_S
     assert inspect.signature(Prewarmer).parameters["timeout_s"].default == prewarm.TIMEOUT_S
-    assert router.settings(DEFAULTS)["organic_balance_starts"] is organic.BALANCE_STARTS
+    assert router_settings.settings(DEFAULTS)["organic_balance_starts"] is organic.BALANCE_STARTS
 
 
 def test_membership_weights_are_the_cores_bound() -> None:

@@ -31,7 +31,7 @@ REMOVED_FIELDS: dict[str, str] = {
     "home_balance_factor": f"HOME_BALANCE_FACTOR, {_PLACEMENT}",
     "bytes_per_token": f"BYTES_PER_TOKEN, {_PLACEMENT}",
     "vnodes": "the routing contract's DEFAULT_VNODES (1024), which every sidecar must share",
-    "route_window_bytes": "ROUTE_WINDOW_BYTES, a constant of routing/router.py",
+    "route_window_bytes": "ROUTE_WINDOW_BYTES, a constant of routing/router_settings.py",
     "policy": "DEFAULT_POLICY of routing/router.py (the baselines are for benchmarks)",
     "prewarm_concurrency": f"CONCURRENCY, {_PREWARM}",
     "prewarm_attempts": f"ATTEMPTS, {_PREWARM}",

@@ -15,20 +15,18 @@ policy has that path (prefix_affinity); the table may be the ring or the Maglev 
 `hash_table`, contract section 8), and the pick reads the pool's running loads total.
 
 Every setting is required (`Router.from_config` passes the config's fields and the routing
-modules' constants), so each has one default: the config's or the constant's.
+modules' constants, routing/router_settings.py), so each has one default.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TypedDict
 
 from prefix_sidecar import _core
 from prefix_sidecar.config import Config
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
-from prefix_sidecar.routing import anchors, organic, placement
 from prefix_sidecar.routing.adapters import AdapterView, to_adapter_holder
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks
@@ -39,16 +37,12 @@ from prefix_sidecar.routing.placement import HomePlacer
 from prefix_sidecar.routing.policy import Policy, ignores_key, make_policy
 from prefix_sidecar.routing.policy_names import PREFIX_AFFINITY
 from prefix_sidecar.routing.resident import ResidencyView, to_resident
+from prefix_sidecar.routing.router_settings import settings
 from prefix_sidecar.routing.scope import NO_SCOPE, Scope, scoped_key
 from prefix_sidecar.routing.table import RoutingTable
 
 # The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
 ORGANIC_HEAD_BYTES = HEAD_BYTES
-# Routing contract v1's window W: an unregistered prompt routes on key(its first W bytes)
-# with `unregistered_routing: window`, as does a prompt shorter than one organic block. A
-# parameter of the contract like vnodes: every client of a fleet must use the same, so it
-# is no setting; 4 KB holds a chat's system prompt and first question.
-ROUTE_WINDOW_BYTES = 4096
 # The pick production uses; the others are baselines that benchmarks run the same sidecar
 # with (`Sidecar(config, policy)`), so the name is no setting.
 DEFAULT_POLICY = PREFIX_AFFINITY
@@ -358,42 +352,3 @@ class Router:
             for url in self.home_set(entry):
                 totals[url] += self.placer.tokens_of(entry)
         return totals
-
-
-class RouterSettings(TypedDict):
-    """The Router's keyword settings (`settings(config)`)."""
-
-    route_window_bytes: int
-    default_replicas: int
-    max_attempts: int
-    home_kv_budget_tokens: int
-    home_balance_factor: float
-    bytes_per_token: float
-    unregistered_routing: str
-    organic_home_spread: float
-    organic_session_spread: float
-    organic_table_blocks: int
-    organic_load_cap_floor: int
-    organic_balance_starts: bool
-    organic_follow_sessions: bool
-
-
-def settings(config: Config) -> RouterSettings:
-    """The Router's keyword settings for a config: its routing fields, and the constants of
-    routing contract v1 (the window), the placement (routing/placement.py) and organic
-    routing (routing/organic.py, routing/anchors.py), read when called."""
-    return RouterSettings(
-        route_window_bytes=ROUTE_WINDOW_BYTES,
-        default_replicas=config.replicas,
-        max_attempts=config.max_attempts,
-        home_kv_budget_tokens=config.home_kv_budget_tokens,
-        home_balance_factor=placement.HOME_BALANCE_FACTOR,
-        bytes_per_token=placement.BYTES_PER_TOKEN,
-        unregistered_routing=config.unregistered_routing,
-        organic_home_spread=organic.HOME_SPREAD,
-        organic_session_spread=organic.SESSION_SPREAD,
-        organic_table_blocks=anchors.MAX_BLOCKS,
-        organic_load_cap_floor=organic.LOAD_CAP_FLOOR,
-        organic_balance_starts=organic.BALANCE_STARTS,
-        organic_follow_sessions=organic.FOLLOW_SESSIONS,
-    )

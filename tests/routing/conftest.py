@@ -16,7 +16,8 @@ from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.routing.policy import make_policy
-from prefix_sidecar.routing.router import DEFAULT_POLICY, Router, RouterSettings, settings
+from prefix_sidecar.routing.router import DEFAULT_POLICY, Router
+from prefix_sidecar.routing.router_settings import RouterSettings, settings
 
 # The Router's own settings that are no config field (the routing modules' constants).
 SETTINGS = set(RouterSettings.__annotations__) - set(FIELDS)

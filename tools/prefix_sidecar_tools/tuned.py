@@ -23,10 +23,8 @@ from prefix_sidecar.config import FIELDS
 
 # Each tunable's module and constant, by module; each read when the sidecar is built.
 _CONSTANTS: dict[str, dict[str, str]] = {
-    "prefix_sidecar.routing.router": {
-        "policy": "DEFAULT_POLICY",
-        "route_window_bytes": "ROUTE_WINDOW_BYTES",
-    },
+    "prefix_sidecar.routing.router": {"policy": "DEFAULT_POLICY"},
+    "prefix_sidecar.routing.router_settings": {"route_window_bytes": "ROUTE_WINDOW_BYTES"},
     "prefix_sidecar.routing.organic": {
         "organic_home_spread": "HOME_SPREAD",
         "organic_session_spread": "SESSION_SPREAD",

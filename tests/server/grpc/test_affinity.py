@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from prefix_sidecar import _core
-from prefix_sidecar.routing import router as router_module
+from prefix_sidecar.routing import router_settings as router_module
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.v1 import router_pb2
 from tests.server.conftest import (

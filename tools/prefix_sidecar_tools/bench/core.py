@@ -357,7 +357,7 @@ def router_paths(count: int, timer: Timer, seed: int) -> dict[str, float]:
     from prefix_sidecar.prefixes import PrefixStore
     from prefix_sidecar.routing.policy import make_policy
     from prefix_sidecar.routing.router import Router
-    from prefix_sidecar.routing.router import settings as router_settings
+    from prefix_sidecar.routing.router_settings import settings as router_settings
 
     config = build_config({})
     pool = BackendPool(warm_before_serve=False)

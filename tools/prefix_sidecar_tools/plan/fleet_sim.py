@@ -30,7 +30,7 @@ from prefix_sidecar.membership.sources import Member
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.routing.policy import make_policy
 from prefix_sidecar.routing.router import Router
-from prefix_sidecar.routing.router import settings as router_settings
+from prefix_sidecar.routing.router_settings import settings as router_settings
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.plan.scenario import Scenario, ScenarioError
 
