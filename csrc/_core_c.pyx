@@ -28,11 +28,14 @@ from prefix_sidecar._core_py import (
     DEFAULT_VNODES,
     HASH_TABLES,
     MAX_BLOCK_BYTES,
+    MAX_COST,
     MAX_TOTAL_LOAD,
     _check_given_load,
     _check_members,
     _utf8,
     check_chain_args,
+    check_cost,
+    check_cost_room,
     check_homes,
     check_key,
     check_pick_args,
@@ -267,24 +270,26 @@ cdef class _Table:
             free(out)
 
     cdef inline bint _fits(self, double factor, int64_t total, uint32_t member,
-                           int64_t load, int64_t min_cap) noexcept nogil:
-        """load + 1 <= max(min_cap, cap(member)), exactly, without overflowing int64."""
-        # The floor, as ints: load + 1 <= min_cap. Never true for the default min_cap = 0.
-        if load < min_cap:
+                           int64_t load, int64_t min_cap, int64_t cost) noexcept nogil:
+        """load + cost <= max(min_cap, cap(member)), exactly, without overflowing int64
+        (the caller checked total + cost <= 2**63 - 1, and every load is <= total)."""
+        # The floor, as ints: load + cost <= min_cap. Never true for the default min_cap = 0.
+        if load <= min_cap - cost:
             return True
-        # The contract's order of IEEE-754 double operations: ceil(c * (L + 1) * w / W).
+        # The contract's order of IEEE-754 double operations: ceil(c * (L + u) * w / W).
         cdef double limit = ceil(
-            factor * <double>(total + 1) * <double>self._weights_c[member]
+            factor * <double>(total + cost) * <double>self._weights_c[member]
             / <double>self.total_weight
         )
         # A cap >= 2**63 (or +inf, from a huge factor) admits every int64 load; casting it to
         # int64 would be undefined behaviour (x86 yields INT64_MIN, which admits nothing).
         if limit >= 9223372036854775808.0:
             return True
-        return load < <int64_t>limit
+        return load <= <int64_t>limit - cost
 
     cdef tuple _pick_from(self, object source, bint from_bytes, object loads, object replicas,
-                          object factor, object min_cap, object total, uint64_t *key_out):
+                          object factor, object min_cap, object total, object cost,
+                          uint64_t *key_out):
         """pick and pick_bytes: the parameters checked first (a fast path for the plain
         types), then the key (of `source`, or hashed from its bytes), then the pick."""
         cdef uint32_t want
@@ -295,29 +300,35 @@ cdef class _Table:
         if not (c >= 1.0 and c <= DBL_MAX and replicas >= 1 and min_cap >= 0):
             replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
             c = factor
+        cdef int64_t weight = _checked_cost(cost)
         cap_floor = _clamped_floor(min_cap)
         want = self._count if replicas > self._count else <uint32_t>replicas
         key_out[0] = _key_of(source) if from_bytes else _as_key(source)
-        return self._pick_loads(self._start(key_out[0]), loads, total, want, NULL, c, cap_floor)
+        return self._pick_loads(
+            self._start(key_out[0]), loads, total, want, NULL, c, cap_floor, weight
+        )
 
-    def pick(self, key, loads, replicas=1, factor=1.25, min_cap=0, total=None):
+    def pick(self, key, loads, replicas=1, factor=1.25, min_cap=0, total=None, cost=1):
         """Bounded-load pick over the replica set; returns (member, branch).
 
         `min_cap` floors every member's cap: below that many requests in flight a member
         always fits, so a hot prefix stays on its warm home pod at low traffic. `total`, when
         given, must be sum(loads) (the caller's invariant, contract section 4): the pick then
-        reads only the loads it needs instead of summing them all.
+        reads only the loads it needs instead of summing them all. `cost` is what the request
+        adds to a load (1 in requests; its tokens when load is counted in tokens).
         """
         cdef uint64_t k
-        return self._pick_from(key, False, loads, replicas, factor, min_cap, total, &k)
+        return self._pick_from(key, False, loads, replicas, factor, min_cap, total, cost, &k)
 
-    def pick_bytes(self, data, loads, replicas=1, factor=1.25, min_cap=0, total=None):
+    def pick_bytes(self, data, loads, replicas=1, factor=1.25, min_cap=0, total=None, cost=1):
         """pick(route_key(data), ...) in one call; returns (member, branch, key)."""
         cdef uint64_t k
-        member, branch = self._pick_from(data, True, loads, replicas, factor, min_cap, total, &k)
+        member, branch = self._pick_from(
+            data, True, loads, replicas, factor, min_cap, total, cost, &k
+        )
         return member, branch, k
 
-    def pick_among(self, key, loads, homes, factor=1.25, min_cap=0, total=None):
+    def pick_among(self, key, loads, homes, factor=1.25, min_cap=0, total=None, cost=1):
         """pick with an explicit home set instead of the first R owners (contract 4b).
 
         `homes` are member indexes into `members` (a budgeted placement's home set, say),
@@ -334,6 +345,7 @@ cdef class _Table:
         if not (c >= 1.0 and c <= DBL_MAX and min_cap >= 0):
             _, factor, min_cap = check_pick_args(1, factor, min_cap)
             c = factor
+        cdef int64_t weight = _checked_cost(cost)
         cap_floor = _clamped_floor(min_cap)
         if type(homes) is not tuple and type(homes) is not list:
             homes = check_homes(homes, count)
@@ -353,13 +365,16 @@ cdef class _Table:
                 home[want] = <uint32_t>index
                 want += 1
             k = _as_key(key)
-            return self._pick_loads(self._start(k), loads, total, want, home, c, cap_floor)
+            return self._pick_loads(
+                self._start(k), loads, total, want, home, c, cap_floor, weight
+            )
         finally:
             if home != given:
                 free(home)
 
     cdef tuple _pick_loads(self, size_t start, object loads, object total, uint32_t want,
-                           const uint32_t *given, double factor, int64_t min_cap):
+                           const uint32_t *given, double factor, int64_t min_cap,
+                           int64_t cost):
         """Borrow the loads, take or compute their total, then _pick."""
         cdef Py_buffer view
         cdef int64_t sum_ = 0
@@ -378,8 +393,10 @@ cdef class _Table:
                 )
             if not checked:
                 sum_ = _sum_loads(<const int64_t *>view.buf, self._count)
+            if sum_ > INT64_MAX - cost:
+                check_cost_room(sum_, cost)  # raises the contract's error
             return self._pick(start, <const int64_t *>view.buf, want, given, factor, min_cap,
-                              sum_, checked)
+                              sum_, checked, cost)
         finally:
             PyBuffer_Release(&view)
 
@@ -393,7 +410,7 @@ cdef class _Table:
 
     cdef tuple _pick(self, size_t start, const int64_t *loads, uint32_t want,
                      const uint32_t *given, double factor, int64_t min_cap, int64_t total,
-                     bint checked):
+                     bint checked, int64_t cost):
         """The home set is `given` (want members), or the first `want` members from start.
         O(want) when the home fits; the spill walk stops at the first member that fits."""
         cdef uint32_t count = self._count, i, chosen, member, least, found, epoch
@@ -420,7 +437,7 @@ cdef class _Table:
         finally:
             if walk != home:
                 free(walk)
-        if self._fits(factor, total, chosen, least_load, min_cap):
+        if self._fits(factor, total, chosen, least_load, min_cap, cost):
             return self.members[chosen], BRANCH_HOME
         # Spill: walk the preference order (skipping the chosen member), tracking the
         # least-loaded member in that order for the fallback in the same pass.
@@ -437,7 +454,7 @@ cdef class _Table:
                 if least == count or load < least_load:
                     least = member
                     least_load = load
-                if member != chosen and self._fits(factor, total, member, load, min_cap):
+                if member != chosen and self._fits(factor, total, member, load, min_cap, cost):
                     return self.members[member], BRANCH_SPILL
             position += 1
             if position == self._size:
@@ -833,9 +850,17 @@ cdef int64_t _sum_loads(const int64_t *loads, uint32_t count) except -1:
     return total
 
 
+cdef inline int64_t _checked_cost(object cost) except -1:
+    """A request's cost, 1..MAX_COST: plain ints at once, anything else through the twin's
+    check (which raises the contract's error)."""
+    if type(cost) is int and 1 <= cost <= MAX_COST:
+        return cost
+    return check_cost(cost)
+
+
 cdef int64_t _clamped_floor(object min_cap) except? -1:
-    """Every load + 1 is <= 2**63 - 1 (the loads sum to <= 2**63 - 2), so a floor at or
-    above INT64_MAX admits all of them: clamping it there is exact."""
+    """Every load + cost is <= 2**63 - 1 (checked against the loads' total), so a floor at
+    or above INT64_MAX admits all of them: clamping it there is exact."""
     try:
         return min_cap
     except OverflowError:

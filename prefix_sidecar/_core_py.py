@@ -39,6 +39,8 @@ MAX_WEIGHT = 1 << 16
 MAX_POINTS = 1 << 24
 # Loads are int64 (the Cython twin reads them as array('q')); their total + 1 must fit too.
 MAX_TOTAL_LOAD = (1 << 63) - 2
+# A request's weight in a pick (routing contract 4: u; 1 when load counts requests).
+MAX_COST = 1 << 40
 
 # Routing contract section 8: the Maglev table size, prime (Envoy's default); at most 2**24.
 DEFAULT_TABLE_SIZE = 65537
@@ -190,6 +192,24 @@ def check_pick_args(
     return replicas, factor, check_min_cap(min_cap)
 
 
+def check_cost(cost: object) -> int:
+    """Validate a request's cost: an int in 1..MAX_COST (1: load counted in requests)."""
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        raise TypeError(f"cost must be an int >= 1, got {type(cost).__name__}")
+    if not 1 <= cost <= MAX_COST:
+        raise ValueError(f"cost is {cost}; a request's cost must be in 1..{MAX_COST}")
+    return cost
+
+
+def check_cost_room(total: int, cost: int) -> None:
+    """The loads' total plus the request's cost must fit in int64 (both twins compute it)."""
+    if total > MAX_TOTAL_LOAD + 1 - cost:
+        raise ValueError(
+            f"the loads total {total} plus the cost {cost} is over 2**63 - 1; "
+            "count load in larger units"
+        )
+
+
 def check_min_cap(min_cap: object) -> int:
     """Validate the load-cap floor: an int >= 0 (0: no floor, the original formula)."""
     if isinstance(min_cap, bool) or not isinstance(min_cap, int):
@@ -217,16 +237,23 @@ def check_homes(homes: object, count: int) -> list[int]:
     return result
 
 
-def cap(factor: float, total_load: int, weight: int, total_weight: int, min_cap: int = 0) -> float:
-    """cap(m) = max(min_cap, ceil(c * (total_load + 1) * w_m / W)), the ceil in IEEE-754
-    doubles, in that order.
+def cap(
+    factor: float,
+    total_load: int,
+    weight: int,
+    total_weight: int,
+    min_cap: int = 0,
+    cost: int = 1,
+) -> float:
+    """cap(m) = max(min_cap, ceil(c * (total_load + cost) * w_m / W)), the ceil in IEEE-754
+    doubles, in that order; a member fits when load + cost <= cap.
 
     A float, because a huge factor overflows the double to +inf (an unbounded cap); the
     caller's `load + 1 <= cap` compares an int with a float, which Python does exactly. When
     the floor wins it is returned as the int itself: as a double it could lose its low bits
     above 2**53.
     """
-    limit = factor * float(total_load + 1) * float(weight) / float(total_weight)
+    limit = factor * float(total_load + cost) * float(weight) / float(total_weight)
     if not math.isinf(limit):
         limit = float(math.ceil(limit))
     return min_cap if min_cap > limit else limit
@@ -304,16 +331,19 @@ class _Table:
         factor: float = 1.25,
         min_cap: int = 0,
         total: int | None = None,
+        cost: int = 1,
     ) -> tuple[str, str]:
         """Bounded-load pick over the replica set; returns (member, branch).
 
         `min_cap` floors every member's cap: below that many requests in flight a member
         always fits, so a hot prefix stays on its warm home pod at low traffic. `total`, when
         given, must be sum(loads) (the caller's invariant, contract section 4): the pick then
-        reads only the loads it needs instead of summing them all.
+        reads only the loads it needs instead of summing them all. `cost` is what the request
+        adds to a load (1 in requests; its tokens when load is counted in tokens).
         """
         replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
-        return self._pick_from(check_key(key), loads, replicas, factor, min_cap, total)
+        cost = check_cost(cost)
+        return self._pick_from(check_key(key), loads, replicas, factor, min_cap, total, cost)
 
     def pick_bytes(
         self,
@@ -323,11 +353,13 @@ class _Table:
         factor: float = 1.25,
         min_cap: int = 0,
         total: int | None = None,
+        cost: int = 1,
     ) -> tuple[str, str, int]:
         """pick(route_key(data), ...) in one call; returns (member, branch, key)."""
         replicas, factor, min_cap = check_pick_args(replicas, factor, min_cap)
+        cost = check_cost(cost)
         key = route_key(data)
-        member, branch = self._pick_from(key, loads, replicas, factor, min_cap, total)
+        member, branch = self._pick_from(key, loads, replicas, factor, min_cap, total, cost)
         return member, branch, key
 
     def _pick_from(
@@ -338,12 +370,14 @@ class _Table:
         factor: float,
         min_cap: int,
         total: int | None,
+        cost: int,
     ) -> tuple[str, str]:
         """pick and pick_bytes once the parameters and the key are checked."""
         start = self._start(key)
         values, total, given = self._loads(loads, total)
+        check_cost_room(total, cost)
         home = list(islice(self._distinct(start), replicas))
-        return self._choose(start, values, total, given, home, factor, min_cap)
+        return self._choose(start, values, total, given, home, factor, min_cap, cost)
 
     def pick_among(
         self,
@@ -353,6 +387,7 @@ class _Table:
         factor: float = 1.25,
         min_cap: int = 0,
         total: int | None = None,
+        cost: int = 1,
     ) -> tuple[str, str]:
         """pick with an explicit home set instead of the first R owners (contract 4b).
 
@@ -360,10 +395,12 @@ class _Table:
         the earlier one winning ties; the spill walk is pick's, from `key`.
         """
         _, factor, min_cap = check_pick_args(1, factor, min_cap)
+        cost = check_cost(cost)
         home = check_homes(homes, len(self.members))
         start = self._start(check_key(key))
         values, total, given = self._loads(loads, total)
-        return self._choose(start, values, total, given, home, factor, min_cap)
+        check_cost_room(total, cost)
+        return self._choose(start, values, total, given, home, factor, min_cap, cost)
 
     def _loads(self, loads: Sequence[int], total: int | None) -> tuple[Sequence[int], int, bool]:
         """(loads, their total, whether the total was given). Summing checks every load;
@@ -408,6 +445,7 @@ class _Table:
         home: list[int],
         factor: float,
         min_cap: int,
+        cost: int = 1,
     ) -> tuple[str, str]:
         """The least-loaded home member if it fits its cap, else the spill walk: O(R) reads
         when the home fits, and the walk stops at the first member that fits."""
@@ -426,15 +464,15 @@ class _Table:
             load = load_of(member)
             if load < least_load:
                 chosen, least_load = member, load
-        if least_load + 1 <= cap(factor, total, weights[chosen], total_weight, min_cap):
+        if least_load + cost <= cap(factor, total, weights[chosen], total_weight, min_cap, cost):
             return self.members[chosen], BRANCH_HOME
         least = -1
         for member in self._distinct(start):
             load = load_of(member)
             if least < 0 or load < least_load:
                 least, least_load = member, load
-            if member != chosen and load + 1 <= cap(
-                factor, total, weights[member], total_weight, min_cap
+            if member != chosen and load + cost <= cap(
+                factor, total, weights[member], total_weight, min_cap, cost
             ):
                 return self.members[member], BRANCH_SPILL
         return self.members[least], BRANCH_FALLBACK

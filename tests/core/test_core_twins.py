@@ -37,6 +37,12 @@ min_caps = st.one_of(
     st.integers(0, 1 << 70),
     st.sampled_from([(1 << 53) + 1, (1 << 63) - 2, (1 << 63) - 1, 1 << 63, 1 << 64]),
 )
+# A request's cost: 1 (load in requests), a token count, and the bounds.
+costs = st.one_of(
+    st.just(1),
+    st.integers(1, 20_000),
+    st.sampled_from([(1 << 40) - 1, 1 << 40]),
+)
 factors = st.one_of(
     st.sampled_from([1.0, 1.25, 1.5, 2.0, 1e20, 1e300]),
     st.floats(min_value=1.0, max_value=1e6, allow_nan=False),
@@ -59,6 +65,7 @@ def rings_and_picks(draw: st.DrawFn) -> dict[str, Any]:
         "replicas": draw(st.integers(1, count + 2)),
         "factor": draw(factors),
         "min_cap": draw(min_caps),
+        "cost": draw(costs),
         "n": draw(st.integers(1, count + 2)),
         # An explicit home set for pick_among: distinct member indexes, in any order.
         "homes": draw(st.permutations(range(count)))[: draw(st.integers(1, count))],
@@ -100,6 +107,19 @@ def test_twins_agree_on_rings_and_picks(
     assert c_ring.pick_among(key, case["loads"], first, *args[1:]) == c_ring.pick(
         key, case["loads"], *args
     )
+    # A request's cost: the same on both twins, and 1 is the pick without one.
+    cost = case["cost"]
+    picks = [
+        _outcome(lambda ring=ring: ring.pick(key, case["loads"], *args, cost=cost))
+        for ring in (c_ring, py_ring)
+    ]
+    assert picks[0] == picks[1]
+    among_picks = [
+        _outcome(lambda ring=ring: ring.pick_among(key, case["loads"], *among, cost=cost))
+        for ring in (c_ring, py_ring)
+    ]
+    assert among_picks[0] == among_picks[1]
+    assert c_ring.pick(key, case["loads"], *args, cost=1) == c_ring.pick(key, case["loads"], *args)
 
 
 @FAST
@@ -142,6 +162,10 @@ def test_twins_fail_alike_on_bad_arguments(
         lambda core, ring: core.route_key(key),
         lambda core, ring: ring.pick_among(key, loads, homes, factor, min_cap),
         lambda core, ring: ring.pick_among(7, [1, 2, 3], homes),
+        lambda core, ring: ring.pick(7, [1, 2, 3], cost=n),
+        lambda core, ring: ring.pick_bytes(b"x", [1, 2, 3], cost=min_cap),
+        lambda core, ring: ring.pick_among(7, [1, 2, 3], [0], cost=n),
+        lambda core, ring: ring.pick(7, [(1 << 62), (1 << 62) - 2, 0], cost=n),
     ]
     members = ["a", "b", "c"]
     rings = [(core, core.Ring(members, vnodes=4)) for core in twins]
