@@ -32,7 +32,7 @@ from prefix_sidecar.membership.sources import MAX_WEIGHT, DnsSource, FileSource,
 from prefix_sidecar.metrics import Prices
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
-from prefix_sidecar.routing import anchors, organic, placement, router, router_settings
+from prefix_sidecar.routing import anchors, cost, organic, placement, router, router_settings
 from prefix_sidecar.upstream.tokenize import count_tokens
 from prefix_sidecar_tools.emulator.config import (
     EmulatorConfig,
@@ -183,6 +183,7 @@ FORMER_FIELDS = [
     ("api_key_env", API_KEY_ENV, "PREFIX_SIDECAR_API_KEY"),
     ("tokenize_path", inspect.signature(count_tokens).parameters["path"].default, "/tokenize"),
     ("policy", router.DEFAULT_POLICY, "prefix_affinity"),
+    ("load_cap_floor", cost.REQUEST_CAP_FLOOR, 8),  # in thin requests, either load_unit
     # One price sheet now: the three prices' defaults, in order.
     ("price_base", DEFAULTS.prices[0], 2.0),
     ("price_cache", DEFAULTS.prices[1], 0.2),

@@ -39,6 +39,8 @@ REMOVED_FIELDS: dict[str, str] = {
     "prewarm_timeout_s": f"TIMEOUT_S, {_PREWARM}",
     "api_key_env": "the env var is PREFIX_SIDECAR_API_KEY (or set api_key_file)",
     "tokenize_path": "prefixes are counted at the pods' POST /tokenize",
+    "load_cap_floor": "REQUEST_CAP_FLOOR (thin requests, in either load_unit), a constant of "
+    "routing/cost.py",
     "price_base": "the first of prices: [base, cache, out]",
     "price_cache": "the second of prices: [base, cache, out]",
     "price_out": "the third of prices: [base, cache, out]",

@@ -15,6 +15,7 @@ from prefix_sidecar.config.checks import AT_LEAST_ONE
 from prefix_sidecar.fields import at_least, one_of, setting
 
 UNREGISTERED_ROUTING = ("organic", "window", "precise")
+LOAD_UNITS = ("tokens", "requests")  # routing/cost.py
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,14 @@ class RoutingSettings:
     load_factor: float = setting(
         1.25, "bounded-load factor c: a pod's cap is c x its fair share", check=at_least(1.0)
     )
-    # The floor under every pod's bounded-load cap (routing contract v1, pick's min_cap). A vLLM
-    # pod batches dozens of requests, so below ~8 in flight spilling a prefix to a cold pod
-    # costs a full prefill for nothing; at low traffic the proportional cap alone is 1-2
-    # streams. 0 gives the pure contract formula.
-    load_cap_floor: int = setting(
-        8,
-        "the floor under every pod's cap (min_cap); 0 = none",
-        check=at_least(0, " (0 = no floor)"),
+    # What bounded load counts (routing/cost.py): a request's uncached prefill tokens until
+    # its first token plus a decode term, or every request as 1 (the routing contract's
+    # original pick). The cap's floor is REQUEST_CAP_FLOOR thin requests in both.
+    load_unit: str = setting(
+        "tokens",
+        "what bounded load counts: tokens (a request's uncached prefill tokens until its "
+        "first token, plus a decode term) or requests",
+        check=one_of(LOAD_UNITS),
     )
     # The most prefix KV tokens one pod (per unit of weight) is home to (routing contract
     # section 6). Set it to the pods' KV cache size minus what in-flight requests need; 0

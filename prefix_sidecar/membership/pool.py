@@ -15,7 +15,10 @@ so a pick never sums the array (routing contract section 4: the total is the cal
 invariant). A pod's load is its *effective* load, max(own in-flight, pod-reported load):
 the sidecar's own requests, or what the pod says it is running and queueing when that is
 more (other sidecars' traffic); an unknown or stale report counts as 0, i.e. own in-flight
-alone. Every change moves one entry and the total by the same delta: O(1). Whatever is
+alone. With load counted in tokens (config load_unit, routing/cost.py) a pod's load is its
+own requests' tokens (prefill until the first token, the decode term while they run), and
+each request more that the pod or the fleet view counts weighs what ours weigh on average.
+Every change moves one entry and the total by the same delta: O(1). Whatever is
 derived from the ring (the budgeted home placement) is rebuilt by a watcher, right after
 the swap.
 """
@@ -31,6 +34,8 @@ from dataclasses import dataclass, field
 from prefix_sidecar import _core
 from prefix_sidecar.config import DEFAULTS
 from prefix_sidecar.membership.sources import Member
+from prefix_sidecar.routing.cost import DECODE_TOKENS, LOAD_UNITS, TOKENS
+from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.table import RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -69,6 +74,8 @@ class Backend:
     healthy: bool | None = None  # None until the first health check decides
     warm: bool = False
     in_flight: int = 0  # this sidecar's own requests on the pod
+    tokens: int = 0  # ... and what they weigh in tokens (routing/cost.py)
+    counts_tokens: bool = False  # the pool's load_unit is tokens
     # ... of which the pod was a choice: among two or more pods by their loads, a spill or a
     # failover (the rest went to the only home the key has, whatever the loads said).
     chosen: int = 0
@@ -83,7 +90,19 @@ class Backend:
 
     @property
     def load(self) -> int:
-        """The effective load `pick` sees: max(own in-flight, reported or 0); in the fleet
+        """The effective load `pick` sees: in requests (`requests`), or in tokens: own
+        tokens, and each request more than our own at our mean weight (a decode term when
+        we have none there)."""
+        requests = self.requests
+        if not self.counts_tokens:
+            return requests
+        own = self.in_flight
+        weight = self.tokens // own if own else DECODE_TOKENS
+        return self.tokens + (requests - own) * weight
+
+    @property
+    def requests(self) -> int:
+        """The effective load in requests: max(own in-flight, reported or 0); in the fleet
         view max(own, reported + (own - anchor) + (chosen - chosen_anchor) x (K - 1)), or
         own x K while unread (K: the K-estimate)."""
         reported = self.reported_load
@@ -117,6 +136,7 @@ class BackendPool:
         self,
         hash_table: str = DEFAULTS.hash_table,
         warm_before_serve: bool = DEFAULTS.warm_before_serve,
+        load_unit: str = DEFAULTS.load_unit,
         needs_warming: Callable[[], bool] = lambda: False,
         on_warm_needed: Callable[[str], None] | None = None,
         on_change: Callable[[RoutingTable], None] | None = None,
@@ -125,8 +145,12 @@ class BackendPool:
         if hash_table not in _core.HASH_TABLES:
             choices = ", ".join(_core.HASH_TABLES)
             raise ValueError(f"unknown hash table {hash_table!r}; choose one of {choices}")
+        if load_unit not in LOAD_UNITS:
+            raise ValueError(f"unknown load unit {load_unit!r}; choose one of {LOAD_UNITS}")
         self._hash_table = hash_table
         self._warm_before_serve = warm_before_serve
+        self.load_unit = load_unit
+        self._counts_tokens = load_unit == TOKENS
         self._needs_warming = needs_warming
         self._on_warm_needed = on_warm_needed
         self._watchers = [on_change] if on_change is not None else []
@@ -156,7 +180,9 @@ class BackendPool:
             backend = self.backends.get(url)
             if backend is None:
                 logger.info("backend %s joined the membership (weight %d)", url, weight)
-                self.backends[url] = Backend(url, weight, fleet=self._fleet)
+                self.backends[url] = Backend(
+                    url, weight, fleet=self._fleet, counts_tokens=self._counts_tokens
+                )
             else:
                 backend.weight = weight
         self._rebuild()
@@ -206,25 +232,51 @@ class BackendPool:
 
     # --- load accounting ----------------------------------------------------------------
 
-    def acquire(self, url: str, chosen: bool = True) -> None:
-        """One more of this sidecar's requests is in flight on `url`; `chosen` False when
-        `url` was the key's only home and took it under its cap (the fleet view counts the
-        other sidecars' requests for a choice, not for that)."""
+    def acquire(self, url: str, chosen: bool = True, prefill: int = 0) -> None:
+        """One more of this sidecar's requests is in flight on `url`, with `prefill`
+        uncached tokens to compute before its first token; `chosen` False when `url` was the
+        key's only home and took it under its cap (the fleet view counts the other
+        sidecars' requests for a choice, not for that)."""
         backend = self.backends.get(url)
         if backend is not None:
             backend.in_flight += 1
             backend.chosen += chosen
+            backend.tokens += prefill + DECODE_TOKENS
             self._publish(backend)
 
-    def release(self, url: str, chosen: bool = True) -> None:
+    def prefilled(self, url: str, prefill: int) -> None:
+        """A request on `url` had its first token: its `prefill` no longer weighs."""
+        backend = self.backends.get(url)
+        if backend is not None and prefill:
+            backend.tokens = max(backend.tokens - prefill, backend.in_flight * DECODE_TOKENS)
+            self._publish(backend)
+
+    def release(self, url: str, chosen: bool = True, prefill: int = 0) -> None:
         """One of this sidecar's requests on `url` ended (never below zero); `chosen` as
-        it was acquired."""
+        it was acquired, `prefill` what of its prefill still weighed (0 after its first
+        token)."""
         backend = self.backends.get(url)
         if backend is not None and backend.in_flight > 0:
             backend.in_flight -= 1
             if chosen and backend.chosen > 0:
                 backend.chosen -= 1
+            backend.tokens = max(backend.tokens - prefill - DECODE_TOKENS, 0)
             self._publish(backend)
+
+    def prefill_of(self, decision: Decision) -> Callable[[str], int]:
+        """A request's uncached prefill tokens on each pod it may try: the decision's
+        estimate, and its prefix's tokens on a pod not warm with the prefix."""
+        prefill, cold, prefix = decision.prefill, decision.cold, decision.prefix
+        if not cold or prefix is None:
+            return lambda _backend: prefill
+        backends = self.backends
+
+        def on(backend: str) -> int:
+            pod = backends.get(backend)
+            warm = pod is not None and prefix.id in pod.warm_prefixes
+            return prefill if warm else prefill + cold
+
+        return on
 
     def report_load(self, url: str, load: int | None) -> None:
         """What the pod reports it is running and queueing, from its response headers or its

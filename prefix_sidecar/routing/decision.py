@@ -28,6 +28,10 @@ class Decision:
     # The pod was the key's only home and took the request under its cap: no choice among
     # pods was made (the fleet view counts the other sidecars' requests for choices only).
     forced: bool = False
+    # Its uncached prefill tokens on a pod warm with its prefix, estimated (routing/cost.py),
+    # and the prefix's own, which a pod not warm with it computes too (upstream/relay.py).
+    prefill: int = 0
+    cold: int = 0
 
 
 class PreciseStep(Protocol):

@@ -42,12 +42,12 @@ class PolicySettings(Protocol):
     def load_factor(self) -> float: ...
 
     @property
-    def load_cap_floor(self) -> int: ...
+    def load_unit(self) -> str: ...
 
 
 # Each name of policy_names.POLICIES with its factory (config validation reads the names).
 _REGISTRY: dict[str, Callable[[PolicySettings], Policy]] = {
-    "prefix_affinity": lambda s: PrefixAffinity(s.load_factor, s.load_cap_floor),
+    "prefix_affinity": lambda s: PrefixAffinity(s.load_factor, s.load_unit),
     "consistent_hash": lambda _s: ConsistentHash(),
     "round_robin": lambda _s: RoundRobin(),
     "random": lambda _s: RandomPick(),

@@ -30,6 +30,7 @@ from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.routing.adapters import AdapterView, to_adapter_holder
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks
+from prefix_sidecar.routing.cost import organic_prefill, tokens_of
 from prefix_sidecar.routing.decision import Decision, PreciseStep, serving_ring
 from prefix_sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from prefix_sidecar.routing.pick import Branch, Pick
@@ -158,38 +159,48 @@ class Router:
         """The replica count the prefix asked for, else the configured default."""
         return entry.replicas if entry is not None and entry.replicas else self.default_replicas
 
-    def for_prefix(self, entry: PrefixEntry, scope: Scope = NO_SCOPE) -> Decision:
-        """A registered prefix; `scope`: the request's adapter and salt (contract 10)."""
-        return self._for_entry(time.perf_counter_ns(), entry, scope)
+    def for_prefix(self, entry: PrefixEntry, scope: Scope = NO_SCOPE, tokens: int = 0) -> Decision:
+        """A registered prefix; `scope`: the request's adapter and salt (contract 10);
+        `tokens`: the request's own tokens past the prefix (its query), estimated."""
+        return self._for_entry(time.perf_counter_ns(), entry, scope, tokens)
 
-    def _for_entry(self, started: int, entry: PrefixEntry, scope: Scope) -> Decision:
+    def _for_entry(self, started: int, entry: PrefixEntry, scope: Scope, tokens: int) -> Decision:
         """The entry's own decision in its scope; in another, that scope's entry of the same
         text, else the text's key scoped (no placement, nothing warm: the text alone)."""
         if entry.scope is scope or entry.scope == scope:
-            return self._scoped(self._decide(started, entry.route_key, entry), scope)
+            return self._scoped(self._decide(started, entry.route_key, entry, tokens), scope)
         own = self.store.in_scope(entry, scope)
         if own is not None:
-            return self._scoped(self._decide(started, own.route_key, own), scope)
-        decision = self._decide(started, scoped_key(entry.text_key, scope), None)
+            return self._scoped(self._decide(started, own.route_key, own, tokens), scope)
+        cold = tokens + tokens_of(entry.size)
+        decision = self._decide(started, scoped_key(entry.text_key, scope), None, cold)
         return self._scoped(replace(decision, prefix=entry), scope)
 
-    def for_prefix_text(self, text: str, scope: Scope = NO_SCOPE) -> Decision:
+    def for_prefix_text(self, text: str, scope: Scope = NO_SCOPE, tokens: int = 0) -> Decision:
         """An unregistered prefix sent inline: same key as if it were registered."""
         started = time.perf_counter_ns()
+        data = text.encode("utf-8")
         entry = self.store.match(text)
-        if entry is not None and entry.size == len(text.encode("utf-8")):
-            return self._for_entry(started, entry, scope)
-        return self._decide_bytes(started, text.encode("utf-8"), scope)
+        if entry is not None and entry.size == len(data):
+            return self._for_entry(started, entry, scope, tokens)
+        return self._decide_bytes(started, data, scope, tokens + tokens_of(len(data)))
 
     def for_prompt(
-        self, prompt: str, marks: tuple[int, int] | None = None, scope: Scope = NO_SCOPE
+        self,
+        prompt: str,
+        marks: tuple[int, int] | None = None,
+        scope: Scope = NO_SCOPE,
+        tokens: int | None = None,
     ) -> Decision:
         """`marks`: the prompt's (mark, after) by its chat template, when `prompt` is only its
-        head (default: read from `prompt`; organic routing's 9h)."""
+        head (default: read from `prompt`; organic routing's 9h); `tokens`: the whole
+        prompt's, estimated (default: from `prompt`)."""
         started = time.perf_counter_ns()
+        if tokens is None:
+            tokens = tokens_of(len(prompt.encode("utf-8", "surrogatepass")))
         entry = self.store.match(prompt)
         if entry is not None:
-            return self._for_entry(started, entry, scope)
+            return self._for_entry(started, entry, scope, tokens - tokens_of(entry.size))
         organic = self.organic
         if organic is not None:
             head = prompt[:ORGANIC_HEAD_BYTES].encode("utf-8")[:ORGANIC_HEAD_BYTES]
@@ -199,40 +210,47 @@ class Router:
                 marks = turn_marks(prompt)
             keys = organic.for_prompt(head, marks)
             if keys is not None:
-                return self._decide_organic(started, keys, scope)
+                return self._decide_organic(started, keys, scope, tokens)
         window = prompt.encode("utf-8")[: self.route_window_bytes]
-        return self._decide_bytes(started, window, scope)
+        return self._decide_bytes(started, window, scope, tokens)
 
-    def _decide_bytes(self, started: int, data: bytes, scope: Scope = NO_SCOPE) -> Decision:
+    def _decide_bytes(self, started: int, data: bytes, scope: Scope, prefill: int) -> Decision:
         """An unregistered key: hashed and picked in one core call when the policy can."""
         select_bytes = self._select_bytes
         if select_bytes is None or not scope.empty:
             key = scoped_key(_core.route_key(data), scope)
-            return self._scoped(self._decide(started, key, None), scope)
+            return self._scoped(self._decide(started, key, None, prefill), scope)
         table = self.pool.table
         ring = serving_ring(table)
         replicas = self.default_replicas
-        backend, branch, key = select_bytes(table, data, replicas)
+        backend, branch, key = select_bytes(table, data, replicas, prefill)
         attempts = self.max_attempts
         preference = ring.preference(key, replicas if replicas > attempts else attempts)
         forced = replicas == 1 and branch is Branch.HOME
-        return self._decision(started, table, key, None, backend, branch, preference, forced)
+        return self._decision(
+            started, table, key, None, backend, branch, preference, forced, prefill
+        )
 
     def for_chat(
         self,
         messages: list[tuple[str, str]],
         answers: int | None = None,
         scope: Scope = NO_SCOPE,
+        tokens: int | None = None,
     ) -> Decision:
         """An unregistered chat, messages as (role, text): its first message routes as a
         registered prefix when it starts with one; otherwise by its structure (organic), or
         as a prompt of its first message's text (window). `answers`: the whole chat's
-        assistant messages when `messages` holds only its first ones."""
+        assistant messages when `messages` holds only its first ones; `tokens`: the whole
+        chat's, estimated (default: from `messages`)."""
+        if tokens is None:
+            tokens = tokens_of(sum(len(text) for _, text in messages))
         first = messages[0][1] if messages else ""
         if self.organic is None or self.store.match(first) is not None:
-            return self.for_prompt(first, scope=scope)
+            return self.for_prompt(first, scope=scope, tokens=tokens)
         started = time.perf_counter_ns()
-        return self._decide_organic(started, self.organic.for_chat(messages, answers), scope)
+        keys = self.organic.for_chat(messages, answers)
+        return self._decide_organic(started, keys, scope, tokens)
 
     def _scoped(self, decision: Decision, scope: Scope) -> Decision:
         """An adapter's request moved to a pod that holds it (routing/adapters.py)."""
@@ -240,9 +258,11 @@ class Router:
             return decision
         return to_adapter_holder(self.policy, self.pool.table, decision, scope, self.adapters)
 
-    def _decide_organic(self, started: int, keys: OrganicKeys, scope: Scope = NO_SCOPE) -> Decision:
+    def _decide_organic(
+        self, started: int, keys: OrganicKeys, scope: Scope, tokens: int
+    ) -> Decision:
         """The session's pod in its family's home set, under bounded load (contract 9);
-        its keys scoped (contract 10)."""
+        its keys scoped (contract 10); its prefill what its pod has not seen (cost.py)."""
         if not scope.empty:
             keys = keys._replace(
                 family=scoped_key(keys.family, scope), session=scoped_key(keys.session, scope)
@@ -253,7 +273,8 @@ class Router:
         home = self.organic.homes(ring, keys)
         # The spill walks the family's preference order: its home set first, where the
         # family's shared head is warm; a spilled session keeps spilling to one pod.
-        pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor)
+        prefill = organic_prefill(keys, tokens)
+        pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor, prefill)
         backend, branch = self.policy.select(table, pick)
         self.organic.sent(ring, backend, keys)
         # Failover: the chosen pod, the session's home pod, then the family's order.
@@ -271,10 +292,13 @@ class Router:
             generation=table.generation,
             # a later turn on its session's pod; a start's pod is a choice (9f)
             forced=branch is Branch.HOME and not keys.start,
+            prefill=prefill,
         )
         return self._scoped(decision, scope)
 
-    def _decide(self, started: int, key: int, entry: PrefixEntry | None) -> Decision:
+    def _decide(
+        self, started: int, key: int, entry: PrefixEntry | None, prefill: int = 0
+    ) -> Decision:
         table = self.pool.table
         ring = serving_ring(table)
         homes = None
@@ -285,7 +309,7 @@ class Router:
             if self._placing:
                 homes = self.placer.homes(ring, entry)
         backend, branch = self.policy.select(
-            table, Pick(key, replicas, homes.indexes if homes is not None else None)
+            table, Pick(key, replicas, homes.indexes if homes is not None else None, None, prefill)
         )
         if entry is not None and self.residency is not None:
             home_set = (
@@ -304,7 +328,9 @@ class Router:
             home_count = replicas
             preference = ring.preference(key, replicas if replicas > attempts else attempts)
         forced = home_count == 1 and branch is Branch.HOME
-        return self._decision(started, table, key, entry, backend, branch, preference, forced)
+        return self._decision(
+            started, table, key, entry, backend, branch, preference, forced, prefill
+        )
 
     @staticmethod
     def _decision(
@@ -316,6 +342,7 @@ class Router:
         branch: Branch,
         preference: list[str],
         forced: bool,
+        prefill: int,
     ) -> Decision:
         # The chosen pod first, then the rest in order (cheaper than rebuilding the list).
         if preference[0] != backend:
@@ -331,6 +358,8 @@ class Router:
             decision_ns=time.perf_counter_ns() - started,
             generation=table.generation,
             forced=forced,
+            prefill=prefill,
+            cold=(entry.tokens or tokens_of(entry.size)) if entry is not None else 0,
         )
 
     def home_set(self, entry: PrefixEntry) -> list[str]:

@@ -28,6 +28,7 @@ from prefix_sidecar.metrics import Metrics, OrganicState, PodLoads, PoolState
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
 from prefix_sidecar.routing import placement
+from prefix_sidecar.routing.cost import REQUEST_CAP_FLOOR, floor_units
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.routing.table import RoutingTable
 from prefix_sidecar.server.from_config import load_prefixes, membership_source
@@ -85,6 +86,7 @@ class ModelPool:
         self.pool = BackendPool(
             hash_table=config.hash_table,
             warm_before_serve=config.warm_before_serve,
+            load_unit=config.load_unit,
             needs_warming=lambda: len(self.store) > 0,
             on_warm_needed=lambda url: self.joiners(url),
             on_change=self._table_changed,
@@ -237,7 +239,7 @@ class ModelPool:
 
     def _over_cap_load(self, url: str) -> int | None:
         return self.pool.table.over_cap_load(
-            url, self.config.load_factor, self.config.load_cap_floor
+            url, self.config.load_factor, floor_units(self.config.load_unit, REQUEST_CAP_FLOOR)
         )
 
     def _pods_kv_changed(self, kv_tokens: int | None) -> None:

@@ -167,6 +167,7 @@ async def forward(
         outcome=outcome,
         first_timeout_s=None if stream else relay.policy.upstream_timeout_s,
         forced_first=decision.forced,
+        prefill=relay.pool.prefill_of(decision),
     )
     try:
         return await _send(request, decision, exchange, parts, outcome)

@@ -19,6 +19,7 @@ from prefix_sidecar.membership.pool import (
     RoutingTable,
 )
 from prefix_sidecar.membership.sources import Member
+from prefix_sidecar.routing.cost import DECODE_TOKENS
 
 URLS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
 
@@ -28,7 +29,7 @@ def members(urls: list[str]) -> list[Member]:
 
 
 def test_every_pod_serving_builds_one_ring_for_routing_and_target() -> None:
-    pool = BackendPool(warm_before_serve=False)
+    pool = BackendPool(load_unit="requests", warm_before_serve=False)
     pool.set_members(members(URLS))
     for url in URLS:
         pool.set_health(url, True)
@@ -39,7 +40,9 @@ def test_every_pod_serving_builds_one_ring_for_routing_and_target() -> None:
 
 def test_a_warming_pod_is_on_the_target_ring_only() -> None:
     warming: list[str] = []
-    pool = BackendPool(needs_warming=lambda: True, on_warm_needed=warming.append)
+    pool = BackendPool(
+        load_unit="requests", needs_warming=lambda: True, on_warm_needed=warming.append
+    )
     pool.set_members(members(URLS))
     for url in URLS[:3]:
         pool.set_health(url, True)
@@ -57,7 +60,7 @@ def test_a_warming_pod_is_on_the_target_ring_only() -> None:
 
 def test_with_no_pod_serving_requests_go_to_the_warming_ones() -> None:
     """A cold start: a cold answer beats no answer; the target ring is the same ring."""
-    pool = BackendPool()
+    pool = BackendPool(load_unit="requests")
     pool.set_members(members(URLS))
     pool.set_health(URLS[0], False)
     ring = pool.table.ring
@@ -75,7 +78,7 @@ def test_watchers_hear_every_new_table_in_order() -> None:
     def first(table: RoutingTable) -> None:
         heard.append(("first", table.generation))
 
-    pool = BackendPool(warm_before_serve=False, on_change=first)
+    pool = BackendPool(load_unit="requests", warm_before_serve=False, on_change=first)
     pool.watch(lambda table: heard.append(("second", table.generation)))
     pool.set_members(members(URLS[:2]))
     pool.set_health(URLS[0], True)
@@ -84,7 +87,7 @@ def test_watchers_hear_every_new_table_in_order() -> None:
 
 
 def test_in_flight_counts_are_mirrored_into_the_tables_loads() -> None:
-    pool = BackendPool(warm_before_serve=False)
+    pool = BackendPool(load_unit="requests", warm_before_serve=False)
     pool.set_members(members(URLS[:2]))
     for url in URLS[:2]:
         pool.set_health(url, True)
@@ -99,7 +102,7 @@ def test_in_flight_counts_are_mirrored_into_the_tables_loads() -> None:
 
 
 def serving_pool(urls: list[str]) -> BackendPool:
-    pool = BackendPool(warm_before_serve=False)
+    pool = BackendPool(load_unit="requests", warm_before_serve=False)
     pool.set_members(members(urls))
     for url in urls:
         pool.set_health(url, True)
@@ -160,7 +163,10 @@ def test_the_pool_builds_the_chosen_table_for_routing_and_target() -> None:
     """hash_table "maglev": the routing and target tables are Maglev tables over the same pods
     the ring would hold; warming and ejection work the same; the loads keep their total."""
     pool = BackendPool(
-        needs_warming=lambda: True, on_warm_needed=lambda url: None, hash_table="maglev"
+        needs_warming=lambda: True,
+        on_warm_needed=lambda url: None,
+        hash_table="maglev",
+        load_unit="requests",
     )
     pool.set_members(members(URLS))
     for url in URLS:
@@ -309,3 +315,33 @@ def test_readings_wait_until_the_k_estimate_is_known() -> None:
     assert pool.fleet_scale == 10.0
     assert list(pool.table.loads) == [150, 10, 10]  # the unread pod at own x K
     assert pool.table.total == sum(pool.table.loads)
+
+
+def test_load_in_tokens_weighs_a_prefill_until_its_first_token() -> None:
+    """load_unit tokens (routing/cost.py): a request weighs its uncached prefill until its
+    first token, and DECODE_TOKENS while it runs; the table's total follows every change."""
+    pool = BackendPool(warm_before_serve=False, load_unit="tokens")
+    pool.set_members(members(URLS[:2]))
+    for url in URLS[:2]:
+        pool.set_health(url, True)
+    pool.acquire(URLS[0], prefill=16_000)
+    pool.acquire(URLS[1])
+    assert list(pool.table.loads) == [16_000 + DECODE_TOKENS, DECODE_TOKENS]
+    pool.prefilled(URLS[0], 16_000)
+    assert pool.table.loads[0] == DECODE_TOKENS
+    pool.release(URLS[0])
+    pool.release(URLS[1])
+    assert list(pool.table.loads) == [0, 0] and pool.table.total == 0
+    # Released before its first token: its prefill goes with it.
+    pool.acquire(URLS[0], prefill=500)
+    pool.release(URLS[0], prefill=500)
+    assert pool.table.loads[0] == 0
+    # A pod reading 5 running and waiting while 2 of ours weigh 300 each: the 3 others
+    # weigh our mean.
+    pool.acquire(URLS[1], prefill=172)
+    pool.acquire(URLS[1], prefill=172)
+    pool.report_load(URLS[1], 5)
+    assert pool.table.loads[1] == 2 * 300 + 3 * 300
+    assert pool.table.total == sum(pool.table.loads)
+    with pytest.raises(ValueError, match="unknown load unit"):
+        BackendPool(load_unit="bytes")

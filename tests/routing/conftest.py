@@ -16,6 +16,7 @@ from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.routing.policy import make_policy
+from prefix_sidecar.routing.prefix_affinity import PrefixAffinity
 from prefix_sidecar.routing.router import DEFAULT_POLICY, Router
 from prefix_sidecar.routing.router_settings import RouterSettings, settings
 
@@ -41,10 +42,17 @@ def pods(count: int) -> list[str]:
 
 
 def serving_pool(
-    urls: list[str], *, warm_before_serve: bool = False, hash_table: str = "ring"
+    urls: list[str],
+    *,
+    warm_before_serve: bool = False,
+    hash_table: str = "ring",
+    load_unit: str = "requests",
 ) -> BackendPool:
-    """A pool whose pods are all healthy and serving (`warm_before_serve` off: no prewarm)."""
-    pool = BackendPool(warm_before_serve=warm_before_serve, hash_table=hash_table)
+    """A pool whose pods are all healthy and serving (`warm_before_serve` off: no prewarm).
+    Its loads count requests, as the routing contract's picks these tests compare with."""
+    pool = BackendPool(
+        warm_before_serve=warm_before_serve, hash_table=hash_table, load_unit=load_unit
+    )
     pool.set_members([Member(url, 1) for url in urls])
     for url in urls:
         pool.set_health(url, True)
@@ -58,12 +66,18 @@ MakeRouter = Callable[..., Router]
 def make_router() -> MakeRouter:
     """The sidecar's router for this pool and store: the config's settings and the routing
     constants, any overridden: a config field by its name, one of the Router's own settings
-    (`organic_home_spread`, `route_window_bytes`, ...) by its keyword, `policy` by name."""
+    (`organic_home_spread`, `route_window_bytes`, ...) by its keyword, `policy` by name,
+    `cap_floor` (the cap's floor in thin requests, REQUEST_CAP_FLOOR)."""
 
     def make(pool: BackendPool, store: PrefixStore, **overrides: Any) -> Router:
         policy = overrides.pop("policy", DEFAULT_POLICY)
+        floor = overrides.pop("cap_floor", None)  # the cap's floor in thin requests
+        overrides.setdefault("load_unit", pool.load_unit)
         own = {name: overrides.pop(name) for name in list(overrides) if name in SETTINGS}
         config = build_config(overrides)
-        return Router(pool, store, make_policy(policy, config), **{**settings(config), **own})
+        picker = make_policy(policy, config)
+        if floor is not None:
+            picker = PrefixAffinity(config.load_factor, config.load_unit, floor)
+        return Router(pool, store, picker, **{**settings(config), **own})
 
     return make

@@ -16,6 +16,7 @@ from prefix_sidecar.config import build_config
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.routing.consistent_hash import ConsistentHash
+from prefix_sidecar.routing.cost import DECODE_TOKENS
 from prefix_sidecar.routing.least_loaded import LeastLoaded
 from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.policy import POLICIES, make_policy
@@ -74,13 +75,15 @@ def test_one_registry_names_every_policy_for_the_factory_and_the_router() -> Non
 
 
 def test_bounded_load_settings_reach_prefix_affinity_only() -> None:
-    policy = make_policy("prefix_affinity", SimpleNamespace(load_factor=1.5, load_cap_floor=3))
+    policy = make_policy("prefix_affinity", SimpleNamespace(load_factor=1.5, load_unit="requests"))
     assert isinstance(policy, PrefixAffinity)
-    assert (policy.load_factor, policy.load_cap_floor) == (1.5, 3)
+    assert (policy.load_factor, policy.load_unit, policy.load_cap_floor) == (1.5, "requests", 8)
     config = build_config({})
     default = make_policy("prefix_affinity", config)
     assert isinstance(default, PrefixAffinity)
-    assert (default.load_factor, default.load_cap_floor) == (1.25, 8)  # the config's defaults
+    # The config's defaults: c 1.25, load in tokens, a floor of 8 thin requests.
+    assert (default.load_factor, default.load_unit) == (1.25, "tokens")
+    assert default.load_cap_floor == 8 * DECODE_TOKENS
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -106,7 +109,8 @@ def test_prefix_affinity_is_the_cores_bounded_load_pick(
     ring = core.Ring(pods(count), vnodes=8)
     snapshot = table(ring, loads[:count])
     home_set = tuple(m for m in homes if m < count) if homes is not None else None
-    got = PrefixAffinity(factor, floor).select(snapshot, Pick(key, replicas, home_set or None))
+    policy = PrefixAffinity(factor, "requests", floor)
+    got = policy.select(snapshot, Pick(key, replicas, home_set or None))
     if home_set:
         want = ring.pick_among(key, snapshot.loads, home_set, factor, floor)
     else:
@@ -157,7 +161,7 @@ def test_least_loaded_takes_the_idlest_pod_first_in_member_order(core: ModuleTyp
 @pytest.mark.parametrize("kind", ["ring", "maglev"])
 def test_prefix_affinity_select_bytes_is_select_of_the_key(core: ModuleType, kind: str) -> None:
     ring = core.make_table(kind, pods(9), None, 16)
-    policy = PrefixAffinity(1.25, 2)
+    policy = PrefixAffinity(1.25, "requests", 2)
     for n in range(50):
         loads = [(n * 7 + i * 3) % 6 for i in range(9)]
         snapshot = table(ring, loads)

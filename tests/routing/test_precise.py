@@ -9,7 +9,7 @@ from prefix_sidecar.routing.random_pick import RandomPick
 
 from .conftest import pods, serving_pool
 
-POLICY = PrefixAffinity(load_factor=1.25, load_cap_floor=8)
+POLICY = PrefixAffinity(load_factor=1.25, load_unit="requests")
 A, B, C, D = pods(4)
 
 

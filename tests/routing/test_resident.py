@@ -25,7 +25,7 @@ def test_a_home_known_to_have_lost_the_prefix_sends_it_to_the_home_that_holds_it
 ) -> None:
     urls = pods(6)
     pool, store = serving_pool(urls), PrefixStore()
-    router = make_router(pool, store, load_cap_floor=4)
+    router = make_router(pool, store, cap_floor=4)
     entry = store.register("rules", RULES, replicas=3)[0]
     homes = router.home_set(entry)
     picked = router.for_prefix(entry).backend
@@ -68,7 +68,7 @@ def test_every_router_with_the_same_residency_picks_the_same_pod(
     chosen = set()
     for order in (urls, urls[::-1]):
         pool, store = serving_pool(order), PrefixStore()
-        router = make_router(pool, store, load_cap_floor=4)
+        router = make_router(pool, store, cap_floor=4)
         entry = store.register("rules", RULES, replicas=3)[0]
         homes = router.home_set(entry)
         residency = FakeResidency()

@@ -28,7 +28,7 @@ def test_a_prefix_goes_where_the_cores_pick_says_then_fails_over_in_ring_order(
     key's first max(R, max_attempts) owners in ring order."""
     urls = pods(6)
     pool, store = serving_pool(urls), PrefixStore()
-    router = make_router(pool, store, load_cap_floor=0, max_attempts=3)
+    router = make_router(pool, store, cap_floor=0, max_attempts=3)
     chance = random.Random(5)
     for n in range(40):
         entry = store.register(f"p{n}", f"{RULES} {n}", replicas=chance.randint(1, 5))[0]
@@ -114,7 +114,7 @@ def test_unregistered_prompts_take_the_one_call_path_with_the_same_answer(
         pool,
         store,
         route_window_bytes=32,
-        load_cap_floor=2,
+        cap_floor=2,
         max_attempts=3,
         unregistered_routing="window",
     )

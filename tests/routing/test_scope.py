@@ -118,7 +118,7 @@ def test_an_adapters_request_goes_to_a_pod_that_holds_it(make_router: MakeRouter
     pool = serving_pool(urls)
     store = PrefixStore()
     entry, _ = store.register("rules", TEXT, replicas=2)
-    router = make_router(pool, store, replicas=2, load_cap_floor=0)
+    router = make_router(pool, store, replicas=2, cap_floor=0)
     holders = Holders()
     router.adapters = holders
     scope = Scope("lora-a")

@@ -60,7 +60,8 @@ async def test_sidecar_reports_pod_load_kv_budget_and_prefix_tokens(
     small = dataclasses.replace(ONE_AT_A_TIME, kv_tokens=160_000)
     text = "compliance rules. " * 500
     async with run_emulator(big) as a, run_emulator(small) as b:
-        config = sidecar_config(tmp_path, [a, b])
+        # The saturation report is in requests: the rule is written for that unit.
+        config = sidecar_config(tmp_path, [a, b], load_unit="requests")
         async with Sidecar(config) as sidecar:
             sidecar.pools.default.store.register("rules", text)
             entry = sidecar.pools.default.store.by_name("rules")
@@ -116,7 +117,7 @@ def test_the_over_cap_report_is_the_smallest_load_over_the_cap(tmp_path: Path) -
     from prefix_sidecar.membership.sources import Member
 
     pods = [f"http://10.0.0.{i}:8000" for i in range(1, 6)]
-    sidecar = Sidecar(sidecar_config(tmp_path, pods, load_cap_floor=8))
+    sidecar = Sidecar(sidecar_config(tmp_path, pods, load_unit="requests"))
     pool = sidecar.pools.default.pool
     pool.set_members([Member(url) for url in pods])
     for url in pods:

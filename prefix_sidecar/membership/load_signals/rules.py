@@ -28,7 +28,8 @@ KV_THRESHOLD = 0.95
 # rate with it in 4 runs of bench fleet, and lost it on own counts alone.
 FLEET_VIEW = True
 # Rule 2, the saturation report: measured harmful at 2x rate with 4 sidecars (docs/
-# benchmarks.md "Pod load signals", 2x today's rate): off; when on, it replaces rule 3.
+# benchmarks.md "Pod load signals", 2x today's rate): off; when on, it replaces rule 3. It
+# reports a load in requests: meant for load_unit requests.
 REPORT_SATURATION = False
 
 

@@ -21,6 +21,7 @@ import grpc
 from prefix_sidecar.abort import RpcAbort, invalid_argument
 from prefix_sidecar.config import Config
 from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
+from prefix_sidecar.routing.cost import tokens_of
 from prefix_sidecar.routing.decision import Decision, NoBackendError
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.routing.scope import NO_SCOPE, Scope, checked_salt
@@ -140,7 +141,7 @@ class Planner:
 
     def completion(self, request: router_pb2.CompleteRequest) -> UpstreamPlan:
         scope = self.scope(request)
-        prefix, decision, entry = self._resolve_prefix(request, scope)
+        prefix, decision, entry = self._resolve_prefix(request, scope, len(request.input))
         user_input = text_field(request.input, "input", self.config.max_input_bytes)
         if decision is None and not user_input:
             raise invalid_argument(
@@ -159,7 +160,8 @@ class Planner:
 
     def chat(self, request: router_pb2.ChatRequest) -> UpstreamPlan:
         scope = self.scope(request)
-        prefix, decision, entry = self._resolve_prefix(request, scope)
+        size = sum(len(message.content) for message in request.messages)
+        prefix, decision, entry = self._resolve_prefix(request, scope, size)
         messages = chat_messages(request.messages, self.config.max_input_bytes)
         if not messages:
             raise invalid_argument(
@@ -222,9 +224,11 @@ class Planner:
         return dataclasses.replace(plan, decision=dataclasses.replace(decision, decision_ns=spent))
 
     def _resolve_prefix(
-        self, request: Any, scope: Scope
+        self, request: Any, scope: Scope, query_chars: int
     ) -> tuple[bytes, Decision | None, PrefixEntry | None]:
-        """(escaped prefix bytes, decision if routed by prefix, entry) for Complete/Chat."""
+        """(escaped prefix bytes, decision if routed by prefix, entry) for Complete/Chat;
+        `query_chars`: the size of what follows the prefix (its weight in load, cost.py)."""
+        tokens = tokens_of(query_chars)
         which = request.WhichOneof("prefix")
         if which == "prefix_id":
             entry = self.by_id(request.prefix_id)
@@ -234,12 +238,12 @@ class Planner:
             text = text_field(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
             if not text:
                 return b"", None, None
-            decision = self.decide(lambda: self.router.for_prefix_text(text, scope))
+            decision = self.decide(lambda: self.router.for_prefix_text(text, scope, tokens))
             prefix = decision.prefix.json_bytes if decision.prefix is not None else escape(text)
             return prefix, decision, decision.prefix
         else:
             return b"", None, None
-        decision = self.decide(lambda: self.router.for_prefix(entry, scope))
+        decision = self.decide(lambda: self.router.for_prefix(entry, scope, tokens))
         return entry.json_bytes, decision, entry
 
     def _body_fields(self, rpc: str, request: Any) -> tuple[dict[str, object], str, bytes]:

@@ -67,6 +67,7 @@ async def stream_reply(
             on_accepted=headers.send,
             headers=trace.http_headers(),
             forced_first=upstream.decision.forced,
+            prefill=planner.relay.pool.prefill_of(upstream.decision),
         )
         # aclosing: however the call ends, the relay's cleanup (pod connection, in-flight
         # count) runs now, not when the abandoned generator is collected.

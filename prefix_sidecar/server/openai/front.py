@@ -29,6 +29,7 @@ from prefix_sidecar.config import Config
 from prefix_sidecar.hostport import is_loopback_host, split_host_port
 from prefix_sidecar.metrics import FRONT_HTTP, Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixNotFound, PrefixStore
+from prefix_sidecar.routing.cost import tokens_of
 from prefix_sidecar.routing.decision import Decision, NoBackendError
 from prefix_sidecar.routing.precise import request_text
 from prefix_sidecar.routing.router import Router
@@ -222,7 +223,7 @@ class OpenAIFront:
             if len(raw) > YIELD_ABOVE_BYTES:
                 await asyncio.sleep(0)
             if entry is None:
-                decision, decision_ns = self._route(router, parsed, chat, scope)
+                decision, decision_ns = self._route(router, parsed, chat, scope, len(raw))
                 # Precise routing keys blocks without a salt: a salted prompt is not moved.
                 if router.precise is not None and decision.prefix is None and scope.empty:
                     moving = time.perf_counter_ns()
@@ -230,7 +231,7 @@ class OpenAIFront:
                     decision = await router.precise.refine(decision, what, parsed.model or "")
                     decision_ns += time.perf_counter_ns() - moving
             else:
-                decision = router.for_prefix(entry, scope)
+                decision = router.for_prefix(entry, scope, tokens_of(len(raw)))
                 decision_ns = decision.decision_ns
                 raw = splice_prefix(raw, entry.json_bytes, chat=chat)
         except NoBackendError as exc:
@@ -286,18 +287,22 @@ class OpenAIFront:
 
     @staticmethod
     def _route(
-        router: Router, parsed: FrontRequest, chat: bool, scope: Scope
+        router: Router, parsed: FrontRequest, chat: bool, scope: Scope, size: int
     ) -> tuple[Decision, int]:
         """The router's decision for the prompt, and its time in ns. A prompt matched where
         it lies in the body routes as its prefix; without one, its head routes as the whole
         prompt would (the route key reads only the route window, and no prefix matches a
-        head of a prompt that none matches)."""
-        if parsed.matched and parsed.prefix is not None:
-            decision = router.for_prefix(parsed.prefix, scope)
+        head of a prompt that none matches). `size`: the body's bytes, what the request
+        weighs in load (cost.py)."""
+        prefix = parsed.prefix
+        if parsed.matched and prefix is not None:
+            decision = router.for_prefix(prefix, scope, tokens_of(size - prefix.size))
         elif chat:
-            decision = router.for_chat(list(parsed.messages), parsed.answers, scope)
+            decision = router.for_chat(
+                list(parsed.messages), parsed.answers, scope, tokens_of(size)
+            )
         else:
-            decision = router.for_prompt(parsed.route_text, parsed.marks, scope)
+            decision = router.for_prompt(parsed.route_text, parsed.marks, scope, tokens_of(size))
         return decision, decision.decision_ns
 
     @staticmethod

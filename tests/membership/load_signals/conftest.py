@@ -91,7 +91,7 @@ async def busy_pod(rule: str) -> AsyncIterator[BackendPool]:
     one real poll into a pool through `rule` ("saturation": reported over a cap of 77, or
     "fleet": the fleet view); the pool is yielded while the requests still run."""
     config = EmulatorConfig(model="m", max_running=1, decode_tps=20.0, time_scale=10.0)
-    pool = BackendPool()
+    pool = BackendPool(load_unit="requests")
     async with (
         run_emulator(config) as url,
         ClientSession() as session,

@@ -38,7 +38,7 @@ def test_saturated_means_a_fresh_queue_or_full_kv() -> None:
 
 
 def _pool(*urls: str) -> BackendPool:
-    pool = BackendPool()
+    pool = BackendPool(load_unit="requests")
     pool.set_members([Member(url) for url in urls])
     for url in urls:
         pool.set_health(url, True)

@@ -14,15 +14,17 @@ import grpc
 import pytest
 
 from prefix_sidecar import _core
+from prefix_sidecar.routing.cost import REQUEST_CAP_FLOOR
 from prefix_sidecar.server.app import Sidecar, serve
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator, set_faults
 from tests.server.conftest import FAST, collect, owner_ring, running_sidecar, sidecar_config
 
 RULES = "Cross-store discount priority: platform coupon first, then store coupon. " * 100
+FLOOR = REQUEST_CAP_FLOOR
 
 
-@pytest.mark.parametrize(("replicas", "streams"), [(2, 4), (1, 7)])
+@pytest.mark.parametrize(("replicas", "streams"), [(2, 4), (1, 11)])
 async def test_concurrent_streams_spread_as_the_contract_pick_says(
     tmp_path: Path, replicas: int, streams: int
 ) -> None:
@@ -32,8 +34,8 @@ async def test_concurrent_streams_spread_as_the_contract_pick_says(
     async with contextlib.AsyncExitStack() as stack:
         config = EmulatorConfig(time_scale=20.0)
         pods = [await stack.enter_async_context(run_emulator(config, port=0)) for _ in range(3)]
-        # load_cap_floor 0: the contract's plain formula, so 7 streams on 3 pods must spill.
-        plain = sidecar_config(tmp_path, pods, load_cap_floor=0)
+        # Loads in requests, the floor REQUEST_CAP_FLOOR: 11 streams on one home must spill.
+        plain = sidecar_config(tmp_path, pods, load_unit="requests")
         _, stub = await stack.enter_async_context(running_sidecar(plain))
         prefix = await stub.RegisterPrefix(
             router_pb2.RegisterPrefixRequest(name="hot", text=RULES, replicas=replicas)
@@ -54,13 +56,13 @@ async def test_concurrent_streams_spread_as_the_contract_pick_says(
     loads = dict.fromkeys(ring.members, 0)
     expected = []
     for _ in range(streams):
-        url, _branch = ring.pick(prefix.route_key, list(loads.values()), replicas, 1.25)
+        url, _branch = ring.pick(prefix.route_key, list(loads.values()), replicas, 1.25, FLOOR)
         loads[url] += 1
         expected.append(url)
     assert [first.backend for _, first in calls] == expected
     assert {b.url: b.in_flight for b in listed.backends} == loads
     assert (during.backend, during.branch) == ring.pick(
-        prefix.route_key, list(loads.values()), replicas, 1.25
+        prefix.route_key, list(loads.values()), replicas, 1.25, FLOOR
     )
     home = ring.preference(prefix.route_key, replicas)
     assert set(expected[:replicas]) == set(home), "the replica set takes the first requests"

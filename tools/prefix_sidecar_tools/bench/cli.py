@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "plan-check": "prefix_sidecar_tools.plan.check",
     "organic": "prefix_sidecar_tools.bench.organic",
     "kv-index": "prefix_sidecar_tools.bench.kv_index",
+    "tokens": "prefix_sidecar_tools.bench.token_load",
 }
 
 
@@ -39,7 +40,7 @@ def _unavailable(name: str, error: str) -> argparse.ArgumentParser:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: core, fleet, hop, body, soak, real, organic, plan-check",
+        help="benchmarks: " + ", ".join(BENCHMARKS),
         description="Benchmarks; each measures what it compares side by side in one run.",
     )
     bench_subparsers = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")

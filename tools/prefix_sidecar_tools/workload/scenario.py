@@ -19,7 +19,13 @@ import grpc
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.emulator import get_stats, reset_cache
 from prefix_sidecar_tools.harness import SidecarProcesses
-from prefix_sidecar_tools.workload.driver import CHANNEL_OPTIONS, Outcome, drive, thin_requests
+from prefix_sidecar_tools.workload.driver import (
+    CHANNEL_OPTIONS,
+    Outcome,
+    RequestFactory,
+    drive,
+    thin_requests,
+)
 from prefix_sidecar_tools.workload.trace import Arrival, PrefixDef
 
 PrewarmCallback = Callable[[str, router_pb2.PrewarmEvent], None]
@@ -122,11 +128,13 @@ async def run_policy(
     settings: Mapping[str, object] | None = None,
     on_prewarm: PrewarmCallback | None = None,
     before_stop: Callable[[SidecarProcesses, list[str]], Any] | None = None,
+    requests: Callable[[list[str]], RequestFactory] | None = None,
 ) -> PolicyRun:
     """Reset caches, start `sidecars` processes with `policy`, prewarm, replay the trace.
 
     `warmup_s` (modelled) splits the trace: the pods' request counters are read when the
-    warm-up ends, so `pod_requests` covers only the measured part.
+    warm-up ends, so `pod_requests` covers only the measured part. `requests(prefix_ids)`
+    makes each arrival's request (default: its prefix's id and its thin query).
     """
     started = time.perf_counter()
     await reset_fleet(urls)
@@ -146,7 +154,7 @@ async def run_policy(
             outcomes = await drive(
                 processes.targets,
                 trace,
-                thin_requests(ids, max_tokens),
+                requests(ids) if requests is not None else thin_requests(ids, max_tokens),
                 time_scale=time_scale,
                 first_token_timeout_s=first_token_timeout_s,
             )
