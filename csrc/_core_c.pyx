@@ -10,6 +10,7 @@ twin (it is not hot); everything on the per-request path is checked here, in C.
 
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.float cimport DBL_MAX
 from libc.math cimport ceil
 from libc.stdint cimport INT64_MAX, int64_t, uint8_t, uint32_t, uint64_t
@@ -77,6 +78,8 @@ cdef size_t RELEASE_GIL_BYTES = 65536
 cdef int MAX_INDEX_BITS = 20
 # An entry of the Maglev table not filled yet (member indexes are < 2**32 - 1).
 cdef uint32_t EMPTY_ENTRY = 0xFFFFFFFFU
+# A request's largest cost in a pick, read once from the twin (routing contract 4: u).
+cdef int64_t COST_LIMIT = MAX_COST
 
 
 cdef inline uint64_t _hash(const char *data, size_t length) noexcept nogil:
@@ -851,10 +854,17 @@ cdef int64_t _sum_loads(const int64_t *loads, uint32_t count) except -1:
 
 
 cdef inline int64_t _checked_cost(object cost) except -1:
-    """A request's cost, 1..MAX_COST: plain ints at once, anything else through the twin's
-    check (which raises the contract's error)."""
-    if type(cost) is int and 1 <= cost <= MAX_COST:
-        return cost
+    """A request's cost, 1..MAX_COST: a plain int is read and bounded in C (the default 1
+    costs no Python comparison), anything else goes through the twin's check (which raises
+    the contract's error)."""
+    cdef int overflow = 0
+    cdef long long value
+    if cost is 1:  # the default: CPython shares its small ints, so a pointer test suffices
+        return 1
+    if type(cost) is int:
+        value = PyLong_AsLongLongAndOverflow(cost, &overflow)
+        if overflow == 0 and 1 <= value <= COST_LIMIT:
+            return value
     return check_cost(cost)
 
 
