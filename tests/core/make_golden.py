@@ -5,7 +5,8 @@ CONTRACT_VERSION): every sidecar and every client in another language must repro
 vectors to the bit, so a regenerated file means all of them must change together. (The
 min_cap vectors were added to v1 without a version bump: min_cap = 0 is the original pick, so
 every earlier vector kept its result; so were the Maglev table's, section 8, an option that
-leaves every ring result as it was, and organic routing's, section 9, which adds functions.)
+leaves every ring result as it was, organic routing's, section 9, which adds functions, and
+the request cost's, section 4, whose u = 1 is the original pick.)
 
 The vectors come from the small, slow reference below, written straight from
 docs/routing-contract.md and independent of both twins (it imports neither), so a bug the
@@ -64,13 +65,16 @@ def preference(points: list[tuple[int, str]], k: int, n: int) -> list[str]:
     return found
 
 
-def fits(load: int, c: float, total: int, w: int, total_w: int, min_cap: int = 0) -> bool:
-    """Rule 5: load + 1 <= max(min_cap, ceil(((c * (L + 1)) * w) / W)), the ceil in doubles,
-    every comparison exact (the floor is an int and is never turned into a double)."""
-    if load + 1 <= min_cap:
+def fits(
+    load: int, c: float, total: int, w: int, total_w: int, min_cap: int = 0, u: int = 1
+) -> bool:
+    """Rule 5: load + u <= max(min_cap, ceil(((c * (L + u)) * w) / W)), the ceil in doubles,
+    every comparison exact (the floor is an int and is never turned into a double); u is the
+    request's cost, 1 when load counts requests."""
+    if load + u <= min_cap:
         return True
-    limit = c * float(total + 1) * float(w) / float(total_w)
-    return math.isinf(limit) or load + 1 <= math.ceil(limit)
+    limit = c * float(total + u) * float(w) / float(total_w)
+    return math.isinf(limit) or load + u <= math.ceil(limit)
 
 
 def pick(
@@ -82,10 +86,11 @@ def pick(
     replicas: int,
     c: float,
     min_cap: int = 0,
+    u: int = 1,
 ) -> tuple[str, str]:
     """Rule 5: bounded-load pick with a floor on every cap; returns (member, branch)."""
     home = preference(points, k, replicas)
-    return pick_among(points, members, weights, k, loads, home, c, min_cap)
+    return pick_among(points, members, weights, k, loads, home, c, min_cap, u)
 
 
 def pick_among(
@@ -97,9 +102,11 @@ def pick_among(
     home: list[str],
     c: float,
     min_cap: int = 0,
+    u: int = 1,
 ) -> tuple[str, str]:
     """Rule 5b: pick with the home set given (distinct members) instead of preference(k, R)."""
-    return bounded(members, weights, loads, home, preference(points, k, len(members)), c, min_cap)
+    order = preference(points, k, len(members))
+    return bounded(members, weights, loads, home, order, c, min_cap, u)
 
 
 def bounded(
@@ -110,6 +117,7 @@ def bounded(
     order: list[str],
     c: float,
     min_cap: int,
+    u: int = 1,
 ) -> tuple[str, str]:
     """Rules 5/5b over any table: the home set, then the spill walk over `order`, the key's
     whole preference order (the ring's, or the Maglev table's: rule 8)."""
@@ -117,10 +125,10 @@ def bounded(
     weight = dict(zip(members, weights, strict=True))
     total, total_w = sum(loads), sum(weights)
     chosen = min(home, key=lambda m: (load[m], home.index(m)))
-    if fits(load[chosen], c, total, weight[chosen], total_w, min_cap):
+    if fits(load[chosen], c, total, weight[chosen], total_w, min_cap, u):
         return chosen, "home"
     for m in order:
-        if m != chosen and fits(load[m], c, total, weight[m], total_w, min_cap):
+        if m != chosen and fits(load[m], c, total, weight[m], total_w, min_cap, u):
             return m, "spill"
     return min(order, key=lambda m: (load[m], order.index(m))), "fallback"
 
@@ -427,6 +435,32 @@ MAGLEV_PICK_CASES: list[
     (MAGLEV_B, "compliance-rules-v7", [0, 0, 0, 3, 1], 1, [3, 4], 1.25, 8, "the less-loaded given"),
 ]
 
+# A request's cost u (rule 5): loads and floors in tokens (a floor of 8 thin requests of 128
+# tokens is 1,024), on the rings and the Maglev table B.
+MB_RULES = (MAGLEV_B, "compliance-rules-v7")
+# (ring or table, key expression, loads, replicas, homes by index or None, factor, min_cap,
+#  u, what the case shows)
+COST_PICK_CASES: list[
+    tuple[dict[str, Any], str, list[int], int, list[int] | None, float, int, int, str]
+] = [
+    (*B_RULES, [3, 3, 3, 3, 3], 1, None, 1.25, 0, 5, "u = 5 fits no member: the owner"),
+    (*B_RULES, [3, 3, 3, 0, 3], 1, None, 1.25, 0, 5, "u = 5: only the idle member fits"),
+    (*B_RULES, [2000, 2000, 2027, 2000, 2000], 1, None, 1.25, 1024, 640, "load + u = the cap"),
+    (*B_RULES, [2000, 2000, 2028, 2000, 2000], 1, None, 1.25, 1024, 640, "one token over it"),
+    (*B_RULES, [0, 0, 900, 0, 0], 1, None, 1.25, 1024, 124, "load + u = the floor"),
+    (*B_RULES, [0, 0, 900, 0, 0], 1, None, 1.25, 1024, 125, "one token over the floor"),
+    (*B_RULES, [0, 0, 0, 0, 0], 1, None, 1.25, 1024, 16384, "idle fleet, u over every cap"),
+    (*A_HELLO, [0, 6, 4], 1, [2, 1], 1.25, 0, 3, "the heavier given home fits"),
+    (*A_HELLO, [0, 6, 4], 1, [2, 1], 1.25, 0, 4, "no given home fits: spill on"),
+    (*A_WORLD, [0, 0, 2**53], 1, None, 1.0, 2**53 + 3, 4, "load + u = the floor + 1"),
+    (*A_WORLD, [0, 0, 2**53], 1, None, 1.0, 2**53 + 4, 4, "load + u = the floor, exact"),
+    (*MB_RULES, [3, 3, 3, 3, 3], 1, None, 1.25, 0, 5, "u = 5 fits no member: the owner"),
+    (*MB_RULES, [3, 3, 0, 3, 3], 1, None, 1.25, 0, 5, "u = 5: only the idle member fits"),
+    (*MB_RULES, [2000, 2000, 2000, 2000, 2027], 1, None, 1.25, 1024, 640, "load + u = the cap"),
+    (*MB_RULES, [2000, 2000, 2000, 2000, 2028], 1, None, 1.25, 1024, 640, "one token over it"),
+    (*MB_RULES, [1000, 1000, 1000, 1200, 900], 1, [3, 4], 1.25, 1024, 640, "given homes over"),
+]
+
 MEGA_SALE = [
     ("rules", 60_000, 3),
     ("script", 12_000, 2),
@@ -594,6 +628,28 @@ def maglev_pick_vectors() -> list[dict[str, Any]]:
         cases.append(
             pick_case({"table": spec["name"]}, text, loads, asked, factor, min_cap, chosen, why)
         )
+    return cases
+
+
+def cost_pick_vectors() -> list[dict[str, Any]]:
+    """Rule 5 with a request's cost u, over the rings and the Maglev tables alike."""
+    tables: dict[str, list[str]] = {}
+    cases = []
+    for spec, text, loads, replicas, homes, factor, min_cap, u, why in COST_PICK_CASES:
+        members, weights = spec["members"], spec["weights"]
+        k = key(text.encode())
+        if "table_size" in spec:
+            if spec["name"] not in tables:
+                tables[spec["name"]] = maglev_table(members, weights, spec["table_size"])
+            order = maglev_preference(tables[spec["name"]], k, len(members))
+            where = {"table": spec["name"]}
+        else:
+            order = preference(ring_points(members, weights, spec["vnodes"]), k, len(members))
+            where = {"ring": spec["name"]}
+        home = order[:replicas] if homes is None else [members[i] for i in homes]
+        chosen = bounded(members, weights, loads, home, order, factor, min_cap, u)
+        asked = {"replicas": replicas, "homes": homes, "cost": u}
+        cases.append(pick_case(where, text, loads, asked, factor, min_cap, chosen, why))
     return cases
 
 
@@ -818,6 +874,7 @@ def build() -> dict[str, Any]:
         "maglev_default_table_size": CONTRACT_DEFAULT_TABLE_SIZE,
         "maglevs": [maglev_vectors(MAGLEV_A), maglev_vectors(MAGLEV_B)],
         "maglev_picks": maglev_pick_vectors(),
+        "cost_picks": cost_pick_vectors(),
         "organic": organic_vectors(),
     }
 

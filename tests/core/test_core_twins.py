@@ -37,9 +37,10 @@ min_caps = st.one_of(
     st.integers(0, 1 << 70),
     st.sampled_from([(1 << 53) + 1, (1 << 63) - 2, (1 << 63) - 1, 1 << 63, 1 << 64]),
 )
-# A request's cost: 1 (load in requests), a token count, and the bounds.
+# A request's cost: 1 (load in requests), a few requests' worth, a token count, the bounds.
 costs = st.one_of(
     st.just(1),
+    st.integers(1, 40),
     st.integers(1, 20_000),
     st.sampled_from([(1 << 40) - 1, 1 << 40]),
 )
@@ -108,18 +109,44 @@ def test_twins_agree_on_rings_and_picks(
         key, case["loads"], *args
     )
     # A request's cost: the same on both twins, and 1 is the pick without one.
-    cost = case["cost"]
-    picks = [
-        _outcome(lambda ring=ring: ring.pick(key, case["loads"], *args, cost=cost))
-        for ring in (c_ring, py_ring)
-    ]
-    assert picks[0] == picks[1]
-    among_picks = [
-        _outcome(lambda ring=ring: ring.pick_among(key, case["loads"], *among, cost=cost))
-        for ring in (c_ring, py_ring)
-    ]
-    assert among_picks[0] == among_picks[1]
+    _assert_picks_agree_with_a_cost(c_ring, py_ring, case)
     assert c_ring.pick(key, case["loads"], *args, cost=1) == c_ring.pick(key, case["loads"], *args)
+
+
+@FAST
+@given(case=rings_and_picks(), size=st.sampled_from([11, 13, 101]))
+def test_twins_agree_on_maglev_picks_with_a_cost(
+    twins: tuple[ModuleType, ModuleType], case: dict[str, Any], size: int
+) -> None:
+    built = [
+        _outcome(partial(core.Maglev, case["members"], case["weights"], size)) for core in twins
+    ]
+    if built[1][0] == "raised":  # more members than entries, or a weight too small for them
+        assert built[0] == built[1]
+        return
+    c_table, py_table = built[0][1], built[1][1]
+    assert c_table.table() == py_table.table()
+    _assert_picks_agree_with_a_cost(c_table, py_table, case)
+
+
+def _assert_picks_agree_with_a_cost(c_table: Any, py_table: Any, case: dict[str, Any]) -> None:
+    """pick, pick_bytes and pick_among with case["cost"], summed and with the total given:
+    the same answer, or the same exception type, from both twins."""
+    key, loads, cost = case["key"], case["loads"], case["cost"]
+    args = (case["replicas"], case["factor"], case["min_cap"])
+    among = (case["homes"], case["factor"], case["min_cap"])
+    data = key.to_bytes(8, "little")
+    for total in (None, sum(loads)):
+        asked: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+            ("pick", (key, loads, *args, total, cost), {}),
+            ("pick", (key, array("q", loads), *args), {"total": total, "cost": cost}),
+            ("pick_bytes", (data, loads, *args, total, cost), {}),
+            ("pick_among", (key, loads, *among, total, cost), {}),
+        ]
+        for method, arguments, keywords in asked:
+            c_answer = _outcome(partial(getattr(c_table, method), *arguments, **keywords))
+            py_answer = _outcome(partial(getattr(py_table, method), *arguments, **keywords))
+            assert c_answer == py_answer, (method, total)
 
 
 @FAST
