@@ -249,7 +249,7 @@ def cap(
     doubles, in that order; a member fits when load + cost <= cap.
 
     A float, because a huge factor overflows the double to +inf (an unbounded cap); the
-    caller's `load + 1 <= cap` compares an int with a float, which Python does exactly. When
+    caller's `load + cost <= cap` compares an int with a float, which Python does exactly. When
     the floor wins it is returned as the int itself: as a double it could lose its low bits
     above 2**53.
     """
