@@ -4,6 +4,7 @@ hang, or a silently wrong answer - in both twins."""
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -163,3 +164,33 @@ def test_a_refused_call_leaves_the_ring_usable(core: ModuleType) -> None:
         with pytest.raises(ValueError):
             ring.pick(42, bad)
     assert ring.pick(42, [0, 0, 0]) == expected
+
+
+BIG = (1 << 62) - 1
+LOADS_CASES = [
+    ([BIG, BIG, 0], None),  # 2**63 - 2: the most the loads may sum to
+    ([BIG, BIG, 1], "the loads sum to more than"),
+    ([BIG, BIG + 1, 0], "the loads sum to more than"),
+    ([((1 << 31) - 1) << 32, (1 << 32) - 2, 0], None),  # high halves at their most
+    ([((1 << 31) - 1) << 32, (1 << 32) - 1, 0], "the loads sum to more than"),
+    ([(1 << 32) - 1] * 3, None),  # low halves that carry into the high ones
+    ([5, -5, 0], "load -5 is negative"),  # a sum that looks fine
+    ([-1, 1 << 62, 1 << 62], "load -1 is negative"),  # the first broken rule, in member order
+    ([1 << 62, 1 << 62, -1], "the loads sum to more than"),
+    ([-(1 << 63), 0, 0], f"load {-(1 << 63)} is negative"),
+]
+
+
+@pytest.mark.parametrize(("loads", "message"), LOADS_CASES)
+def test_the_loads_are_summed_and_checked_in_member_order(
+    core: ModuleType, loads: list[int], message: str | None
+) -> None:
+    """Summing refuses a negative load or a sum past 2**63 - 2, whichever comes first along
+    the members (the extension sums without a branch per load and walks again to find it)."""
+    ring = _ring(core)
+    for given in (loads, array("q", loads)):
+        if message is None:
+            assert ring.pick(42, given)[1] in ("home", "spill", "fallback")
+        else:
+            with pytest.raises(ValueError, match=re.escape(message)):
+                ring.pick(42, given)
