@@ -486,7 +486,9 @@ class _Table:
             raise TypeError(f"homes must be an int, got {type(homes).__name__}")
         if homes < 1:
             raise ValueError(f"homes is {homes}; a home set has at least 1 member")
-        home = set(islice(self._distinct(self._start(check_key(family))), homes))
+        # At most every member, as the extension (islice refuses homes over sys.maxsize).
+        walk = self._distinct(self._start(check_key(family)))
+        home = set(islice(walk, min(homes, len(self.members))))
         owners = self._owners
         position = self._start(check_key(session))
         while owners[position] not in home:
