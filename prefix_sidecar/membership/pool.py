@@ -18,9 +18,8 @@ more (other sidecars' traffic); an unknown or stale report counts as 0, i.e. own
 alone. With load counted in tokens (config load_unit, routing/cost.py) a pod's load is its
 own requests' tokens (prefill until the first token, the decode term while they run), and
 each request more that the pod or the fleet view counts weighs what ours weigh on average.
-Every change moves one entry and the total by the same delta: O(1). Whatever is
-derived from the ring (the budgeted home placement) is rebuilt by a watcher, right after
-the swap.
+Every change moves one entry and the total by the same delta: O(1). What derives from the
+ring (the budgeted home placement) is rebuilt by a watcher, right after the swap.
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ from dataclasses import dataclass, field
 from prefix_sidecar import _core
 from prefix_sidecar.config import DEFAULTS
 from prefix_sidecar.membership.sources import Member
-from prefix_sidecar.routing.cost import DECODE_TOKENS, LOAD_UNITS, TOKENS
-from prefix_sidecar.routing.decision import Decision
+from prefix_sidecar.routing.cost import DECODE_TOKENS, LOAD_UNITS, TOKENS, Prefill
 from prefix_sidecar.routing.table import RoutingTable
 
 logger = logging.getLogger(__name__)
@@ -51,6 +49,7 @@ MAX_FLEET_SCALE = 4096.0
 # (bench fleet, 5 runs), at 16 1-2 (4 runs); until then own counts decide.
 MIN_SCALE_SAMPLE = 16  # own requests in flight on freshly read pods, summed
 SCALE_STEP = 0.1  # a new estimate within 10 % of the one in use changes nothing
+MAX_COMPUTED = 1024  # Backend.computed: as many prefixes as a sidecar registers by default
 
 WARMING = "warming"
 SERVING = "serving"
@@ -86,6 +85,8 @@ class Backend:
     chosen_anchor: int = 0
     fleet: FleetEstimate = field(default_factory=lambda: FleetEstimate())  # the pool's, shared
     warm_prefixes: set[str] = field(default_factory=set)
+    # Prefixes it computed for a request lately (oldest first, bounded): a cost hint.
+    computed: dict[str, None] = field(default_factory=dict)
     last_error: str = ""
 
     @property
@@ -244,10 +245,19 @@ class BackendPool:
             backend.tokens += prefill + DECODE_TOKENS
             self._publish(backend)
 
-    def prefilled(self, url: str, prefill: int) -> None:
-        """A request on `url` had its first token: its `prefill` no longer weighs."""
+    def prefilled(self, url: str, prefill: int, prefix_id: str = "") -> None:
+        """A request on `url` had its first token: its `prefill` no longer weighs, and the
+        pod holds its prefix (`prefix_id`) now."""
         backend = self.backends.get(url)
-        if backend is not None and prefill:
+        if backend is None:
+            return
+        if prefix_id:
+            computed = backend.computed
+            computed.pop(prefix_id, None)
+            computed[prefix_id] = None  # the newest last
+            if len(computed) > MAX_COMPUTED:
+                del computed[next(iter(computed))]
+        if prefill:
             backend.tokens = max(backend.tokens - prefill, backend.in_flight * DECODE_TOKENS)
             self._publish(backend)
 
@@ -263,20 +273,17 @@ class BackendPool:
             backend.tokens = max(backend.tokens - prefill - DECODE_TOKENS, 0)
             self._publish(backend)
 
-    def prefill_of(self, decision: Decision) -> Callable[[str], int]:
-        """A request's uncached prefill tokens on each pod it may try: the decision's
-        estimate, and its prefix's tokens on a pod not warm with the prefix."""
-        prefill, cold, prefix = decision.prefill, decision.cold, decision.prefix
-        if not cold or prefix is None:
-            return lambda _backend: prefill
-        backends = self.backends
+    def prefill_on(self, prefill: Prefill, url: str) -> int:
+        """A request's uncached prefill tokens on `url`: its estimate, plus its prefix's own
+        on a pod not known to hold it (no home: homes are warmed before they serve)."""
+        if not prefill.cold or url in prefill.homes or self.holds(url, prefill.prefix_id):
+            return prefill.tokens
+        return prefill.tokens + prefill.cold
 
-        def on(backend: str) -> int:
-            pod = backends.get(backend)
-            warm = pod is not None and prefix.id in pod.warm_prefixes
-            return prefill if warm else prefill + cold
-
-        return on
+    def holds(self, url: str, prefix_id: str) -> bool:
+        """Whether the pod was prewarmed with the prefix or computed it for a request."""
+        pod = self.backends.get(url)
+        return pod is not None and (prefix_id in pod.warm_prefixes or prefix_id in pod.computed)
 
     def report_load(self, url: str, load: int | None) -> None:
         """What the pod reports it is running and queueing, from its response headers or its

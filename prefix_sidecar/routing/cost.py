@@ -11,7 +11,9 @@ first token, plus DECODE_TOKENS for as long as it runs. Its prefill is estimated
 the sidecar knows: a registered prefix warm on the pod costs only the query; a cold one all
 of it (upstream/relay.py counts the prefix on a pod not warm with it); an organic later turn
 on its session's pod only its newest turn; a flow's start its prompt past its family's head;
-any other prompt all of it. Bytes become tokens at BYTES_PER_TOKEN, the placement's.
+any other prompt all of it. Bytes become tokens at BYTES_PER_TOKEN, the placement's. A
+registered prefix's spill to a pod that would compute the prefix weighs that too: waiting
+on a warm home wins while it weighs less (`stay_warm`).
 
 The cap's floor is counted in thin requests in both units (`floor_units`): below that many a
 pod always fits, so a prefix stays on its warm home at low traffic.
@@ -20,10 +22,15 @@ pod always fits, so a prefix stays on its warm home at low traffic.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from prefix_sidecar.config.routing import LOAD_UNITS
+from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.organic import OrganicKeys
+from prefix_sidecar.routing.pick import Branch
 from prefix_sidecar.routing.placement import BYTES_PER_TOKEN
+from prefix_sidecar.routing.table import RoutingTable
 
 TOKENS, REQUESTS = LOAD_UNITS
 # What a running request weighs besides its prefill, in tokens: a decode step costs the pod
@@ -52,6 +59,29 @@ def organic_prefill(keys: OrganicKeys, tokens: int) -> int:
     return max(tokens - tokens_of(keys.head), 0)
 
 
+def stay_warm(
+    table: RoutingTable,
+    homes: tuple[str, ...],
+    backend: str,
+    branch: Branch,
+    cold: int,
+    holds: Callable[[str], bool],
+) -> tuple[str, Branch]:
+    """A registered prefix's pick spilled past its home set (every home over its cap) to
+    `backend`: if that pod does not hold the prefix, it would compute its `cold` tokens
+    first, so the least-loaded home takes the request instead (branch STAYED) while waiting
+    there weighs no more than that. The cap's pick weighs the request as on a warm home."""
+    index, loads = table.index, table.loads
+    here = index.get(backend)
+    members = [index[home] for home in homes if home in index]
+    if here is None or not members or holds(backend):
+        return backend, branch
+    home = min(members, key=loads.__getitem__)  # ties: the earlier home
+    if loads[home] <= loads[here] + cold:
+        return table.members[home], Branch.STAYED
+    return backend, branch
+
+
 def tokens_of(nbytes: int) -> int:
     """Tokens in `nbytes` of prompt text, estimated, bounded."""
     return min(math.ceil(max(nbytes, 0) / BYTES_PER_TOKEN), MAX_REQUEST_TOKENS)
@@ -65,3 +95,23 @@ def pick_cost(unit: str, prefill: int) -> int:
 def floor_units(unit: str, requests: int) -> int:
     """A floor of `requests` thin requests in the load unit."""
     return requests if unit == REQUESTS else requests * DECODE_TOKENS
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """What a request's prefill weighs on a pod it may try (membership/pool.py `prefill_on`)."""
+
+    tokens: int = 0  # on a pod that holds its prefix (routing/cost.py)
+    cold: int = 0  # more on one that does not: the prefix's own tokens
+    prefix_id: str = ""
+    homes: tuple[str, ...] = ()  # its prefix's home set: warmed before they serve
+
+    @classmethod
+    def of(cls, decision: Decision) -> Prefill:
+        prefix = decision.prefix
+        if not decision.cold or prefix is None:
+            return cls(decision.prefill)
+        return cls(decision.prefill, decision.cold, prefix.id, decision.homes)
+
+
+NO_PREFILL = Prefill()

@@ -32,6 +32,7 @@ class Decision:
     # and the prefix's own, which a pod not warm with it computes too (upstream/relay.py).
     prefill: int = 0
     cold: int = 0
+    homes: tuple[str, ...] = ()  # a registered prefix's home set (warm before they serve)
 
 
 class PreciseStep(Protocol):

@@ -20,6 +20,9 @@ class Branch(StrEnum):
     # Precise organic routing: the pod that holds the longest prefix of the prompt, by the
     # pods' KV events, under its cap (routing/precise.py).
     CACHED = "cached"
+    # Load in tokens: every home over its cap, but the spill's pod would compute the prefix,
+    # which weighs more than waiting on the least-loaded home (routing/cost.py stay_warm).
+    STAYED = "stayed"
     # A LoRA adapter's request moved to a pod that holds the adapter (routing/adapters.py).
     ADAPTER = "adapter"
     # The baselines, one branch each.

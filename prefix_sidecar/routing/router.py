@@ -30,7 +30,7 @@ from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.routing.adapters import AdapterView, to_adapter_holder
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks
-from prefix_sidecar.routing.cost import organic_prefill, tokens_of
+from prefix_sidecar.routing.cost import TOKENS, organic_prefill, stay_warm, tokens_of
 from prefix_sidecar.routing.decision import Decision, PreciseStep, serving_ring
 from prefix_sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from prefix_sidecar.routing.pick import Branch, Pick
@@ -95,6 +95,8 @@ class Router:
             balance=home_balance_factor,
         )
         self._placing = self.placer.enabled
+        # Loads counted in tokens: a spill that would compute a prefix weighs it (cost.py).
+        self._tokens = getattr(policy, "load_unit", "") == TOKENS
         # The one-call path from a prompt's bytes to a pod, when the policy has one.
         self._select_bytes = getattr(policy, "select_bytes", None)
         self._watching = False
@@ -327,9 +329,17 @@ class Router:
         else:
             home_count = replicas
             preference = ring.preference(key, replicas if replicas > attempts else attempts)
+        # The home set (the preference order's head) before the chosen pod moves first.
+        warm = tuple(preference[:home_count]) if entry is not None else ()
+        if warm and branch is not Branch.HOME and self._tokens and backend not in warm:
+            assert entry is not None
+            backend, branch = stay_warm(
+                table, warm, backend, branch, entry.tokens or tokens_of(entry.size),
+                lambda url: self.pool.holds(url, entry.id),
+            )  # fmt: skip
         forced = home_count == 1 and branch is Branch.HOME
         return self._decision(
-            started, table, key, entry, backend, branch, preference, forced, prefill
+            started, table, key, entry, backend, branch, preference, forced, prefill, warm
         )
 
     @staticmethod
@@ -343,6 +353,7 @@ class Router:
         preference: list[str],
         forced: bool,
         prefill: int,
+        homes: tuple[str, ...] = (),
     ) -> Decision:
         # The chosen pod first, then the rest in order (cheaper than rebuilding the list).
         if preference[0] != backend:
@@ -360,6 +371,7 @@ class Router:
             forced=forced,
             prefill=prefill,
             cold=(entry.tokens or tokens_of(entry.size)) if entry is not None else 0,
+            homes=homes,
         )
 
     def home_set(self, entry: PrefixEntry) -> list[str]:

@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncGenerator, Mapping
 
 from prefix_sidecar.metrics import FRONT_HTTP
+from prefix_sidecar.routing.cost import Prefill
 from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.server.openai.body import FrontError
 from prefix_sidecar.server.openai.http1 import Request, Response, StreamedResponse
@@ -167,7 +168,7 @@ async def forward(
         outcome=outcome,
         first_timeout_s=None if stream else relay.policy.upstream_timeout_s,
         forced_first=decision.forced,
-        prefill=relay.pool.prefill_of(decision),
+        prefill=Prefill.of(decision),
     )
     try:
         return await _send(request, decision, exchange, parts, outcome)

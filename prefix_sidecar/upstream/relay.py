@@ -27,6 +27,7 @@ from typing import Protocol, TypeVar
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.metrics import FRONT_GRPC, Metrics
+from prefix_sidecar.routing.cost import NO_PREFILL, Prefill
 from prefix_sidecar.upstream.body import SplicedBody
 from prefix_sidecar.upstream.caller import deadline_spent
 from prefix_sidecar.upstream.client import UpstreamClient
@@ -119,7 +120,7 @@ class Relay:
         time_remaining: Callable[[], float | None] = lambda: None,  # no deadline
         first_timeout_s: float | None = None,
         forced_first: bool = False,
-        prefill: Callable[[str], int] = lambda _backend: 0,
+        prefill: Prefill = NO_PREFILL,
     ) -> AsyncGenerator[Item, None]:
         """Yield the items of the first pod that answers, trying `candidates` in order.
 
@@ -127,9 +128,9 @@ class Relay:
         attempts, the TTFT and the status. `first_timeout_s` replaces the first-token
         timeout (a whole, unstreamed answer's first byte comes when it is done).
         `forced_first`: the first candidate was the key's only home (Decision.forced); the
-        pool counts it apart from choices and failovers. `prefill(pod)`: the request's
-        uncached prefill tokens on that pod (BackendPool.prefill_of), weighing in its load until the
-        first token. Raises the exchange's errors: broken, rejected or exhausted."""
+        pool counts it apart from choices and failovers. `prefill`: what the request's
+        uncached prefill weighs on each pod until its first token (Prefill.of(decision)).
+        Raises the exchange's errors: broken, rejected or exhausted."""
         started = time.perf_counter()
         metrics, pool, health = self.metrics, self.pool, self.health
         tried = candidates[: self.policy.max_attempts]
@@ -141,7 +142,7 @@ class Relay:
                 break
             budget = self._first_token_budget(remaining, len(tried) - number, first_timeout_s)
             chosen = number > 1 or not forced_first
-            uncached = prefill(backend)
+            uncached = pool.prefill_on(prefill, backend)
             pool.acquire(backend, chosen, uncached)
             in_flight = metrics.child(metrics.in_flight, front, backend)
             in_flight.inc()
@@ -159,7 +160,7 @@ class Relay:
                 outcome.ttft_s = time.perf_counter() - started
                 metrics.child(metrics.ttft, front, backend).observe(outcome.ttft_s)
                 sent_first = True
-                pool.prefilled(backend, uncached)
+                pool.prefilled(backend, uncached, prefill.prefix_id)
                 uncached = 0
                 for item in items:
                     yield item
@@ -205,7 +206,7 @@ class Relay:
         headers: Mapping[str, str] | None = None,
         raw_events: bool = False,
         forced_first: bool = False,
-        prefill: Callable[[str], int] = lambda _backend: 0,
+        prefill: Prefill = NO_PREFILL,
     ) -> AsyncGenerator[router_pb2.Chunk, None]:
         """The gRPC front's chunks of the first pod that streams; `on_accepted` is called
         when a pod first answers 200 (the caller can send its response headers then).

@@ -10,6 +10,7 @@ import pytest
 
 from prefix_sidecar.membership.pool import (
     EJECTED,
+    MAX_COMPUTED,
     MAX_FLEET_SCALE,
     MAX_REPORTED_LOAD,
     MIN_SCALE_SAMPLE,
@@ -19,7 +20,7 @@ from prefix_sidecar.membership.pool import (
     RoutingTable,
 )
 from prefix_sidecar.membership.sources import Member
-from prefix_sidecar.routing.cost import DECODE_TOKENS
+from prefix_sidecar.routing.cost import DECODE_TOKENS, Prefill
 
 URLS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
 
@@ -345,3 +346,23 @@ def test_load_in_tokens_weighs_a_prefill_until_its_first_token() -> None:
     assert pool.table.total == sum(pool.table.loads)
     with pytest.raises(ValueError, match="unknown load unit"):
         BackendPool(load_unit="bytes")
+
+
+def test_a_prefix_weighs_on_a_pod_not_known_to_hold_it_until_it_computed_it() -> None:
+    """Prefill.of(decision): the prefix's own tokens count on a pod that is none of its
+    homes, was not prewarmed with it and has not computed it for a request yet."""
+    pool = BackendPool(warm_before_serve=False, load_unit="tokens")
+    pool.set_members(members(URLS[:3]))
+    home, prewarmed, other = URLS[:3]
+    pool.note_warm_prefix(prewarmed, "p")
+    prefill = Prefill(tokens=50, cold=60_000, prefix_id="p", homes=(home,))
+    assert [pool.prefill_on(prefill, url) for url in URLS[:3]] == [50, 50, 60_050]
+    pool.prefilled(other, 60_050, "p")  # its first token: it holds the prefix now
+    assert pool.prefill_on(prefill, other) == 50
+    assert pool.prefill_on(Prefill(tokens=7), other) == 7
+    for n in range(MAX_COMPUTED + 5):
+        pool.prefilled(other, 0, f"q{n}")
+    assert (
+        len(pool.backends[other].computed) == MAX_COMPUTED
+        and "p" not in pool.backends[other].computed
+    )

@@ -20,6 +20,7 @@ import grpc
 
 from prefix_sidecar.abort import RpcAbort
 from prefix_sidecar.metrics import FRONT_GRPC, Metrics
+from prefix_sidecar.routing.cost import Prefill
 from prefix_sidecar.server.common.request_log import record_outcome
 from prefix_sidecar.server.common.trace_context import TraceContext
 from prefix_sidecar.server.grpc.early_headers import EarlyHeaders
@@ -67,7 +68,7 @@ async def stream_reply(
             on_accepted=headers.send,
             headers=trace.http_headers(),
             forced_first=upstream.decision.forced,
-            prefill=planner.relay.pool.prefill_of(upstream.decision),
+            prefill=Prefill.of(upstream.decision),
         )
         # aclosing: however the call ends, the relay's cleanup (pod connection, in-flight
         # count) runs now, not when the abandoned generator is collected.
