@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
+from prefix_sidecar import _core
+from prefix_sidecar.prefixes import PrefixEntry
 from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.policy import Policy
@@ -59,3 +61,15 @@ def to_adapter_holder(
     held = [pod for pod in rest if view.holds(pod, adapter)]
     preference = [chosen, *held, *(pod for pod in rest if pod not in held)]
     return replace(decision, backend=chosen, preference=preference, branch=Branch.ADAPTER)
+
+
+def holder_homes(
+    ring: _core.HashTable, entry: PrefixEntry, replicas: int, view: AdapterView
+) -> list[str]:
+    """A prefix registered for an adapter lives on the first `replicas` pods of its key's
+    preference order that hold the adapter (where `to_adapter_holder` sends its requests
+    while they fit): its prewarm goes there. No holder known: the ring's homes."""
+    adapter = entry.scope.adapter
+    order = ring.preference(entry.route_key, len(ring.members))
+    held = [pod for pod in order if view.holds(pod, adapter)]
+    return held[:replicas] if held else order[:replicas]

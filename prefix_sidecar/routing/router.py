@@ -27,7 +27,7 @@ from prefix_sidecar import _core
 from prefix_sidecar.config import Config
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
-from prefix_sidecar.routing.adapters import AdapterView, to_adapter_holder
+from prefix_sidecar.routing.adapters import AdapterView, holder_homes, to_adapter_holder
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks
 from prefix_sidecar.routing.cost import TOKENS, organic_prefill, stay_warm, tokens_of
@@ -376,10 +376,13 @@ class Router:
 
     def home_set(self, entry: PrefixEntry) -> list[str]:
         """The prefix's home set on the target ring (every pod not ejected), first choice
-        first: where it should be resident once warming pods serve."""
+        first: where it should be resident once warming pods serve; an adapter's, among the
+        pods that hold the adapter."""
         ring = self.pool.target_ring()
         if ring is None:
             return []
+        if entry.scope.adapter and self.adapters is not None:
+            return holder_homes(ring, entry, self.replicas_of(entry), self.adapters)
         homes = self.placer.homes(ring, entry)
         if homes is not None:
             return list(homes.order[: len(homes.indexes)])

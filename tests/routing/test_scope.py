@@ -150,3 +150,22 @@ def test_an_adapters_request_goes_to_a_pod_that_holds_it(make_router: MakeRouter
     # The base model's requests are not moved.
     base = router.for_prefix(entry)
     assert base.branch is not Branch.ADAPTER and base.route_key == KEY
+
+
+def test_a_prefix_registered_for_an_adapter_lives_on_pods_that_hold_it(
+    make_router: MakeRouter,
+) -> None:
+    urls = pods(6)
+    pool = serving_pool(urls)
+    store = PrefixStore()
+    router = make_router(pool, store)
+    entry, _ = store.register("rules", TEXT, replicas=2, scope=Scope("lora-a"))
+    ring = pool.target_ring()
+    assert ring is not None
+    order = ring.preference(entry.route_key, 6)
+    assert router.home_set(entry) == order[:2]  # no adapter view: the ring's homes
+    holders = Holders({order[4]: {"lora-a"}, order[1]: {"lora-a"}, order[5]: {"lora-a"}})
+    router.adapters = holders
+    assert router.home_set(entry) == [order[1], order[4]]
+    holders.held = {}
+    assert router.home_set(entry) == order[:2]  # nobody holds it (yet): the ring's homes
