@@ -46,6 +46,16 @@ async def start_site(
     return runner, f"{scheme}://127.0.0.1:{runner.addresses[0][1]}"
 
 
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """`app` on a free port of 127.0.0.1 for the block: its base URL."""
+    runner, url = await start_site(app)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
 def event(payload: Any) -> bytes:
     """One SSE event carrying `payload` as JSON."""
     return b"data: " + json.dumps(payload).encode() + b"\n\n"

@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 
 from prefix_sidecar.membership.load_signals.poller import POLL_INTERVAL_S, POLL_SAMPLE
 from prefix_sidecar.upstream.client import UpstreamClient
@@ -53,22 +54,17 @@ def adapters_listed(body: bytes) -> frozenset[str] | None:
     return frozenset(names)
 
 
+@dataclass(eq=False)
 class AdapterWatch:
     """The adapters each member pod holds, kept fresh by `run`."""
 
-    def __init__(
-        self,
-        client: UpstreamClient,
-        *,
-        interval_s: float = POLL_INTERVAL_S,
-        sample: int = POLL_SAMPLE,
-    ) -> None:
-        self.client = client
-        self.interval_s = interval_s
-        self.sample = sample
-        self._held: dict[str, frozenset[str]] = {}
-        self._asked: dict[str, float] = {}  # url -> when last asked (0: never)
-        self._names: frozenset[str] = frozenset()
+    client: UpstreamClient
+    _: KW_ONLY
+    interval_s: float = POLL_INTERVAL_S
+    sample: int = POLL_SAMPLE
+    _held: dict[str, frozenset[str]] = field(default_factory=dict, init=False)
+    _asked: dict[str, float] = field(default_factory=dict, init=False)  # url -> when asked
+    _names: frozenset[str] = field(default=frozenset(), init=False)
 
     def set_members(self, urls: Iterable[str]) -> None:
         wanted = set(urls)

@@ -10,6 +10,7 @@ clipped in total, so the status always fits in gRPC's metadata limits.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
@@ -40,35 +41,24 @@ STATUS_BYTES = 1900
 TRUNCATED = "the stream ended without a finish_reason: the pod cut it short"
 
 
+@dataclass(eq=False)
 class DeltaExchange:
     """The gRPC front's exchange: the pod's SSE decoded into deltas, sent as Chunks."""
 
-    def __init__(
-        self,
-        client: UpstreamClient,
-        path: str,
-        body: bytes | SplicedBody,
-        *,
-        chat: bool,
-        outcome: RelayOutcome,
-        max_message_bytes: int,
-        on_accepted: Callable[[], None] | None,
-        headers: Mapping[str, str] | None,
-        raw_events: bool,
-    ) -> None:
-        self.client = client
-        self.path = path
-        self.body = body
-        self.chat = chat
-        self.outcome = outcome
-        self.max_message_bytes = max_message_bytes
-        self.on_accepted = on_accepted
-        self.headers = headers
-        self.raw_events = raw_events
-        self.stream: UpstreamStream | None = None
-        self.backend = ""
-        self.finish_reason = ""
-        self.limit = 0
+    client: UpstreamClient
+    path: str
+    body: bytes | SplicedBody
+    _: KW_ONLY
+    chat: bool
+    outcome: RelayOutcome
+    max_message_bytes: int
+    on_accepted: Callable[[], None] | None
+    headers: Mapping[str, str] | None
+    raw_events: bool
+    stream: UpstreamStream | None = field(default=None, init=False)
+    backend: str = field(default="", init=False)
+    finish_reason: str = field(default="", init=False)
+    limit: int = field(default=0, init=False)
 
     async def first(self, backend: str, attempt: int, timeout_s: float) -> list[router_pb2.Chunk]:
         self.backend = backend

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefix_sidecar._core_py import cap
+from tests.core.bounds import check_the_bound
 from tests.core.golden_tables import golden_picks, maglev_from, ring_from
 
 MEMBERS = ["http://a", "http://b", "http://c", "http://d"]
@@ -211,15 +212,7 @@ def test_bounded_load_with_a_cost(
         m: reference.fits(load, factor, total, w, total_weight, min_cap, cost)
         for m, load, w in zip(members, loads, weights, strict=True)
     }
-    home = table.preference(key, replicas)
-    if branch == "home":
-        assert member in home and fits[member]
-        assert loads[members.index(member)] == min(loads[members.index(m)] for m in home)
-    elif branch == "spill":
-        assert fits[member]
-    else:
-        assert branch == "fallback" and not any(fits.values())
-        assert loads[members.index(member)] == min(loads)
+    check_the_bound(table, key, replicas, loads, members, (member, branch), fits)
     if cost == 1:
         assert (member, branch) == table.pick(key, loads, replicas, factor, min_cap)
 

@@ -14,6 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.core.bounds import check_the_bound
+
 PODS = [f"http://10.0.{i // 16}.{i % 16}:8000" for i in range(13)]
 
 
@@ -95,14 +97,7 @@ def test_bounded_load(core: ModuleType, reference: ModuleType, case: dict[str, A
     }
     if not fits[member]:
         assert not any(fits.values()), (member, branch, fits)
-    home = ring.preference(key, replicas)
-    if branch == "home":
-        assert member in home and fits[member]
-        assert loads[members.index(member)] == min(loads[members.index(m)] for m in home)
-    elif branch == "spill":
-        assert fits[member]
-    else:
-        assert branch == "fallback" and not any(fits.values())
+    check_the_bound(ring, key, replicas, loads, members, (member, branch), fits)
     # With c >= 1 and loads far below 2**53, some member always fits (sum of caps >= L + 1).
     assert branch != "fallback"
     if min_cap == 0:

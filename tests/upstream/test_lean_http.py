@@ -15,7 +15,7 @@ from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.lean_http import PodAnswer
 from prefix_sidecar.upstream.pod_connection import MAX_HEAD, PodHTTPError
-from tests.fake_pod import start_site
+from tests.fake_pod import serving
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -42,11 +42,8 @@ async def aiohttp_pod() -> AsyncIterator[tuple[str, list[object]]]:
     app = web.Application()
     app.router.add_post("/whole", whole)
     app.router.add_post("/chunked", chunked)
-    runner, base_url = await start_site(app)
-    try:
+    async with serving(app) as base_url:
         yield base_url, seen
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager
