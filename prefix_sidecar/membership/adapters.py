@@ -8,8 +8,9 @@ asked before any other), each answer bounded in time and bytes like every pod an
 Routing reads `holds` (routing/adapters.py); the pool lookup reads the names
 (server/pools.py): a model no pool names may be an adapter some pod holds.
 
-Untrusted: at most MAX_ADAPTERS_PER_POD names of at most MAX_NAME_CHARS are kept per pod;
-a pod that stops answering keeps its last list until it leaves the membership.
+Untrusted: at most MAX_ADAPTERS_PER_POD names of at most MAX_NAME_CHARS are kept per pod,
+and at most MAX_ADAPTERS names in all (a pod's names past them are not learnt); a pod that
+stops answering keeps its last list until it leaves the membership.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 TIMEOUT_S = 1.0
 MAX_BYTES = 256 * 1024
 MAX_ADAPTERS_PER_POD = 1024
+MAX_ADAPTERS = 4096  # per pool: 4,096 names of 256 characters are ~1 MB
 MAX_NAME_CHARS = 256
 
 
@@ -92,9 +94,14 @@ class AdapterWatch:
         """The pod's list as just read (a test, or `poll`)."""
         if url not in self._asked:
             return  # left the membership meanwhile
+        others = frozenset().union(*(held for pod, held in self._held.items() if pod != url))
+        room = MAX_ADAPTERS - len(others)
+        new = sorted(adapters - others)
+        if len(new) > room:
+            adapters = (adapters & others) | frozenset(new[: max(room, 0)])
         if self._held.get(url) != adapters:
             self._held[url] = adapters
-            self._names = frozenset().union(*self._held.values())
+            self._names = others | adapters
 
     async def poll_once(self) -> None:
         oldest = sorted(self._asked, key=self._asked.__getitem__)[: self.sample]

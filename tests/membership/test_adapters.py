@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from prefix_sidecar.membership.adapters import (
+    MAX_ADAPTERS,
     MAX_ADAPTERS_PER_POD,
     MAX_NAME_CHARS,
     AdapterWatch,
@@ -86,3 +87,15 @@ async def test_the_pod_asked_longest_ago_is_asked_first() -> None:
         for _ in range(3):
             await watch.poll_once()
         assert (len(asked_a), len(asked_b), len(asked_c)) == (1, 1, 1)
+
+
+async def test_the_names_learnt_are_bounded_over_the_pool() -> None:
+    async with UpstreamClient() as client:
+        watch = AdapterWatch(client)
+        pods = [f"http://10.0.0.{n}:8000" for n in range(6)]
+        watch.set_members(pods)
+        for n, pod in enumerate(pods):
+            names = frozenset(f"pod{n}-{i}" for i in range(MAX_ADAPTERS_PER_POD))
+            watch.observe(pod, names | {"shared"})
+        assert len(set(watch)) == MAX_ADAPTERS and "shared" in watch
+        assert watch.holds(pods[5], "shared")  # a name already known is still learnt
