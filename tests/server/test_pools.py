@@ -21,7 +21,14 @@ from prefix_sidecar.config import ConfigError, build_config
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.emulator import run_emulator
 from prefix_sidecar_tools.harness import SidecarProcess, free_port
-from tests.server.conftest import FAST, cli_env, requests_per_pod, socket_path
+from tests.server.conftest import (
+    FAST,
+    cli_env,
+    requests_per_pod,
+    running_sidecar,
+    sidecar_config,
+    socket_path,
+)
 
 LARGE = ("qwen2.5-72b-instruct", "qwen-large")
 SMALL = ("qwen2.5-7b-instruct",)
@@ -231,3 +238,31 @@ def test_pools_and_top_level_backends_do_not_mix() -> None:
                 "pools": [{"name": "a", "models": ["m"], "backends": ["http://127.0.0.1:2"]}],
             }
         )
+
+
+async def test_a_pool_routes_as_a_sidecar_with_that_pool_alone(tmp_path: Path) -> None:
+    """Routing contract 10: keys and picks do not depend on the pool. The same requests'
+    Route answers from the two-pool process and from a one-pool sidecar of its pods."""
+    prompts = [f"merchant {n} asks about the {n % 3}-for-1 offer. " * (40 + n) for n in range(12)]
+    (tmp_path / "alone").mkdir()
+    async with (
+        two_pools(tmp_path) as fleet,
+        grpc.aio.insecure_channel(fleet.sidecar.target) as channel,
+        running_sidecar(sidecar_config(tmp_path / "alone", fleet.pods["small"])) as (_, alone),
+    ):
+        both = router_pb2_grpc.RouterStub(channel)
+        for stub, model in ((both, SMALL[0]), (alone, "")):
+            await stub.RegisterPrefix(
+                router_pb2.RegisterPrefixRequest(name="rules", text=RULES, model=model)
+            )
+        for prompt in prompts:
+            pooled = await both.Route(router_pb2.RouteRequest(prompt=prompt, model=SMALL[0]))
+            single = await alone.Route(router_pb2.RouteRequest(prompt=prompt))
+            assert (pooled.backend, pooled.route_key, list(pooled.preference)) == (
+                single.backend,
+                single.route_key,
+                list(single.preference),
+            )
+        pooled = await both.Route(router_pb2.RouteRequest(prefix_name="rules", model=SMALL[0]))
+        single = await alone.Route(router_pb2.RouteRequest(prefix_name="rules"))
+        assert (pooled.backend, pooled.route_key) == (single.backend, single.route_key)

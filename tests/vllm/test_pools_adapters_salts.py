@@ -176,11 +176,11 @@ async def test_an_adapters_requests_go_to_the_pod_that_holds_it(
         assert prefix.adapter == ADAPTER
         served = [
             await complete(stub, prefix_id=prefix.id, input=f" Q{n}?", model=ADAPTER)
-            for n in range(6)
+            for n in range(10)
         ]
         prompts = [
             await complete(stub, input=document(f"adapter-prompt-{n}", 300), model=ADAPTER)
-            for n in range(6)
+            for n in range(30)
         ]
         base = await complete(stub, prefix_id=prefix.id, input=" Q?", model=fleet.model)
     print(f"\nadapter, registered: {served}\nadapter, prompts: {prompts}\nbase: {base}")
