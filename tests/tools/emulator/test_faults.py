@@ -30,7 +30,7 @@ async def test_fail_next_n(session: aiohttp.ClientSession, status: int) -> None:
         results = [await post(session, url, "/v1/completions", {"prompt": "x"}) for _ in range(3)]
         assert [code for code, _ in results] == [status, status, 200]
         error = results[0][1]
-        assert error["object"] == "error" and error["code"] == status
+        assert error["error"]["code"] == status
         async with session.get(url + "/admin/faults") as response:
             assert (await response.json())["fail_next"] == 0
 

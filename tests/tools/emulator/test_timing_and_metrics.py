@@ -157,7 +157,7 @@ async def test_full_kv_makes_requests_wait(session: aiohttp.ClientSession) -> No
     # both hold one of the pod's max_running seats
     assert during["vllm:num_requests_running"] == 1
     assert during["vllm:num_requests_waiting"] == 1
-    assert status == 400 and "--kv-tokens" in too_big["message"]
+    assert status == 400 and "--kv-tokens" in too_big["error"]["message"]
 
 
 async def test_time_scale_divides_real_time(session: aiohttp.ClientSession) -> None:

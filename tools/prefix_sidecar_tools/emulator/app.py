@@ -1,7 +1,8 @@
 """The HTTP face of one emulated pod: vLLM's endpoints plus /admin for tests and benches.
 
 vLLM endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-GET /health, POST /tokenize, GET /metrics, GET /version, POST /reset_prefix_cache.
+GET /health, POST /tokenize, GET /metrics, GET /version, POST /reset_prefix_cache; with
+--runtime-lora-updating POST /v1/load_lora_adapter and /v1/unload_lora_adapter (adapters.py).
 Admin: GET|POST /admin/faults, POST /admin/reset-cache, GET /admin/stats,
 POST /admin/reset-stats (see docs/emulator.md).
 """
@@ -12,12 +13,12 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
+from prefix_sidecar_tools.emulator import adapters
 from prefix_sidecar_tools.emulator.config import EmulatorConfig
 from prefix_sidecar_tools.emulator.engine import Engine, EngineStats, Outcome, Prepared
 from prefix_sidecar_tools.emulator.kv_events import KvEventPublisher
@@ -51,8 +52,10 @@ async def _json_body(request: web.Request) -> Any:
 
 
 def _prepare(engine: Engine, parsed: ParsedRequest) -> Prepared:
-    """Tokenize and apply vLLM's length checks; the max_tokens default depends on the API."""
+    """Resolve the model (the base one or an adapter, else vLLM's 404), tokenize and apply
+    vLLM's length checks; the max_tokens default depends on the API."""
     config = engine.config
+    adapter = engine.adapters.resolve(parsed.model)
     max_tokens = parsed.max_tokens
     prepared = Prepared.build(
         parsed.prompt,
@@ -61,6 +64,8 @@ def _prepare(engine: Engine, parsed: ParsedRequest) -> Prepared:
         parsed.seed,
         parsed.temperature,
         config.block_size,
+        adapter,
+        parsed.cache_salt,
     )
     room = config.max_model_len - prepared.prompt_tokens
     if max_tokens is None:
@@ -89,13 +94,14 @@ async def _inference(request: web.Request, chat: bool) -> web.StreamResponse:
         parsed = parse_request(await _json_body(request), engine.config, chat)
         prepared = _prepare(engine, parsed)
     except RequestError as exc:
-        return _error(exc.message, exc.status)
+        return web.json_response(exc.body(), status=exc.status)
     if faults.fail_next > 0:
         faults.fail_next -= 1
         return _error(f"injected fault: HTTP {faults.fail_status}", faults.fail_status)
     if faults.stall_seconds > 0:
         await asyncio.sleep(faults.stall_seconds)
-    shaper = ResponseShaper(engine.config.model, chat)
+    served = prepared.adapter.name if prepared.adapter else engine.config.model
+    shaper = ResponseShaper(served, chat)
     outcome = Outcome(prompt_tokens=prepared.prompt_tokens)
     load_format = request.headers.get(LOAD_FORMAT_HEADER, "")
     if parsed.stream:
@@ -180,21 +186,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _inference(request, chat=True)
-
-
-async def models(request: web.Request) -> web.Response:
-    config = request.app[ENGINE].config
-    card = {
-        "id": config.model,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "vllm",
-        "root": config.model,
-        "parent": None,
-        "max_model_len": config.max_model_len,
-        "permission": [],
-    }
-    return web.json_response({"object": "list", "data": [card]})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -307,7 +298,7 @@ def make_app(config: EmulatorConfig | None = None, host: str = "127.0.0.1") -> w
         _publish_kv_events(app, app[ENGINE], host)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", models)
+    adapters.add_routes(app, app[ENGINE].adapters)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_post("/tokenize", tokenize)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from prefix_sidecar import fields
 from prefix_sidecar.fields import above, at_least, one_of, setting
 
 BLOCK_SIZE = 16  # vLLM's default KV block size on GPUs, in tokens (128 on CPUs)
+LORA_MODULES_FLAG = "--lora-modules"  # vLLM's: NAME=PATH or JSON, one or more per flag
 MAX_BLOCK_SIZE = 16384  # a block is hashed as one slice of 4-byte pieces: <= 64 KiB
 FAIL_STATUSES = (429, 500, 503)
 
@@ -186,12 +188,36 @@ class EmulatorConfig:
     stats_history: int = setting(
         1000, "recent prefills kept for /admin/stats", flag="--stats-history"
     )
+    enable_lora: bool = setting(
+        False, "serve LoRA adapters, as vLLM's --enable-lora", flag="--enable-lora"
+    )
+    # The path is only shown in /v1/models (and keys the adapter's cache, as in vLLM).
+    lora_modules: tuple[str, ...] = setting(
+        (),
+        "LoRA adapters served beside the model (needs --enable-lora): NAME=PATH or vLLM's "
+        "JSON {name, path}, one or more a flag",
+        flag=LORA_MODULES_FLAG,
+        metavar="NAME=PATH",
+        repeat=True,
+    )
+    runtime_lora_updating: bool = setting(
+        False,
+        "answer POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: the "
+        "environment's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)",
+        flag="--runtime-lora-updating",
+    )
     faults: Faults = field(default_factory=Faults)
 
     def validate(self) -> None:
         fields.validate(self, _message)
         if self.kv_tokens < self.block_size:
             raise ValueError(f"kv_tokens must hold at least one block ({self.block_size} tokens)")
+        modules = lora_modules(self.lora_modules)
+        if modules and not self.enable_lora:
+            # vLLM does not start: "LoRA is not enabled. Use --enable-lora to enable LoRA."
+            raise ValueError(f"{LORA_MODULES_FLAG} needs --enable-lora, as vLLM does")
+        if self.model in dict(modules):
+            raise ValueError(f"a LoRA adapter may not be named as the model ({self.model!r})")
         self.faults.validate()
 
     @property
@@ -199,9 +225,31 @@ class EmulatorConfig:
         return self.kv_tokens // self.block_size
 
 
+def lora_modules(items: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(name, path) of each `--lora-modules` item, as vLLM reads them: NAME=PATH, or a
+    JSON object with "name" and "path"; raises ValueError on anything else."""
+    modules: list[tuple[str, str]] = []
+    for item in items:
+        if "=" in item and "," not in item:
+            name, path = item.split("=", 1)
+        else:
+            try:
+                module = json.loads(item)
+                name, path = module["name"], module["path"]
+            except (ValueError, TypeError, KeyError):
+                raise ValueError(f"{LORA_MODULES_FLAG} {item!r}: NAME=PATH or JSON") from None
+        if not isinstance(name, str) or not isinstance(path, str) or not name:
+            raise ValueError(f"{LORA_MODULES_FLAG} {item!r}: a name and a path")
+        modules.append((name, path))
+    return modules
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the pod-model and fault flags (shared by `emulate` and `python -m`)."""
     fields.add_flags(parser.add_argument_group("pod model"), EmulatorConfig, typed=True)
+    # vLLM's --lora-modules takes several values at once: the table's repeatable flag does
+    # too (each use appends a list; config_from_args flattens them).
+    parser._option_string_actions[LORA_MODULES_FLAG].nargs = "+"
     faults = parser.add_argument_group("faults (also settable at run time: POST /admin/faults)")
     fields.add_flags(faults, Faults, typed=True)
 
@@ -209,7 +257,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     """Build and validate a config; raises ValueError with the flag's meaning on bad input."""
     faults = Faults(**fields.given(args, Faults))
-    config = EmulatorConfig(**fields.given(args, EmulatorConfig), faults=faults)
+    given = fields.given(args, EmulatorConfig)
+    if "lora_modules" in given:
+        given["lora_modules"] = tuple(item for group in given["lora_modules"] for item in group)
+    config = EmulatorConfig(**given, faults=faults)
     config.validate()
     return config
 

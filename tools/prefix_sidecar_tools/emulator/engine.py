@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefix_sidecar_tools.emulator.adapters import Adapter, Adapters, cache_key, keyed
 from prefix_sidecar_tools.emulator.config import BLOCK_SIZE, EmulatorConfig
 from prefix_sidecar_tools.emulator.kv_events import KvEventPublisher
 from prefix_sidecar_tools.emulator.metrics import PodMetrics
@@ -75,6 +76,8 @@ class Prepared:
     temperature: float = 1.0
     prompt_tokens: int = 0
     hashes: list[int] = field(default_factory=list)
+    adapter: Adapter | None = None  # the LoRA adapter it is computed with
+    cache_salt: str | None = None
 
     @classmethod
     def build(
@@ -85,7 +88,10 @@ class Prepared:
         seed: int | None,
         temperature: float,
         block_size: int = BLOCK_SIZE,
+        adapter: Adapter | None = None,
+        cache_salt: str | None = None,
     ) -> Prepared:
+        """`adapter` and `cache_salt` key its blocks apart (adapters.py), as vLLM's."""
         data = prompt.encode("utf-8")
         return cls(
             prompt=data,
@@ -94,7 +100,9 @@ class Prepared:
             seed=seed,
             temperature=temperature,
             prompt_tokens=count_tokens(data),
-            hashes=block_hashes(data, block_size),
+            hashes=keyed(block_hashes(data, block_size), cache_key(adapter, cache_salt)),
+            adapter=adapter,
+            cache_salt=cache_salt,
         )
 
 
@@ -145,6 +153,7 @@ class Engine:
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         self.cache = PrefixCache(config.kv_blocks, config.block_size)
+        self.adapters = Adapters(config)
         self.kv_events: KvEventPublisher | None = None  # set by the app with --kv-events
         self.stats = EngineStats(prefills=deque(maxlen=config.stats_history))
         self._running_slots = FifoSlots(config.max_running)
@@ -212,7 +221,14 @@ class Engine:
                 hit_blocks = self.cache.hit_blocks(request.hashes, request.prompt_tokens)
                 evicted, inserted = self.cache.allocate(request.hashes)
                 if self.kv_events is not None:
-                    self.kv_events.allocated(request.prompt, request.hashes, evicted, inserted)
+                    self.kv_events.allocated(
+                        request.prompt,
+                        request.hashes,
+                        evicted,
+                        inserted,
+                        request.adapter,
+                        request.cache_salt,
+                    )
                 pinned = True
                 self.running += 1
                 outcome.cached_tokens = hit_blocks * config.block_size

@@ -132,7 +132,9 @@ async def _admin(url: str, method: str, path: str, body: dict[str, Any] | None =
     ):
         payload = await response.json()
         if response.status != 200:
-            raise ValueError(f"{method} {url}{path}: {payload.get('message', payload)}")
+            error = payload.get("error") if isinstance(payload, dict) else None
+            words = error.get("message", error) if isinstance(error, dict) else payload
+            raise ValueError(f"{method} {url}{path}: {words}")
         return payload
 
 

