@@ -22,14 +22,14 @@ import pytest_asyncio
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.harness import SidecarProcess, child_env
-from prefix_sidecar_tools.vllm.fleet import VllmFleet, ensure_tiny_model, vllm_python
+from prefix_sidecar_tools.vllm.fleet import VllmFleet, vllm_python
+from prefix_sidecar_tools.vllm.models import MODEL_A, MODEL_B, ensure_adapter, ensure_model
 from prefix_sidecar_tools.vllm.reports import cached_tokens
 from prefix_sidecar_tools.vllm.tiny_model import document
 from tests.vllm.conftest import VLLM_TESTS
 
 pytestmark = VLLM_TESTS
 
-MODEL_B = "tiny-llama-b"
 ADAPTER = "lora-a"
 QUERIES = 4  # thin queries per prefix: the first is cold under a new salt, the rest hit
 
@@ -39,16 +39,13 @@ async def more_pods() -> AsyncIterator[tuple[VllmFleet, VllmFleet]]:
     """Two pods of the second model and one pod of the first holding the adapter."""
     python = vllm_python()
     assert python is not None
-    model = ensure_tiny_model(python)
-    artifacts = model.parent
-    model_b = ensure_tiny_model(python, artifacts / "vllm-tiny-b", weights_seed=7)
-    adapter = ensure_tiny_model(
-        python, artifacts / "vllm-tiny-lora-a", weights_seed=11, adapter_of=model
-    )
-    lora = ["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"{ADAPTER}={adapter}"]
+    model = ensure_model(python, MODEL_A)
+    adapter = ensure_adapter(python, model, ADAPTER)
     async with (
-        VllmFleet(model_b, 2, python=python, served_model=MODEL_B) as fleet_b,
-        VllmFleet(model, 1, python=python, extra_args=lora) as holder,
+        VllmFleet(
+            ensure_model(python, MODEL_B), 2, python=python, served_model=MODEL_B.served
+        ) as fleet_b,
+        VllmFleet(model, 1, python=python, lora_modules={ADAPTER: adapter}) as holder,
     ):
         yield fleet_b, holder
 
@@ -99,7 +96,7 @@ async def test_two_pools_route_each_model_to_its_pods_as_a_sidecar_per_pool_woul
     fleet: VllmFleet, more_pods: tuple[VllmFleet, VllmFleet], tmp_path: Path
 ) -> None:
     fleet_b, _ = more_pods
-    pools = {"a": (fleet.model, fleet.urls), "b": (MODEL_B, fleet_b.urls)}
+    pools = {"a": (fleet.model, fleet.urls), "b": (MODEL_B.served, fleet_b.urls)}
     texts = {name: [document(f"pool-{name}-{n}", 1500) for n in range(2)] for name in pools}
     both = {
         "pools": [
@@ -129,7 +126,7 @@ async def test_two_pools_route_each_model_to_its_pods_as_a_sidecar_per_pool_woul
             with_routes[name] = (route.pool, route.backend)
     async with (
         sidecar(tmp_path, "a", {"backends": fleet.urls, "model": fleet.model}) as stub_a,
-        sidecar(tmp_path, "b", {"backends": fleet_b.urls, "model": MODEL_B}) as stub_b,
+        sidecar(tmp_path, "b", {"backends": fleet_b.urls, "model": MODEL_B.served}) as stub_b,
     ):
         apart = await run({"a": stub_a, "b": stub_b}, "run-2")
         alone = {

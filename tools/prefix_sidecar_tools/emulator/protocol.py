@@ -45,18 +45,18 @@ SALT_SHAPE = (
 )
 
 
+@dataclass
 class RequestError(Exception):
     """A request the pod refuses; rendered as vLLM's error JSON with this status (`kind`:
     the error's type when not the status's usual one, `param`: the field at fault)."""
 
-    def __init__(
-        self, message: str, status: int = 400, param: str | None = None, kind: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.kind = kind
+    message: str
+    status: int = 400
+    param: str | None = None
+    kind: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.status, self.param, self.kind)

@@ -92,7 +92,9 @@ def build_router(
     prefixes = scenario.traffic.prefixes
     urls = urls or [f"http://plan-pod-{i}.invalid:8000" for i in range(pods)]
     texts = texts or [_text(p.name, p.tokens) for p in prefixes]
-    pool = BackendPool(warm_before_serve=False)
+    # Loads in requests: the model's requests are thin queries of warm prefixes, each the
+    # same weight, so counting tokens would only scale every load and cap alike.
+    pool = BackendPool(warm_before_serve=False, load_unit="requests")
     pool.set_members([Member(url, 1) for url in urls])
     for url in urls:
         pool.set_health(url, True)
@@ -102,7 +104,7 @@ def build_router(
         store.register(p.name, text, min(pods, replicas.get(p.name, 1)))[0]
         for p, text in zip(prefixes, texts, strict=True)
     ]
-    fields: dict[str, object] = {"load_factor": LOAD_FACTOR}
+    fields: dict[str, object] = {"load_factor": LOAD_FACTOR, "load_unit": "requests"}
     if policy == "prefix_affinity":
         fields["home_kv_budget_tokens"] = budget
     config = build_config(overrides=fields)
