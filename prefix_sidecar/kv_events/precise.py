@@ -21,7 +21,6 @@ from typing import Any
 from prefix_sidecar.config import Config
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.routing.decision import Decision
-from prefix_sidecar.routing.organic import LOAD_CAP_FLOOR
 from prefix_sidecar.routing.pick import Branch
 from prefix_sidecar.routing.precise import BlockSource, to_cached
 from prefix_sidecar.routing.router import Router
@@ -96,7 +95,7 @@ class PreciseRouting:
             decision.backend,
             decision.preference,
             matches,
-            LOAD_CAP_FLOOR,
+            router.organic_floor,
         )
         if pod is None:
             self.on_outcome("kept")

@@ -45,6 +45,12 @@ REQUEST_CAP_FLOOR = 8
 # An organic later turn on its session's pod: its history is cached there, its newest turn
 # (a question and the last answer) is not; a chat turn is a few hundred tokens.
 LATER_TURN_TOKENS = 512
+# What one organic request of the floor weighs in tokens: a later turn on its session's pod.
+# Weighed as a registered thin query (DECODE_TOKENS), the floor was 1,024 tokens, one cold
+# 750-token system prompt in flight: `bench organic` (seed 0, grpc-chat) then spilled 80 of
+# 548 requests off their warm pods, hit 0.860 of the ceiling and TTFT p99 1,428 ms, against
+# 0.992 and 499 ms counting requests; with this weight 0.990 and 539 ms, same run.
+ORGANIC_REQUEST_TOKENS = LATER_TURN_TOKENS + DECODE_TOKENS
 # Bounds one request's estimate (a 4 MiB prefix is ~1M tokens): loads stay far below int64.
 MAX_REQUEST_TOKENS = 1 << 22
 
@@ -92,9 +98,14 @@ def pick_cost(unit: str, prefill: int) -> int:
     return 1 if unit == REQUESTS else min(prefill, MAX_REQUEST_TOKENS) + DECODE_TOKENS
 
 
-def floor_units(unit: str, requests: int) -> int:
-    """A floor of `requests` thin requests in the load unit."""
-    return requests if unit == REQUESTS else requests * DECODE_TOKENS
+def floor_units(unit: str, requests: int, request_tokens: int = DECODE_TOKENS) -> int:
+    """A floor of `requests` thin requests in the load unit, each `request_tokens` in tokens."""
+    return requests if unit == REQUESTS else requests * request_tokens
+
+
+def organic_floor(unit: str, requests: int) -> int:
+    """Organic picks' floor (min_cap): `requests` later turns in the load unit."""
+    return floor_units(unit, requests, ORGANIC_REQUEST_TOKENS)
 
 
 @dataclass(frozen=True)

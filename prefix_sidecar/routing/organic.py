@@ -58,7 +58,8 @@ HOME_SPREAD = 4.0
 SESSION_SPREAD = 1.5
 # The floor under every pod's cap (min_cap) for organic picks. Organic requests are small
 # next to a registered fat prefix: a spill costs a session's history at most, while a hot
-# pod's queue costs every request behind it; 8, as registered prefixes' load_cap_floor.
+# pod's queue costs every request behind it; 8, as registered prefixes' floor (cost.py
+# REQUEST_CAP_FLOOR). With load in tokens each weighs a later turn (ORGANIC_REQUEST_TOKENS).
 LOAD_CAP_FLOOR = 8
 # A flow's start goes to the least-loaded pod of its home set (9f): in docs/benchmarks.md
 # "Organic routing: balanced starts" (five bench organic runs against `hashed`, off, on the

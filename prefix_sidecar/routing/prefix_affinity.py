@@ -42,9 +42,8 @@ class PrefixAffinity:
         ring = table.ring
         assert ring is not None
         key, replicas, homes, min_cap, prefill = pick
-        unit = self.load_unit
-        floor = self.load_cap_floor if min_cap is None else floor_units(unit, min_cap)
-        cost = pick_cost(unit, prefill)
+        floor = self.load_cap_floor if min_cap is None else min_cap
+        cost = pick_cost(self.load_unit, prefill)
         if homes:
             member, branch = ring.pick_among(
                 key, table.loads, homes, self.load_factor, floor, table.total, cost=cost

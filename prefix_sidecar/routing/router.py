@@ -30,7 +30,7 @@ from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 from prefix_sidecar.routing.adapters import AdapterView, holder_homes, to_adapter_holder
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.chat_templates import NOT_FOLLOWED, turn_marks
-from prefix_sidecar.routing.cost import TOKENS, organic_prefill, stay_warm, tokens_of
+from prefix_sidecar.routing.cost import TOKENS, organic_floor, organic_prefill, stay_warm, tokens_of
 from prefix_sidecar.routing.decision import Decision, PreciseStep, serving_ring
 from prefix_sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from prefix_sidecar.routing.pick import Branch, Pick
@@ -111,7 +111,7 @@ class Router:
             if organic_on
             else None
         )
-        self.organic_load_cap_floor = organic_load_cap_floor
+        self.organic_floor = organic_floor(getattr(policy, "load_unit", ""), organic_load_cap_floor)
         # Set by the sidecar with kv_events on: a registered prefix then avoids a home known
         # to have lost it (routing/resident.py).
         self.residency: ResidencyView | None = None
@@ -276,7 +276,7 @@ class Router:
         # The spill walks the family's preference order: its home set first, where the
         # family's shared head is warm; a spilled session keeps spilling to one pod.
         prefill = organic_prefill(keys, tokens)
-        pick = Pick(keys.family, 1, (home,), self.organic_load_cap_floor, prefill)
+        pick = Pick(keys.family, 1, (home,), self.organic_floor, prefill)
         backend, branch = self.policy.select(table, pick)
         self.organic.sent(ring, backend, keys)
         # Failover: the chosen pod, the session's home pod, then the family's order.

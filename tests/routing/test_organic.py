@@ -266,6 +266,26 @@ def test_a_spilled_session_keeps_spilling_to_one_pod(make_router: MakeRouter) ->
     assert len(spilled) == 1 and home not in spilled
 
 
+def test_counting_tokens_a_cold_prompt_in_flight_does_not_push_a_session_off_its_pod(
+    make_router: MakeRouter,
+) -> None:
+    """The organic floor weighs each of its requests as a later turn: one cold system prompt
+    of ~750 tokens on the session's pod leaves it under its cap (weighed as thin queries the
+    floor was 1,024 tokens, and bench organic spilled 80 of 548 requests cold)."""
+    pool = serving_pool(pods(6), load_unit="tokens")
+    router = make_router(pool, PrefixStore())
+    traffic = Traffic(8, 1)
+    route(router, traffic.one_shot(0), chat=True)
+    turns = traffic.session(0, 6)
+    home = router.for_chat(turns[1]).backend
+    pool.acquire(home, prefill=750)  # someone's cold start computing there
+    pool.acquire(home, prefill=512)  # and a later turn
+    assert {router.for_chat(turn).backend for turn in turns[2:]} == {home}
+    for _ in range(8):  # a queue of eight more turns: past the floor, the session spills
+        pool.acquire(home, prefill=512)
+    assert router.for_chat(turns[2]).backend != home
+
+
 def test_the_contracts_vectors_for_the_routing_side() -> None:
     """Parameters and the key functions kept in sidecar/routing, against golden.json."""
     golden = json.loads(GOLDEN.read_text(encoding="utf-8"))["organic"]

@@ -21,6 +21,8 @@ the OpenAI HTTP front's /v1/completions and /v1/chat/completions) under each pol
   set): a before/after on the same pods;
 - unfollowed / unfollowed_xK (only when --policies names it): organic routing without
   session follow (organic_follow_sessions off): every later turn to its session's pod;
+- requests / requests_xK (only when --policies names it): organic routing with bounded load
+  counting requests in flight (load_unit requests), the default's before/after;
 - precise / precise_xK (only when --policies names it): unregistered_routing precise, each
   sidecar following every pod's KV events (the pods publish them in every run then);
 - indexed / indexed_xK (only when --policies names it): precise on the shared index, a
@@ -112,6 +114,8 @@ OPTIONAL_POLICIES: dict[str, dict[str, object]] = {
     "wide": {"organic_home_spread": 3.0, "organic_session_spread": 3.0},
     # every later turn to its session's pod (no session follow, contract 9h)
     "unfollowed": {"organic_follow_sessions": False},
+    # bounded load counting requests in flight, not their uncached tokens (issue 30)
+    "requests": {"load_unit": "requests"},
     # organic, then the pod the KV events say holds the most of the prompt (the pods
     # publish events for these runs)
     "precise": {"unregistered_routing": "precise", "kv_events": True},
@@ -485,7 +489,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated subset of round_robin, window, radix, sidecar (default all "
         "four), and, only when named: hashed (organic_balance_starts off), wide (home "
         "spread 3, sessions over the whole home set), unfollowed (organic_follow_sessions "
-        "off)",
+        "off), requests (load_unit requests), precise, indexed",
     )
     add(
         "--radix-tree-chars",
