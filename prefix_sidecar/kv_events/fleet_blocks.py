@@ -56,7 +56,7 @@ class FleetBlocks:
         return bool(self._block_size)
 
     async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
-        return self.matches(tokens)
+        return {pod: n * self._block_size[pod] for pod, n in self.matches(tokens).items()}
 
     def block_count(self, pod: str) -> int:
         return len(self._keys.get(pod, ()))

@@ -96,6 +96,7 @@ class PreciseRouting:
             decision.preference,
             matches,
             router.organic_floor,
+            len(tokens),
         )
         if pod is None:
             self.on_outcome("kept")
@@ -108,6 +109,7 @@ class PreciseRouting:
             preference=[pod, *rest][: router.max_attempts],
             branch=Branch.CACHED,
             forced=False,
+            prefill=max(len(tokens) - matches[pod], 0),
         )
 
 

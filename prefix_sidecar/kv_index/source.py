@@ -28,7 +28,8 @@ class IndexSource:
             matches = await self.lookup.matches(chain(tokens, size))
             if matches is None:
                 return None
-            found.update(matches)  # a pod holds blocks of its own size only
+            # a pod holds blocks of its own size only
+            found.update({pod: blocks * size for pod, blocks in matches.items()})
         return found
 
     async def close(self) -> None:

@@ -35,6 +35,21 @@ def test_a_pod_over_its_cap_is_passed_for_the_next() -> None:
     assert pick({B: 6}, loads={B: 40}) is None
 
 
+def test_counting_tokens_a_move_weighs_what_the_pod_would_still_compute() -> None:
+    """A 6,000-token prompt: B holds 5,888 of it, C 1,024. With 4,000 tokens in flight on
+    each, B fits under the 5,120-token floor with the 112 it computes; C would compute
+    4,976 more and does not (weighed as a thin query it did: bench organic's precise_x4
+    piled 40 moves a sidecar onto one pod)."""
+    policy = PrefixAffinity(load_factor=1.25, load_unit="tokens")
+    pool = serving_pool([A, B, C, D], load_unit="tokens")
+    for url in (B, C):
+        pool.acquire(url, prefill=4000 - 128)
+    table = pool.table
+    order = [A, B, C, D]
+    assert to_cached(policy, table, 7, A, order, {B: 5888, C: 1024}, 5120, 6000) == B
+    assert to_cached(policy, table, 7, A, order, {C: 1024}, 5120, 6000) is None
+
+
 def test_a_baseline_policy_keeps_its_own_pick() -> None:
     assert pick({B: 6}, policy=RandomPick()) is None
 
