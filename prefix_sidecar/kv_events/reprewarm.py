@@ -5,9 +5,10 @@ the pod is home to and held but no longer holds.
 A loss is judged a debounce after the event that may have caused it: a reconnect's reset is
 followed by its replayed history within milliseconds, and a flood evicts block by block.
 Each (prefix, pod) is prewarmed at most once per `reprewarm_interval_s` (30 s); a pod that
-keeps losing a prefix inside that is logged and counted as `throttled` (it is too small for
-its homes), not refilled over and over at the expense of its traffic. Each check also says
-how many registered prefixes the pod holds (`resident`: None while its state is unknown).
+keeps losing a prefix inside that is logged and counted once as `throttled` (it is too small
+for its homes), not refilled over and over at the expense of its traffic; once the interval
+has passed, its next loss event prewarms it again. Each check also says how many registered
+prefixes the pod holds (`resident`: None while its state is unknown).
 
 Reasons (the metric's `reason`): evicted (BlockRemoved), cleared (AllBlocksCleared),
 restarted (a reset to an empty cache of a pod that was known: its sequence restarted),
@@ -70,6 +71,8 @@ class ReprewarmSink:
         self._why: dict[str, str] = {}  # pod -> the reason of its latest possible loss
         self._checks: dict[str, asyncio.TimerHandle] = {}
         self._last: dict[tuple[str, str], float] = {}  # (pod, prefix) -> latest re-prewarm
+        self._throttled: set[tuple[str, str]] = set()  # logged since its latest re-prewarm
+        self._seen: dict[str, set[str]] = {}  # pod -> prefixes a check saw it hold, still held
         self.tasks: set[asyncio.Task[object]] = set()
 
     def reset(self, pod: str, known: bool) -> None:
@@ -125,14 +128,16 @@ class ReprewarmSink:
         self._checks.pop(pod, None)
         reason = self._why.pop(pod, None)
         before = self._had.get(pod, {})
-        # A prefix never seen at a check was held if it was prewarmed there: a prewarm and
-        # the flood that evicts it can fall in one debounce window (seen on real vLLM).
+        # A prefix warmed there that no check has seen held since was held: its prewarm and
+        # the flood that evicts it can fall between two checks, after a check that ran
+        # before the prewarm landed (both seen on real vLLM).
         warmed = self.warmed_on(pod)
+        seen = self._seen.setdefault(pod, set())
         now: dict[str, bool] = {}
         lost = []
         holding = 0
         for entry in self.store:
-            held = before.get(entry.id, entry.id in warmed)
+            held = before.get(entry.id, False) or (entry.id in warmed and entry.id not in seen)
             holds = self.residency.holds(pod, entry.id)
             if holds is None:
                 if held:
@@ -140,16 +145,24 @@ class ReprewarmSink:
                 continue
             now[entry.id] = holds
             holding += holds
+            if holds:
+                seen.add(entry.id)
+            else:
+                seen.discard(entry.id)  # a later prewarm of it is new again
             if not holds and held and reason is not None:
                 lost.append(entry)
         self._had[pod] = now
         self.resident(pod, holding if self.residency.known(pod) else None)
         moment = self.clock()
         self._last = {k: t for k, t in self._last.items() if moment - t < self.interval_s}
+        self._throttled &= self._last.keys()
         for entry in lost:
             if pod not in self.home_set(entry):
                 continue
             if (pod, entry.id) in self._last:
+                if (pod, entry.id) in self._throttled:
+                    continue  # said once per interval: a thrashing pod loses it every check
+                self._throttled.add((pod, entry.id))
                 self.count("throttled")
                 logger.warning(
                     "%s lost prefix %s again within %.0f s: not re-prewarmed (too small "

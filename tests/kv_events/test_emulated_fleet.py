@@ -91,6 +91,7 @@ async def test_a_pod_too_small_for_its_prefixes_is_refilled_once_an_interval(
             elapsed = loop.time() - started
             sent = reprewarms(sidecar, "evicted") - sent_before
             throttled = reprewarms(sidecar, "throttled")
+    print(f"\n{sent:.0f} re-prewarms, {throttled:.0f} throttled in {elapsed:.1f} s")
     assert gauge <= {None, 0.0, 1.0} and 1.0 in gauge  # never both: they do not fit
     # Two prefixes on one pod, at most one re-prewarm each per interval: 6 in 10 s at 4 s
     # (every loss refilled would be ~8: seen 4 sent and 4 throttled, four runs alike).

@@ -28,13 +28,14 @@ class Setup:
         self.counted: list[str] = []
         self.now = 0.0
         self.resident: dict[str, int | None] = {}
+        self.warmed_on: dict[str, set[str]] = {warmed_on: {self.entry.id}} if warmed_on else {}
         self.sink = ReprewarmSink(
             self.residency,
             self.store,
             lambda _entry: list(homes),
             self.warm,
             self.counted.append,
-            lambda pod: {self.entry.id} if pod == warmed_on else set(),
+            lambda pod: self.warmed_on.get(pod, set()),
             self.resident.__setitem__,
             debounce_s=DEBOUNCE_S,
             interval_s=INTERVAL_S,
@@ -141,6 +142,36 @@ async def test_a_prewarm_evicted_within_one_debounce_is_a_loss() -> None:
     await setup.settle()
     assert setup.warmed == [(setup.entry.id, "a")]
     assert setup.counted == ["evicted"]
+
+
+async def test_a_prewarm_evicted_after_a_check_that_came_before_it_is_a_loss() -> None:
+    # Seen on real vLLM: the pod's first check ran before its prewarm landed (not held),
+    # then the prewarm's blocks and the flood that evicted them fell before the next check.
+    setup = Setup()
+    setup.sink.reset("a", known=True)
+    await setup.settle()
+    assert setup.resident == {"a": 0}
+    setup.warmed_on["a"] = {setup.entry.id}
+    setup.store_prefix("a")
+    setup.evict("a")
+    await setup.settle()
+    assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["evicted"]
+
+
+async def test_a_home_still_without_it_after_the_interval_is_prewarmed_again() -> None:
+    setup = Setup(warmed_on="a")
+    await held_then(setup)
+    setup.evict("a")
+    await setup.settle()
+    for second in (1.0, 2.0, 3.0):  # a thrashing pod: every check another loss event
+        setup.now = second
+        setup.evict("a")
+        await setup.settle()
+    assert len(setup.warmed) == 1 and setup.counted == ["evicted", "throttled"]
+    setup.now = INTERVAL_S + 1.0
+    setup.evict("a")
+    await setup.settle()
+    assert len(setup.warmed) == 2 and setup.counted == ["evicted", "throttled", "evicted"]
 
 
 async def test_each_check_says_how_many_prefixes_the_pod_holds() -> None:
