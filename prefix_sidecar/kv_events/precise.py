@@ -7,12 +7,16 @@ Token ids come from the pod the organic decision chose, which renders a chat wit
 template, as it will for the request: exact for prompts and chats of any model, with no
 tokenizer file to keep in step with the pods. Its cost, measured on real vLLM (tiny model,
 this 2-core box): 1.7 ms at 255 tokens, 5.4 ms at 2,454, 39 ms at 19,371, one at a time;
-a local `tokenizers` encode of the same took 0.3, 2.8 and 27 ms, but renders no chat. The
-call is bounded by TOKENIZE_TIMEOUT_S; any failure keeps the organic decision.
+a local `tokenizers` encode of the same took 0.3, 2.8 and 27 ms, but renders no chat. A
+pick that has not answered within TOKENIZE_HEDGE_S is busy (on real vLLM, 4 pods on 2 cores,
+a queueing pod's /tokenize took over the 0.5 s bound and its request went cold): the next pod
+of the preference, same model, is asked beside it and the first answer wins. The call is
+bounded by TOKENIZE_TIMEOUT_S; with no answer the organic decision stands.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -30,6 +34,8 @@ from prefix_sidecar.upstream.tokenize import SPECIAL_TOKENS_SLACK, TokenizeError
 logger = logging.getLogger(__name__)
 
 TOKENIZE_TIMEOUT_S = 0.5
+# Above the 39 ms a 19,371-token prompt took (above): a pick slower than this is queueing.
+TOKENIZE_HEDGE_S = 0.05
 # What a chat template adds around each message, in bytes at most.
 TEMPLATE_BYTES_PER_MESSAGE = 64
 OUTCOMES = ("moved", "kept", "cold", "tokenize_error", "no_answer")
@@ -67,16 +73,9 @@ class PreciseRouting:
         if decision.prefix is not None or not await self.blocks.ready():
             return decision
         try:
-            tokens = await tokens_of(
-                self.client,
-                decision.backend,
-                what,
-                _text_bytes(what),
-                model=model or self.model,
-                timeout_s=TOKENIZE_TIMEOUT_S,
-            )
+            tokens = await self.tokens(decision, what, model or self.model)
         except TokenizeError as exc:
-            logger.debug("precise routing: %s/tokenize: %s", decision.backend, exc)
+            logger.debug("precise routing: /tokenize: %s", exc)
             self.on_outcome("tokenize_error")
             return decision
         matches = await self.blocks.longest(tokens)
@@ -111,6 +110,46 @@ class PreciseRouting:
             forced=False,
             prefill=max(len(tokens) - matches[pod], 0),
         )
+
+    async def tokens(self, decision: Decision, what: dict[str, Any], model: str) -> list[int]:
+        """The token ids from the organic pick, or from the next pod of the preference when
+        the pick has not answered within TOKENIZE_HEDGE_S (or failed): whichever is first."""
+        size = _text_bytes(what)
+        pods = [decision.backend, *(p for p in decision.preference if p != decision.backend)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TOKENIZE_TIMEOUT_S
+        asked: dict[asyncio.Task[list[int]], str] = {}
+
+        def ask(pod: str) -> None:
+            left = max(deadline - loop.time(), 0.001)
+            call = tokens_of(self.client, pod, what, size, model=model, timeout_s=left)
+            asked[loop.create_task(call)] = pod
+
+        ask(pods[0])
+        errors = []
+        try:
+            done, pending = await asyncio.wait(asked, timeout=TOKENIZE_HEDGE_S)
+            for task in done:
+                if task.exception() is None:
+                    return task.result()
+                errors.append(task)
+            if len(pods) > 1:
+                ask(pods[1])  # the pick is busy or failed: one more pod, no more
+                pending = {task for task in asked if task not in done}
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is None:
+                        return task.result()
+                    errors.append(task)
+        finally:
+            for task in asked:
+                task.cancel()
+        for task in errors:
+            exc = task.exception()
+            if exc is not None and not isinstance(exc, TokenizeError):
+                raise exc  # a bug, not the pod's answer
+        raise TokenizeError("; ".join(f"{asked[t]}: {t.exception()}" for t in errors))
 
 
 def _text_bytes(what: dict[str, Any]) -> int:

@@ -5,6 +5,7 @@ pick. The fleet's block map (fleet_blocks.py) is checked on its own too."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from prefix_sidecar.kv_events.fleet_blocks import FleetBlocks
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar.v1 import router_pb2
-from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
+from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, set_faults
 from prefix_sidecar_tools.harness import free_port
 from tests.kv_events.test_residency import BLOCK, stored_chunks
 from tests.server.conftest import running_sidecar, sidecar_config, wait_for
@@ -73,33 +74,9 @@ async def test_a_prompt_cached_elsewhere_goes_where_it_is_cached(tmp_path: Path,
             openai_listen=f"127.0.0.1:{port}",
         )
         async with running_sidecar(settings) as (sidecar, stub):
-            await wait_for(
-                lambda: (
-                    sidecar.pools.default.kv_events is not None
-                    and len(sidecar.pools.default.kv_events.subscriber.feeds) == 3
-                ),
-                5,
-            )
             head = TEXT.format(n=path)
             chat = path.endswith("chat")
-            pick = organic_pick(sidecar, chat, head)
-            cached = next(url for url in fleet.urls if url != pick)
-            # the head straight to a pod the organic decision does not pick
-            body: dict[str, object] = {"model": POD.model, "max_tokens": 1}
-            if chat:
-                body["messages"] = [
-                    {"role": "system", "content": head},
-                    {"role": "user", "content": "Hi?"},
-                ]
-            else:
-                body["prompt"] = head
-            endpoint = "/v1/chat/completions" if chat else "/v1/completions"
-            async with session.post(cached + endpoint, json=body) as answer:
-                assert answer.status == 200
-            assert sidecar.pools.default.kv_events is not None
-            blocks = sidecar.pools.default.kv_events.blocks
-            assert blocks is not None
-            await wait_for(lambda: blocks.block_count(cached) > 0, 5, "the pod's blocks")
+            cached = await cached_elsewhere(sidecar, fleet.urls, session, head, chat)
 
             front = f"http://127.0.0.1:{port}"
             assert await send(path, stub, session, front, head) == cached
@@ -109,6 +86,49 @@ async def test_a_prompt_cached_elsewhere_goes_where_it_is_cached(tmp_path: Path,
             expected = organic_pick(sidecar, chat, cold_head)
             assert await send(path, stub, session, front, cold_head) == expected
             assert counted(sidecar.metrics, PRECISE, outcome="cold") == 1
+
+
+async def cached_elsewhere(
+    sidecar: Sidecar, urls: list[str], session: aiohttp.ClientSession, head: str, chat: bool
+) -> str:
+    """Send `head` straight to a pod the organic decision does not pick, once the sidecar
+    follows every pod's events; that pod, once its blocks are in the sidecar's map."""
+    kv_events = sidecar.pools.default.kv_events
+    assert kv_events is not None and kv_events.blocks is not None
+    await wait_for(lambda: len(kv_events.subscriber.feeds) == len(urls), 5)
+    pick = organic_pick(sidecar, chat, head)
+    cached = next(url for url in urls if url != pick)
+    body: dict[str, object] = {"model": POD.model, "max_tokens": 1}
+    if chat:
+        body["messages"] = [{"role": "system", "content": head}, {"role": "user", "content": "Hi?"}]
+    else:
+        body["prompt"] = head
+    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+    async with session.post(cached + endpoint, json=body) as answer:
+        assert answer.status == 200
+    blocks = kv_events.blocks
+    await wait_for(lambda: blocks.block_count(cached) > 0, 5, "the pod's blocks")
+    return cached
+
+
+async def test_a_busy_pick_is_not_waited_for_its_token_ids(tmp_path: Path) -> None:
+    """The organic pick's /tokenize stalls past the 0.5 s bound (a queueing pod, seen on real
+    vLLM): the next pod of the preference is asked beside it, and the prompt still goes to
+    the pod that holds it."""
+    async with EmulatorFleet(3, POD) as fleet, aiohttp.ClientSession() as session:
+        settings = sidecar_config(
+            tmp_path, fleet.urls, kv_events=True, unregistered_routing="precise"
+        )
+        async with running_sidecar(settings) as (sidecar, stub):
+            head = TEXT.format(n="busy")
+            cached = await cached_elsewhere(sidecar, fleet.urls, session, head, chat=False)
+            await set_faults(organic_pick(sidecar, False, head), tokenize_stall_seconds=5.0)
+            started = time.monotonic()
+            assert await send("grpc-complete", stub, session, "", head) == cached
+            elapsed = time.monotonic() - started
+            assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
+            assert counted(sidecar.metrics, PRECISE, outcome="tokenize_error") == 0
+    assert elapsed < 5.0  # the stalled pick was not waited for
 
 
 async def send(path: str, stub: Any, session: aiohttp.ClientSession, front: str, head: str) -> str:

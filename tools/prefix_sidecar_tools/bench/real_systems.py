@@ -31,7 +31,13 @@ import aiohttp
 import grpc
 
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
-from prefix_sidecar_tools.bench.organic_driver import Result, Sender, post_streamed
+from prefix_sidecar_tools.bench.organic_driver import (
+    Result,
+    Sender,
+    post_streamed,
+    scrape_sidecars,
+    summed_by,
+)
 from prefix_sidecar_tools.bench.organic_trace import OrganicRequest
 from prefix_sidecar_tools.bench.real_megasale import Prefix
 from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
@@ -134,6 +140,8 @@ async def sidecar(setup: Setup, *settings: str) -> AsyncIterator[Sender]:
     argv = [f"--backend={url}" for url in setup.fleet.urls]
     argv += ["--openai-listen", f"127.0.0.1:{port}", "--set", f"model={setup.fleet.model}"]
     argv += ["--set", "health_interval_s=0.5", "--set", "grace_s=1"]
+    metrics_port = free_port()
+    argv += ["--set", f"metrics_port={metrics_port}"]
     argv += [arg for value in settings for arg in ("--set", value)]
     process = SidecarProcess(
         f"{socket_dir}/sidecar.sock",
@@ -148,6 +156,11 @@ async def sidecar(setup: Setup, *settings: str) -> AsyncIterator[Sender]:
             setup.notes["prewarm"] = await register_prewarmed(process.target, setup.prefixes)
             front = f"http://127.0.0.1:{port}"
             yield _poster(setup, lambda request: front)
+            # Why precise routing kept or moved each request (moved, kept, cold, ...).
+            texts = await scrape_sidecars(setup.session, [metrics_port])
+            decisions = summed_by(texts, "prefix_sidecar_precise_decisions_total", "outcome")
+            if decisions:
+                setup.notes["precise_decisions"] = {k: int(v) for k, v in decisions.items()}
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
 

@@ -210,6 +210,8 @@ async def tokenize(request: web.Request) -> web.Response:
             raise RequestError("give 'prompt' (a string) or 'messages' (a chat)")
     except RequestError as exc:
         return _error(exc.message, exc.status)
+    if config.faults.tokenize_stall_seconds > 0:
+        await asyncio.sleep(config.faults.tokenize_stall_seconds)
     tokens = token_ids(text.encode("utf-8"), config.vocab_size)
     return web.json_response(
         {

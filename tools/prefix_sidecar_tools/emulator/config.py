@@ -58,6 +58,12 @@ class Faults:
     stall_seconds: float = setting(
         0.0, "real seconds to stall before the first byte", flag="--stall", check=at_least(0)
     )
+    tokenize_stall_seconds: float = setting(
+        0.0,
+        "real seconds POST /tokenize waits before answering (a busy pod's API server)",
+        flag="--tokenize-stall",
+        check=at_least(0),
+    )
     drop_after_chunks: int | None = setting(
         None,
         "abort streams after K chunks",
