@@ -51,6 +51,15 @@ class Setup:
     def evict(self, pod: str) -> None:
         self.sink.apply(pod, (BlockRemoved((50,)),))
 
+    async def lost_at(self, moment: float, stored_again: bool = True) -> None:
+        """At `moment`, pod a (stored the prefix again, then) lost it; checked."""
+        self.now = moment
+        if stored_again:
+            self.store_prefix("a")
+            await self.settle()
+        self.evict("a")
+        await self.settle()
+
     async def settle(self) -> None:
         await asyncio.sleep(DEBOUNCE_S * 3)
 
@@ -70,19 +79,11 @@ async def test_an_evicted_home_is_prewarmed_once_per_interval_and_throttled_betw
     assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["evicted"]
 
     # Prewarmed again (its blocks stored), lost again 10 s later: not sent, counted.
-    setup.now = 10.0
-    setup.store_prefix("a")
-    await setup.settle()
-    setup.evict("a")
-    await setup.settle()
+    await setup.lost_at(10.0)
     assert len(setup.warmed) == 1 and setup.counted == ["evicted", "throttled"]
 
     # Once the interval has passed, it is sent again.
-    setup.now = 10.0 + INTERVAL_S
-    setup.store_prefix("a")
-    await setup.settle()
-    setup.evict("a")
-    await setup.settle()
+    await setup.lost_at(10.0 + INTERVAL_S)
     assert len(setup.warmed) == 2 and setup.counted == ["evicted", "throttled", "evicted"]
 
 
@@ -164,13 +165,9 @@ async def test_a_home_still_without_it_after_the_interval_is_prewarmed_again() -
     setup.evict("a")
     await setup.settle()
     for second in (1.0, 2.0, 3.0):  # a thrashing pod: every check another loss event
-        setup.now = second
-        setup.evict("a")
-        await setup.settle()
+        await setup.lost_at(second, stored_again=False)
     assert len(setup.warmed) == 1 and setup.counted == ["evicted", "throttled"]
-    setup.now = INTERVAL_S + 1.0
-    setup.evict("a")
-    await setup.settle()
+    await setup.lost_at(INTERVAL_S + 1.0, stored_again=False)
     assert len(setup.warmed) == 2 and setup.counted == ["evicted", "throttled", "evicted"]
 
 
