@@ -6,6 +6,7 @@ yields a Sender (the organic bench's: fill a Result for one request) over one fl
                which routes a prompt that starts with a registered prefix to its home
   precise      the same with unregistered_routing precise (kv_events on: the pods publish
                their KV events when this system is among those run)
+  requests     the sidecar with load counted in requests (load_unit: requests), not tokens
   round-robin  straight to pod seq mod N
   least-loaded straight to the pod with the fewest of this client's requests in flight
   sglang       SGLang's router (`--policy cache_aware`), every request a POST to it
@@ -169,9 +170,14 @@ def precise(setup: Setup) -> AbstractAsyncContextManager[Sender]:
     return sidecar(setup, "unregistered_routing=precise", "kv_events=true")
 
 
+def requests(setup: Setup) -> AbstractAsyncContextManager[Sender]:
+    return sidecar(setup, "load_unit=requests")
+
+
 SYSTEMS: dict[str, SystemFactory] = {
     "sidecar": sidecar,
     "precise": precise,
+    "requests": requests,
     "round-robin": round_robin,
     "least-loaded": least_loaded,
     "sglang": sglang,
@@ -179,10 +185,11 @@ SYSTEMS: dict[str, SystemFactory] = {
 
 
 def default_systems() -> list[str]:
-    """Every system but precise (named only: it has the pods publish events), SGLang's
-    router only when `sglang-router` is installed."""
+    """Every system but precise (named only: it has the pods publish events) and requests
+    (named only: a variant of the sidecar), SGLang's router only when `sglang-router` is
+    installed."""
     return [
         name
         for name in SYSTEMS
-        if name != "precise" and (name != "sglang" or sglang_router_available())
+        if name not in ("precise", "requests") and (name != "sglang" or sglang_router_available())
     ]
