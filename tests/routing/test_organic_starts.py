@@ -162,17 +162,20 @@ def test_bad_settings_are_refused(decay: float, margin: float) -> None:
 def test_a_start_leaves_the_session_set_only_by_the_far_margin() -> None:
     """Pods of the home set past the session set may have evicted the family's head: a
     start goes there only when it is counted lower than the session's home by `far_margin`,
-    while a pod of the session set needs MARGIN only."""
+    while a pod of the session set that this sidecar has sent the family to needs MARGIN
+    only."""
     ring = _core.Ring(pods(4))
     family, homes = 77, 4
     order = [ring.members.index(url) for url in ring.preference(family, homes)]
     home = order[0]
 
-    def counted(at_home: int, at_second: int) -> StartBalancer:
+    def counted(at_home: int, at_second: int, whose: int = family) -> StartBalancer:
         balancer = StartBalancer(decay=1.0)  # no decay: the counts are the requests sent
-        for member, times in ((home, at_home), (order[1], at_second)):
-            for _ in range(times):
-                balancer.sent(ring, ring.members[member])
+        balancer.sent(ring, ring.members[home], family)
+        for _ in range(at_home - 1):
+            balancer.sent(ring, ring.members[home], whose)
+        for _ in range(at_second):
+            balancer.sent(ring, ring.members[order[1]], whose)
         return balancer
 
     # The second pod of the session set is as busy as the home; the two past it are idle.
@@ -180,9 +183,16 @@ def test_a_start_leaves_the_session_set_only_by_the_far_margin() -> None:
     assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == home
     assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=3.0) == order[2]
     assert balancer.choose(ring, family, homes, home) == order[2]  # one margin for all
-    # Within the session set MARGIN is enough, whatever the far margin.
-    balancer = counted(3, 0)
+    # Within the session set MARGIN is enough, whatever the far margin, once the family
+    # was sent there.
+    balancer = counted(4, 1)
     assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=99.0) == order[1]
+    # A pod of the session set never sent the family (another family's requests are no
+    # sign of its head) is far: it may never have computed the head.
+    balancer = counted(3, 0)
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=99.0) == home
+    balancer = counted(4, 1, whose=family + 1)
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=99.0) == home
     # The least counted of those that qualify: a near pod beats an idler far one that
     # does not clear its margin.
     balancer = counted(4, 2)
@@ -208,6 +218,14 @@ def test_every_decision_is_counted_by_its_kind() -> None:
     assert router.homes(ring, keys()) == home  # all counted alike: it stays
     router.sent(ring, ring.members[home])
     router.sent(ring, ring.members[home])
+    # A pod of the session set the family was never sent to is far: it stays.
+    assert router.homes(ring, keys()) == home
+    for member in order[:3]:  # the family's sessions on its whole session set
+        if member != home:
+            router.sent(ring, ring.members[member], keys(start=False))
+    router.sent(ring, ring.members[order[3]])  # another family's: counted alike, not warm
+    router.sent(ring, ring.members[home])
+    router.sent(ring, ring.members[home])
     moved = router.homes(ring, keys())
     assert moved != home and moved in order[:3]
     for member in order[:3]:  # the session set busy, the fourth pod idle
@@ -217,7 +235,7 @@ def test_every_decision_is_counted_by_its_kind() -> None:
     assert router.decisions == {
         "unanchored": 1,
         "later_turn": 1,
-        "start_stayed": 2,
+        "start_stayed": 3,
         "start_moved": 1,
         "start_far": 1,
         "later_followed": 0,

@@ -47,6 +47,9 @@ def _moved_start(
     keys = router.for_chat(turns[0])
     assert keys.start and (keys.mark, keys.after) == (0, -1)
     home = router.homes(ring, keys._replace(start=False))
+    assert router.balancer is not None
+    for url in ring.members:  # the tenant's other sessions went everywhere before
+        router.balancer.sent(ring, url, keys.family)
     for _ in range(6):
         router.sent(ring, ring.members[home])
     start = router.homes(ring, keys)
