@@ -95,15 +95,18 @@ class StartBalancer:
         if sessions is None:
             sessions = homes
         warm = self._warm.get(family, ())
+        # A pod that may have to compute the head counts `far - near` requests more: it is
+        # chosen over a warm one only that much less loaded.
+        cold = max(far - near, 0.0)
         ceiling = counts[session_home]
-        least = session_home
-        lowest = ceiling
+        if warm and ring.members[session_home] not in warm:
+            ceiling += cold  # the session's pod never had the family: a warm pod may win
+        least, lowest = session_home, ceiling
         for position, url in enumerate(ring.preference(family, homes)):
             member = index[url]
-            count = counts[member]
-            margin = near if position < sessions and url in warm else far
-            if count < lowest and ceiling - count >= margin:
-                least, lowest = member, count
+            cost = counts[member] + (0.0 if position < sessions and url in warm else cold)
+            if member != session_home and cost < lowest and ceiling - cost >= near:
+                least, lowest = member, cost
         return least
 
     def sent(self, ring: _core.HashTable, backend: str, family: int | None = None) -> None:

@@ -199,6 +199,23 @@ def test_a_start_leaves_the_session_set_only_by_the_far_margin() -> None:
     assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == order[1]
 
 
+def test_a_start_whose_session_pod_never_had_the_family_goes_where_it_did() -> None:
+    """The session's pod of a start may be one this sidecar never sent the family to: it
+    would compute the head. A pod of the session set that had the family takes the start
+    unless it is busier than the session's pod by the far margin."""
+    ring = _core.Ring(pods(4))
+    family, homes = 78, 4
+    order = [ring.members.index(url) for url in ring.preference(family, homes)]
+    home, warm = order[0], order[1]
+    balancer = StartBalancer(decay=1.0)
+    for _ in range(3):
+        balancer.sent(ring, ring.members[warm], family)
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == warm
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=3.0) == home
+    # Never sent anywhere: nothing is known to be warm, the session's pod it is.
+    assert balancer.choose(ring, family + 1, homes, home, sessions=2, far_margin=5.0) == home
+
+
 def test_every_decision_is_counted_by_its_kind() -> None:
     """`decisions` (the organic decisions metric): unanchored, later_turn, and a start that
     stayed, moved within its session set, or went past it."""

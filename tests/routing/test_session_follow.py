@@ -121,7 +121,7 @@ def test_the_router_follows_the_start_it_spread(make_router: MakeRouter, shape: 
     def run(follow: bool) -> tuple[set[str], list[set[str]]]:
         router = make_router(serving_pool(pods(4)), PrefixStore(), organic_follow_sessions=follow)
         traffic = Traffic(9, 1)
-        for _ in range(30):
+        for _ in range(60):  # a pod new to the tenant takes a start at the far margin
             decide(router, traffic.one_shot(0))
         sessions = [traffic.session(0, 3) for _ in range(12)]
         starts: set[str] = set()
