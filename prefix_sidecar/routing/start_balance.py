@@ -15,11 +15,13 @@ where the family's requests keep its head warm; a pod past them sees the family 
 start is sent there, so it may never have computed the head, or have evicted it since. A start goes
 there only when that pod is counted lower by a margin that grows with the head it may have
 to recompute (`far_margin`): balance is bought where it is cheap in hit rate. A pod of the
-session set that this sidecar has not yet sent any of the family's requests to is far too:
-the session set is where the head will be warm, not where it is. On real vLLM (4 pods,
-`bench real --workloads organic`, seed 3) a few-shot family's every request went to one pod
-until a start moved to the second pod of its session set, cold: six such starts cost 0.06
-of the hit rate that SGLang's router and precise routing kept.
+session set that this sidecar has not yet sent any of the family's requests to is far too,
+the session's own pod included: the session set is where the head will be warm, not where
+it is. On real vLLM (4 pods, `bench real --workloads organic`, seed 3) a few-shot family's
+every request went to one pod until a start moved to the second pod of its session set,
+cold, and tenants' starts went to session pods that had never had the tenant: five or six
+such starts a run cost 0.04-0.06 of the hit rate that SGLang's router and precise routing
+kept.
 
 The counts are this sidecar's own: each sidecar evens out the requests it sends, so K
 sidecars even out the sum. They decay (half-life ~139 decisions), so they follow the
@@ -83,11 +85,12 @@ class StartBalancer:
         sessions: int | None = None,
         far_margin: float | None = None,
     ) -> int:
-        """The member index a start goes to: of the family's first `homes` pods, the least
-        counted (ties: the family's order) of those counted lower than the session's home
-        by the margin - MARGIN for those of the first `sessions` (default all) this sidecar
-        has sent the family to, `far_margin` (default MARGIN) for the rest; the session's
-        home when none is."""
+        """The member index a start goes to (contract 9f): of the family's first `homes`
+        pods, the least costly (ties: the family's order) of those costing MARGIN less than
+        the session's home; the home when none is. A pod costs its count; one that is not
+        of the first `sessions` (default all) this sidecar sent the family to, `far_margin`
+        (default MARGIN) less MARGIN more; the home that more only when the family was
+        sent elsewhere but never there."""
         self._follow(ring)
         counts, index, unit = self._counts, self._index, self._unit
         near = self.margin * unit
