@@ -271,7 +271,7 @@ class OrganicRouter:
         """Count an organic request sent to `backend` (what starts are balanced on), and
         remember where a conversation went (`keys`: its keys), for its next request (9h)."""
         if self.balancer is not None:
-            self.balancer.sent(ring, backend, None if keys is None else keys.family)
+            self.balancer.sent(ring, backend)
         follow = self.follow
         if follow is not None and keys is not None and keys.anchor >= 0 and keys.mark != NO_MARK:
             follow.remember(keys.session, backend, keys.mark)

@@ -162,20 +162,17 @@ def test_bad_settings_are_refused(decay: float, margin: float) -> None:
 def test_a_start_leaves_the_session_set_only_by_the_far_margin() -> None:
     """Pods of the home set past the session set may have evicted the family's head: a
     start goes there only when it is counted lower than the session's home by `far_margin`,
-    while a pod of the session set that this sidecar has sent the family to needs MARGIN
-    only."""
+    while a pod of the session set needs MARGIN only."""
     ring = _core.Ring(pods(4))
     family, homes = 77, 4
     order = [ring.members.index(url) for url in ring.preference(family, homes)]
     home = order[0]
 
-    def counted(at_home: int, at_second: int, whose: int = family) -> StartBalancer:
+    def counted(at_home: int, at_second: int) -> StartBalancer:
         balancer = StartBalancer(decay=1.0)  # no decay: the counts are the requests sent
-        balancer.sent(ring, ring.members[home], family)
-        for _ in range(at_home - 1):
-            balancer.sent(ring, ring.members[home], whose)
-        for _ in range(at_second):
-            balancer.sent(ring, ring.members[order[1]], whose)
+        for member, times in ((home, at_home), (order[1], at_second)):
+            for _ in range(times):
+                balancer.sent(ring, ring.members[member])
         return balancer
 
     # The second pod of the session set is as busy as the home; the two past it are idle.
@@ -183,37 +180,13 @@ def test_a_start_leaves_the_session_set_only_by_the_far_margin() -> None:
     assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == home
     assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=3.0) == order[2]
     assert balancer.choose(ring, family, homes, home) == order[2]  # one margin for all
-    # Within the session set MARGIN is enough, whatever the far margin, once the family
-    # was sent there.
-    balancer = counted(4, 1)
-    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=99.0) == order[1]
-    # A pod of the session set never sent the family (another family's requests are no
-    # sign of its head) is far: it may never have computed the head.
+    # Within the session set MARGIN is enough, whatever the far margin.
     balancer = counted(3, 0)
-    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=99.0) == home
-    balancer = counted(4, 1, whose=family + 1)
-    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=99.0) == home
+    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=99.0) == order[1]
     # The least counted of those that qualify: a near pod beats an idler far one that
     # does not clear its margin.
     balancer = counted(4, 2)
     assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == order[1]
-
-
-def test_a_start_whose_session_pod_never_had_the_family_goes_where_it_did() -> None:
-    """The session's pod of a start may be one this sidecar never sent the family to: it
-    would compute the head. A pod of the session set that had the family takes the start
-    unless it is busier than the session's pod by the far margin."""
-    ring = _core.Ring(pods(4))
-    family, homes = 78, 4
-    order = [ring.members.index(url) for url in ring.preference(family, homes)]
-    home, warm = order[0], order[1]
-    balancer = StartBalancer(decay=1.0)
-    for _ in range(3):
-        balancer.sent(ring, ring.members[warm], family)
-    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=5.0) == warm
-    assert balancer.choose(ring, family, homes, home, sessions=2, far_margin=3.0) == home
-    # Never sent anywhere: nothing is known to be warm, the session's pod it is.
-    assert balancer.choose(ring, family + 1, homes, home, sessions=2, far_margin=5.0) == home
 
 
 def test_every_decision_is_counted_by_its_kind() -> None:
@@ -235,14 +208,6 @@ def test_every_decision_is_counted_by_its_kind() -> None:
     assert router.homes(ring, keys()) == home  # all counted alike: it stays
     router.sent(ring, ring.members[home])
     router.sent(ring, ring.members[home])
-    # A pod of the session set the family was never sent to is far: it stays.
-    assert router.homes(ring, keys()) == home
-    for member in order[:3]:  # the family's sessions on its whole session set
-        if member != home:
-            router.sent(ring, ring.members[member], keys(start=False))
-    router.sent(ring, ring.members[order[3]])  # another family's: counted alike, not warm
-    router.sent(ring, ring.members[home])
-    router.sent(ring, ring.members[home])
     moved = router.homes(ring, keys())
     assert moved != home and moved in order[:3]
     for member in order[:3]:  # the session set busy, the fourth pod idle
@@ -252,7 +217,7 @@ def test_every_decision_is_counted_by_its_kind() -> None:
     assert router.decisions == {
         "unanchored": 1,
         "later_turn": 1,
-        "start_stayed": 3,
+        "start_stayed": 2,
         "start_moved": 1,
         "start_far": 1,
         "later_followed": 0,

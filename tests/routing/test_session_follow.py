@@ -47,9 +47,6 @@ def _moved_start(
     keys = router.for_chat(turns[0])
     assert keys.start and (keys.mark, keys.after) == (0, -1)
     home = router.homes(ring, keys._replace(start=False))
-    assert router.balancer is not None
-    for url in ring.members:  # the tenant's other sessions went everywhere before
-        router.balancer.sent(ring, url, keys.family)
     for _ in range(6):
         router.sent(ring, ring.members[home])
     start = router.homes(ring, keys)
@@ -121,7 +118,7 @@ def test_the_router_follows_the_start_it_spread(make_router: MakeRouter, shape: 
     def run(follow: bool) -> tuple[set[str], list[set[str]]]:
         router = make_router(serving_pool(pods(4)), PrefixStore(), organic_follow_sessions=follow)
         traffic = Traffic(9, 1)
-        for _ in range(60):  # a pod new to the tenant takes a start at the far margin
+        for _ in range(30):
             decide(router, traffic.one_shot(0))
         sessions = [traffic.session(0, 3) for _ in range(12)]
         starts: set[str] = set()
