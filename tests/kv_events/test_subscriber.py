@@ -186,19 +186,29 @@ async def test_garbage_is_counted_logged_once_and_survived(
 async def test_a_100_mb_batch_is_refused_unbuffered() -> None:
     """zmq drops the peer at the frame header (MAXMSGSIZE), so it is never read into
     memory; the reconnection shows as a gap."""
-    async with Publisher(replay=False) as publisher, following(publisher) as (sink, outcomes):
-        await publisher.send(0, payload(stored(1)))
-        await sink.until(lambda: len(hashes(sink)) == 1)
-        huge = bytes(100 * 1024 * 1024)  # made, and sent uncopied, off the watch's account
-        async with LoopWatch() as watch:
-            await publisher.pub.send_multipart([TOPIC, (1).to_bytes(8, "big"), huge], copy=False)
-            seq = 2
-            while len(hashes(sink)) < 2:  # until the subscriber is back
-                await publisher.send(seq, payload(stored(seq)))
-                seq += 1
-                await asyncio.sleep(0.05)
-    assert outcomes["disconnected"] == 1 and outcomes["start"] == 2  # after it: from scratch
-    assert outcomes["decode_error"] == 0 and ("reset", False) in sink.heard
+    huge = bytes(100 * 1024 * 1024)  # made, and sent uncopied, off the watch's account
+    # A second try only when the first had a long turn (10.7 ms once in CI, where runs alone
+    # stay far under; the publisher shares the watched loop): a subscriber that reads the
+    # batch into memory holds the loop on every try.
+    for _ in range(2):
+        async with (
+            Publisher(replay=False) as publisher,
+            following(publisher) as (sink, outcomes),
+        ):
+            await publisher.send(0, payload(stored(1)))
+            await sink.until(lambda: len(hashes(sink)) == 1)
+            async with LoopWatch() as watch:
+                frames = [TOPIC, (1).to_bytes(8, "big"), huge]
+                await publisher.pub.send_multipart(frames, copy=False)
+                seq = 2
+                while len(hashes(sink)) < 2:  # until the subscriber is back
+                    await publisher.send(seq, payload(stored(seq)))
+                    seq += 1
+                    await asyncio.sleep(0.05)
+        assert outcomes["disconnected"] == 1 and outcomes["start"] == 2  # from scratch
+        assert outcomes["decode_error"] == 0 and ("reset", False) in sink.heard
+        if watch.cpu_ms < 10:
+            break
     assert watch.cpu_ms < 10, f"a loop turn of {watch.cpu_ms:.1f} ms CPU"
 
 
