@@ -107,10 +107,12 @@ class KvEventsFollow:
             return  # same ring, prefixes and members: same home sets
         self._followed = state
         if self.blocks is not None:
-            self.subscriber.set_pods(sorted(self.members))
-            return
-        homes = {url for entry in self.store for url in self.home_set(entry)}
-        self.subscriber.set_pods(sorted(homes & self.members))
+            followed = sorted(self.members)
+        else:
+            homes = {url for entry in self.store for url in self.home_set(entry)}
+            followed = sorted(homes & self.members)
+        self.subscriber.set_pods(followed)
+        self.reprewarm.keep_pods(followed)
 
     async def stop(self) -> None:
         await self.subscriber.stop()

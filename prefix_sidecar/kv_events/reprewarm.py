@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, KvEvent
@@ -111,6 +111,18 @@ class ReprewarmSink:
     def forget_prefix(self, prefix_id: str) -> None:
         self.residency.forget_prefix(prefix_id)
 
+    def keep_pods(self, urls: Iterable[str]) -> None:
+        """Only `urls` are followed now: what was noted of any other pod goes (pods come and
+        go under autoscaling; a departed pod's notes would otherwise stay for good)."""
+        kept = set(urls)
+        for pod in [p for p in self._had.keys() | self._checks.keys() if p not in kept]:
+            self._had.pop(pod, None)
+            self._seen.pop(pod, None)
+            self._why.pop(pod, None)
+            handle = self._checks.pop(pod, None)
+            if handle is not None:
+                handle.cancel()
+
     def stop(self) -> None:
         for handle in self._checks.values():
             handle.cancel()
@@ -132,26 +144,29 @@ class ReprewarmSink:
         # the flood that evicts it can fall between two checks, after a check that ran
         # before the prewarm landed (both seen on real vLLM).
         warmed = self.warmed_on(pod)
-        seen = self._seen.setdefault(pod, set())
+        seen_before = self._seen.get(pod, set())
+        seen: set[str] = set()  # rebuilt from the store: an unregistered prefix leaves it
         now: dict[str, bool] = {}
         lost = []
         holding = 0
         for entry in self.store:
-            held = before.get(entry.id, False) or (entry.id in warmed and entry.id not in seen)
+            was_seen = entry.id in seen_before
+            held = before.get(entry.id, False) or (entry.id in warmed and not was_seen)
             holds = self.residency.holds(pod, entry.id)
             if holds is None:
                 if held:
                     now[entry.id] = True  # unknown: what it held stays the question
+                if was_seen:
+                    seen.add(entry.id)
                 continue
             now[entry.id] = holds
             holding += holds
             if holds:
-                seen.add(entry.id)
-            else:
-                seen.discard(entry.id)  # a later prewarm of it is new again
-            if not holds and held and reason is not None:
+                seen.add(entry.id)  # not held now: a later prewarm of it is new again
+            elif held and reason is not None:
                 lost.append(entry)
         self._had[pod] = now
+        self._seen[pod] = seen
         self.resident(pod, holding if self.residency.known(pod) else None)
         moment = self.clock()
         self._last = {k: t for k, t in self._last.items() if moment - t < self.interval_s}

@@ -180,3 +180,18 @@ async def test_each_check_says_how_many_prefixes_the_pod_holds() -> None:
     assert setup.resident == {"a": 0}
     setup.sink.reset("a", known=False)  # unknown at once: no figure, not a zero
     assert setup.resident == {"a": None}
+
+
+async def test_what_it_notes_is_bounded_by_the_store_and_the_followed_pods() -> None:
+    # Registration churn and pod churn: an unregistered prefix and a departed pod leave
+    # its notes, which would otherwise grow for as long as the sidecar runs.
+    setup = Setup(warmed_on="a")
+    await held_then(setup, "a")
+    await held_then(setup, "b")
+    assert setup.sink._seen == {"a": {setup.entry.id}, "b": {setup.entry.id}}
+    setup.store.unregister_id(setup.entry.id)
+    setup.store_prefix("a")  # any event: the pod is checked again
+    await setup.settle()
+    assert setup.sink._seen["a"] == set() and setup.sink._had["a"] == {}
+    setup.sink.keep_pods(["a"])
+    assert setup.sink._had.keys() == {"a"} and setup.sink._seen.keys() == {"a"}
