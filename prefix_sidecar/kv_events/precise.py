@@ -126,22 +126,23 @@ class PreciseRouting:
             asked[loop.create_task(call)] = pod
 
         ask(pods[0])
+        spare = pods[1:2]  # one more pod at most
         errors = []
         try:
-            done, pending = await asyncio.wait(asked, timeout=TOKENIZE_HEDGE_S)
-            for task in done:
-                if task.exception() is None:
-                    return task.result()
-                errors.append(task)
-            if len(pods) > 1:
-                ask(pods[1])  # the pick is busy or failed: one more pod, no more
-                pending = {task for task in asked if task not in done}
+            pending = set(asked)
             while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=TOKENIZE_HEDGE_S if spare else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 for task in done:
                     if task.exception() is None:
                         return task.result()
                     errors.append(task)
+                if spare:  # the pick failed, or is busy: no answer within the hedge
+                    ask(spare.pop())
+                    pending = {task for task in asked if not task.done()}
         finally:
             for task in asked:
                 task.cancel()

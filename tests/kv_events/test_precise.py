@@ -7,18 +7,26 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from prefix_sidecar.kv_events import precise
 from prefix_sidecar.kv_events.decode import BlockRemoved
 from prefix_sidecar.kv_events.fleet_blocks import FleetBlocks
+from prefix_sidecar.kv_events.precise import PreciseRouting
+from prefix_sidecar.routing.decision import Decision
+from prefix_sidecar.routing.pick import Branch
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
+from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.v1 import router_pb2
-from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, set_faults
+from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, run_emulator, set_faults
+from prefix_sidecar_tools.emulator.tokenizer import token_ids
 from prefix_sidecar_tools.harness import free_port
+from tests.fake_pod import start_site
 from tests.kv_events.test_residency import BLOCK, stored_chunks
 from tests.server.conftest import running_sidecar, sidecar_config, wait_for
 from tests.upstream.test_pod_faults import counted
@@ -129,6 +137,31 @@ async def test_a_busy_pick_is_not_waited_for_its_token_ids(tmp_path: Path) -> No
             assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
             assert counted(sidecar.metrics, PRECISE, outcome="tokenize_error") == 0
     assert elapsed < 5.0  # the stalled pick was not waited for
+
+
+async def test_a_failed_pick_has_the_next_pod_asked_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pick whose /tokenize fails (a 500) is not waited on for the hedge: the next pod of
+    the preference is asked as soon as the failure is in."""
+    monkeypatch.setattr(precise, "TOKENIZE_HEDGE_S", 5.0)
+    failing = web.Application()
+    failing.router.add_post("/tokenize", refuse)
+    runner, broken = await start_site(failing)
+    try:
+        async with run_emulator(POD) as pod, UpstreamClient() as client:
+            routing = PreciseRouting(client, FleetBlocks(), cast(Any, None))
+            decision = Decision(broken, [broken, pod], None, 0, Branch.HOME, 0, 0)
+            started = time.monotonic()
+            tokens = await routing.tokens(decision, {"prompt": "rules " * 50}, POD.model)
+            assert tokens == token_ids(("rules " * 50).encode(), POD.vocab_size)
+            assert time.monotonic() - started < 2.5  # not the 5 s hedge
+    finally:
+        await runner.cleanup()
+
+
+async def refuse(_request: web.Request) -> web.Response:
+    return web.Response(status=500)
 
 
 async def send(path: str, stub: Any, session: aiohttp.ClientSession, front: str, head: str) -> str:
