@@ -68,6 +68,11 @@ REPLAY_TIMEOUT_S = 1.0  # for each message
 REPLAY_MAX_MESSAGES = 10_000  # vLLM's buffer_steps default
 REPLAY_MAX_BYTES = 16 * 1024 * 1024  # held until the whole range is there
 REPLAY_INTERVAL_S = 1.0
+# The longest a starting sidecar stays unready while it reads the pods' history: four pods'
+# 600 batches each took 0.9 s to replay here (tests' emulator in the same process), so
+# full 10,000-batch buffers (vLLM's) on many pods take longer than a start should wait;
+# past this the sidecar serves, and the history still coming is applied as it comes.
+CATCH_UP_S = 10.0
 # Without a batch for this long, the replay ROUTER is asked for any batch past the last: a
 # connection a probe, so an idle pod costs one every 5 s; a batch lost at a burst's end is
 # found within that.
@@ -113,6 +118,9 @@ class Feed:
     replayed_below: int | None = None  # batches under it came in the connect's replay
     replayed_at: float = float("-inf")
     task: asyncio.Task[None] | None = None
+    # Its first connect is over: the history replayed, or none to be had (no replay, no
+    # source, a refused endpoint): what readiness waits for at start (`catching_up`).
+    caught_up: bool = False
 
 
 class KvEventSubscriber:
@@ -137,9 +145,12 @@ class KvEventSubscriber:
         self.feeds: dict[str, Feed] = {}
         self.context = zmq.asyncio.Context()
         self._logged: set[tuple[str, str]] = set()
+        self._given_at: float | None = None  # when set_pods first named a pod
 
     def set_pods(self, urls: Iterable[str]) -> None:
         wanted = set(urls)
+        if self._given_at is None and wanted:
+            self._given_at = time.monotonic()
         for url in [u for u in self.feeds if u not in wanted]:
             feed = self.feeds.pop(url)
             if feed.task is not None:
@@ -149,6 +160,16 @@ class KvEventSubscriber:
         for url in sorted(wanted - self.feeds.keys()):
             feed = self.feeds[url] = Feed(url)
             feed.task = asyncio.create_task(self._follow(feed), name=f"kv-events {url}")
+
+    def catching_up(self) -> str | None:
+        """Why routing should not rely on the events yet (the pods' history still being
+        read, at most CATCH_UP_S after the first pods were given), or None."""
+        if self._given_at is None:
+            return None
+        waiting = sum(not feed.caught_up for feed in self.feeds.values())
+        if not waiting or time.monotonic() - self._given_at > CATCH_UP_S:
+            return None
+        return f"reading KV events: {waiting} of {len(self.feeds)} pods' history still coming"
 
     async def stop(self) -> None:
         tasks = [f.task for f in self.feeds.values() if f.task is not None]
@@ -168,6 +189,7 @@ class KvEventSubscriber:
                 self._note(feed, "no_source", str(exc))
             except zmq.ZMQError as exc:  # an endpoint zmq cannot use
                 self._gone(feed, "disconnected", str(exc))
+            feed.caught_up = True  # a pod whose events cannot be had is not waited for
             feed.next_seq = feed.replayed_below = None  # a restarted pod numbers from 0 again
             await asyncio.sleep(self.retry_s * random.uniform(0.5, 1.5))
 
@@ -182,6 +204,7 @@ class KvEventSubscriber:
             sub.setsockopt(zmq.SUBSCRIBE, source.topic)
             sub.connect(source.endpoint)
             await self._catch_up(feed, source)
+            feed.caught_up = True
             await self._consume(feed, source, sub, monitor)
         finally:
             sub.disable_monitor()

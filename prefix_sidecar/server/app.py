@@ -124,6 +124,8 @@ class Sidecar(AsyncService):
             await self.openai.start()
         for pool in self.pools:
             await pool.start()
+            if pool.kv_events is not None:
+                self.readiness.gate(pool.kv_events.subscriber.catching_up)
         # What an abusive burst allocated goes back to the OS once freed (rapid reset).
         self._tasks.append(asyncio.create_task(memory.trim_forever(), name="memory-trim"))
         for service in ("", SERVICE):

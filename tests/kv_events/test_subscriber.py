@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 import zmq
 
+from prefix_sidecar.kv_events import subscriber as subscriber_module
 from prefix_sidecar.kv_events.decode import BlockStored, KvEvent
 from prefix_sidecar.kv_events.sources import SourceError, parse_sources
 from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
@@ -310,3 +311,41 @@ def test_a_wildcard_host_is_the_pods_own() -> None:
         "tcp://10.1.2.3:5558",
     )
     assert parse_sources(body, "http://[fd00::1]:8000").endpoint == "tcp://[fd00::1]:5557"
+
+
+async def test_a_starting_sidecar_waits_for_the_pods_history_and_no_longer() -> None:
+    # Readiness holds while the history is read: routed meanwhile, a request would be
+    # placed on half of what the pods hold.
+    async with Publisher(replay_delay_s=0.5) as publisher, UpstreamClient() as client:
+        for seq in range(3):
+            await publisher.send(seq, payload(stored(seq + 1)), publish=False)
+        sink = RecordingSink()
+        subscriber = KvEventSubscriber(client, sink, retry_s=0.2)
+        assert subscriber.catching_up() is None  # no pod given yet: nothing to wait for
+        subscriber.set_pods([publisher.url, "http://127.0.0.1:9"])  # the second: no source
+        try:
+            assert subscriber.catching_up() == (
+                "reading KV events: 2 of 2 pods' history still coming"
+            )
+            await sink.until(lambda: len(hashes(sink)) == 3)
+            await asyncio.sleep(0.05)
+            assert subscriber.catching_up() is None
+        finally:
+            await subscriber.stop()
+
+
+async def test_a_slow_history_holds_a_start_for_catch_up_s_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(subscriber_module, "CATCH_UP_S", 0.2)
+    async with Publisher(replay_delay_s=0.8) as publisher, UpstreamClient() as client:
+        await publisher.send(0, payload(stored(1)), publish=False)
+        subscriber = KvEventSubscriber(client, RecordingSink(), retry_s=0.2)
+        subscriber.set_pods([publisher.url])
+        try:
+            assert subscriber.catching_up() is not None
+            await asyncio.sleep(0.3)
+            assert not subscriber.feeds[publisher.url].caught_up
+            assert subscriber.catching_up() is None  # served on, the history applied later
+        finally:
+            await subscriber.stop()

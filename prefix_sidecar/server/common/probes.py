@@ -10,6 +10,8 @@ periods); an HTTP GET costs the sidecar well under a millisecond.
   - at start, until warm-before-serve of the first members has finished (each pod's prewarm
     done, failed or timed out) - the startup probe waits for it, so the app's first requests
     find the prefixes warm;
+  - at start, while a start gate holds (kv_events: the pods' KV-event history read, so that
+    the first requests are routed on what the pods hold, not on half their history);
   - while draining after SIGTERM.
 
 A pod that joins later warms without making the sidecar unready: the others still serve.
@@ -18,7 +20,7 @@ A pod that joins later warms without making the sidecar unready: the others stil
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 
@@ -36,6 +38,12 @@ class Readiness:
         self._counts: Counter[str] = Counter()
         self._started = False  # the first members' warm-before-serve is over
         self._draining = False
+        self._gates: list[Callable[[], str | None]] = []  # each: why not yet, or None
+
+    def gate(self, holding: Callable[[], str | None]) -> None:
+        """Not ready at start while `holding()` says why; once every gate has opened, it
+        is not asked again (each bounds its own wait)."""
+        self._gates.append(holding)
 
     def observe(self, states: Iterable[str]) -> None:
         """The state of every member, after each change of the pool."""
@@ -67,6 +75,11 @@ class Readiness:
         if not counts[SERVING]:
             summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
             return f"no backend serving ({summary})"
+        while self._gates:
+            why = self._gates[0]()
+            if why is not None:
+                return why
+            self._gates.pop(0)
         return None
 
 

@@ -56,6 +56,8 @@ class Result(StreamRecord):
 Sender = Callable[[OrganicRequest, Result], Awaitable[None]]
 
 
+READY_TIMEOUT_S = 30.0
+
 # --- the sidecars --------------------------------------------------------------------------
 
 
@@ -112,6 +114,22 @@ class SidecarGroup(AsyncService):
             if isinstance(result, BaseException):
                 await self.stop()
                 raise result
+        try:
+            await asyncio.wait_for(self._ready(), READY_TIMEOUT_S)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _ready(self) -> None:
+        """Until every sidecar's /readyz says 200, as a Kubernetes readiness probe waits
+        (with kv_events, until each has read the pods' KV-event history)."""
+        async with aiohttp.ClientSession() as session:
+            for port in self.metrics_ports:
+                while True:
+                    async with session.get(f"http://127.0.0.1:{port}/readyz") as answer:
+                        if answer.status == 200:
+                            break
+                    await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         await asyncio.gather(*(sidecar.stop(5.0) for sidecar in self.sidecars))
