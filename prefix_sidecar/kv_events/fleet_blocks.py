@@ -29,13 +29,10 @@ class FleetBlocks:
         self._keys: dict[str, set[bytes]] = {}
         self._block_size: dict[str, int] = {}
 
-    def block_sizes(self) -> set[int]:
-        return set(self._block_size.values())
-
     def matches(self, tokens: Sequence[int], lora_name: str | None = None) -> dict[str, int]:
         """Per pod, how many of `tokens`' whole blocks it holds from the first on (pods
         holding none are absent)."""
-        chains = {size: chain(tokens, size, lora_name) for size in self.block_sizes()}
+        chains = {size: chain(tokens, size, lora_name) for size in set(self._block_size.values())}
         found: dict[str, int] = {}
         for pod, keys in self._keys.items():
             size = self._block_size.get(pod)
@@ -52,8 +49,8 @@ class FleetBlocks:
 
     # --- routing.precise.BlockSource ------------------------------------------------------
 
-    async def ready(self) -> bool:
-        return bool(self._block_size)
+    async def block_sizes(self) -> set[int]:
+        return set(self._block_size.values())
 
     async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
         return {pod: n * self._block_size[pod] for pod, n in self.matches(tokens).items()}

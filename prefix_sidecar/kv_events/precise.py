@@ -23,10 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 from prefix_sidecar.config import Config
+from prefix_sidecar.kv_events.expected import ContentInflow, ExpectedBlocks
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.pick import Branch
-from prefix_sidecar.routing.precise import BlockSource, to_cached
+from prefix_sidecar.routing.precise import BlockSource, to_cached, to_emptiest
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.tokenize import SPECIAL_TOKENS_SLACK, TokenizeError, tokens_of
@@ -38,7 +39,7 @@ TOKENIZE_TIMEOUT_S = 0.5
 TOKENIZE_HEDGE_S = 0.05
 # What a chat template adds around each message, in bytes at most.
 TEMPLATE_BYTES_PER_MESSAGE = 64
-OUTCOMES = ("moved", "kept", "cold", "tokenize_error", "no_answer")
+OUTCOMES = ("moved", "kept", "placed", "cold", "tokenize_error", "no_answer")
 
 
 @dataclasses.dataclass(eq=False)
@@ -48,6 +49,9 @@ class PreciseRouting:
     router: Router
     model: str = ""  # the pods' model, for /tokenize when the caller names none
     on_outcome: Callable[[str], None] = lambda outcome: None
+    # what this sidecar has just sent where, before the pods' events say so
+    expected: ExpectedBlocks = dataclasses.field(default_factory=ExpectedBlocks)
+    inflow: ContentInflow = dataclasses.field(default_factory=ContentInflow)
 
     @classmethod
     def install(
@@ -70,7 +74,8 @@ class PreciseRouting:
     async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
         """`decision` for an unregistered request whose text is `what` ({"prompt": ...} or
         {"messages": [...]}), moved to the pod holding the longest prefix of it."""
-        if decision.prefix is not None or not await self.blocks.ready():
+        sizes = await self.blocks.block_sizes() if decision.prefix is None else None
+        if not sizes:
             return decision
         try:
             tokens = await self.tokens(decision, what, model or self.model)
@@ -78,37 +83,43 @@ class PreciseRouting:
             logger.debug("precise routing: /tokenize: %s", exc)
             self.on_outcome("tokenize_error")
             return decision
+        size = min(sizes)
+        held = self.expected.matches(tokens, size)  # what this sidecar has just sent
         matches = await self.blocks.longest(tokens)
         if matches is None:
             self.on_outcome("no_answer")  # the index was slow or down: the hash decision
+        else:
+            for pod, cached in matches.items():
+                held[pod] = max(held.get(pod, 0), cached)
+            decision = self._place(decision, len(tokens), held)
+        self.expected.expect(decision.backend, tokens, size)
+        self.inflow.add(decision.backend, len(tokens) - held.get(decision.backend, 0))
+        return decision
+
+    def _place(self, decision: Decision, tokens: int, held: dict[str, int]) -> Decision:
+        """`decision` moved to the pod that holds (or is about to hold) the most of the
+        prompt's `tokens` if one fits; a prompt no pod holds, to the emptiest pod if it
+        fits."""
+        router, table = self.router, self.router.pool.table
+        where = (router.policy, table, decision.route_key, decision.backend, decision.preference)
+        if held:
+            pod = to_cached(*where, held, router.organic_floor, tokens)
+            outcome, branch = ("moved", Branch.CACHED) if pod else ("kept", None)
+        else:
+            inflow = self.inflow.of(table.members)
+            pod = to_emptiest(*where, inflow, router.organic_floor, tokens)
+            outcome, branch = ("placed", Branch.EMPTIEST) if pod else ("cold", None)
+        self.on_outcome(outcome)
+        if pod is None or branch is None:
             return decision
-        if not matches:
-            self.on_outcome("cold")
-            return decision
-        router = self.router
-        table = router.pool.table
-        pod = to_cached(
-            router.policy,
-            table,
-            decision.route_key,
-            decision.backend,
-            decision.preference,
-            matches,
-            router.organic_floor,
-            len(tokens),
-        )
-        if pod is None:
-            self.on_outcome("kept")
-            return decision
-        self.on_outcome("moved")
         rest = [p for p in decision.preference if p != pod]
         return dataclasses.replace(
             decision,
             backend=pod,
             preference=[pod, *rest][: router.max_attempts],
-            branch=Branch.CACHED,
+            branch=branch,
             forced=False,
-            prefill=max(len(tokens) - matches[pod], 0),
+            prefill=max(tokens - held.get(pod, 0), 0),
         )
 
     async def tokens(self, decision: Decision, what: dict[str, Any], model: str) -> list[int]:

@@ -19,8 +19,8 @@ class IndexSource:
     def __init__(self, lookup: IndexLookup) -> None:
         self.lookup = lookup
 
-    async def ready(self) -> bool:
-        return bool(await self.lookup.block_sizes())
+    async def block_sizes(self) -> set[int]:
+        return await self.lookup.block_sizes() or set()
 
     async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
         found: dict[str, int] = {}

@@ -140,8 +140,10 @@ PRECISE_DECISIONS = Series(
     "prefix_sidecar_precise_decisions",
     "Unregistered requests under precise routing, by outcome: moved (to the pod holding "
     "more of the prompt), kept (the organic pick holds the most, or the better pods are "
-    "full), cold (no pod holds a block of it), tokenize_error and no_answer (the pod's "
-    "/tokenize or the index failed: the organic pick stands)",
+    "full), placed (no pod holds a block of it: sent to the pod sent the least new content "
+    "lately), cold (no pod holds a block of it, and the organic pick stands), "
+    "tokenize_error and no_answer (the pod's /tokenize or the index failed: the organic "
+    "pick stands)",
     ("outcome",),
 )
 KV_INDEX_QUERIES = Series(

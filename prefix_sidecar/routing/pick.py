@@ -20,6 +20,9 @@ class Branch(StrEnum):
     # Precise organic routing: the pod that holds the longest prefix of the prompt, by the
     # pods' KV events, under its cap (routing/precise.py).
     CACHED = "cached"
+    # Precise organic routing, a prompt no pod holds: the pod this sidecar has sent the
+    # least new content lately, under its cap (routing/precise.py to_emptiest).
+    EMPTIEST = "emptiest"
     # Load in tokens: every home over its cap, but the spill's pod would compute the prefix,
     # which weighs more than waiting on the least-loaded home (routing/cost.py stay_warm).
     STAYED = "stayed"

@@ -41,6 +41,7 @@ def test_branch_values_are_the_wire_and_metric_words() -> None:
         "spill",
         "fallback",
         "cached",
+        "emptiest",
         "stayed",
         "adapter",
         "ring_hit",

@@ -1,0 +1,59 @@
+"""Blocks a pod is about to hold (kv_events/expected.py): the prompt this sidecar just sent
+there is credited to the pod, block by whole block, for EXPECT_S and no longer, within a
+bound on the keys kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefix_sidecar.kv_events import expected
+from prefix_sidecar.kv_events.expected import EXPECT_S, ExpectedBlocks
+
+BLOCK = 16
+PROMPT = list(range(5 * BLOCK + 3))  # five whole blocks and a partial one
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_sent_prompt_is_credited_to_its_pod_in_whole_blocks() -> None:
+    blocks = ExpectedBlocks(Clock())
+    assert blocks.matches(PROMPT, BLOCK) == {}
+    blocks.expect("a", PROMPT[: 3 * BLOCK + 5], BLOCK)
+    blocks.expect("b", PROMPT, BLOCK)
+    assert blocks.matches(PROMPT, BLOCK) == {"a": 3 * BLOCK, "b": 5 * BLOCK}
+    other = [7, *PROMPT[1:]]  # the first block differs: nothing after it matches either
+    assert blocks.matches(other, BLOCK) == {}
+
+
+def test_the_credit_lasts_expect_s_and_a_resend_renews_it() -> None:
+    clock = Clock()
+    blocks = ExpectedBlocks(clock)
+    blocks.expect("a", PROMPT, BLOCK)
+    clock.now += EXPECT_S / 2
+    blocks.expect("b", PROMPT[: 2 * BLOCK], BLOCK)
+    blocks.expect("a", PROMPT[:BLOCK], BLOCK)  # a's first block renewed, the rest not
+    clock.now += EXPECT_S / 2 + 0.01
+    assert blocks.matches(PROMPT, BLOCK) == {"a": BLOCK, "b": 2 * BLOCK}
+    clock.now += EXPECT_S
+    assert blocks.matches(PROMPT, BLOCK) == {}
+    assert blocks._until == {} and blocks._count == 0
+
+
+def test_the_keys_kept_are_bounded_the_oldest_going_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(expected, "MAX_EXPECTED", 8)
+    clock = Clock()
+    blocks = ExpectedBlocks(clock)
+    blocks.expect("a", PROMPT, BLOCK)  # 5 keys
+    clock.now += 0.1
+    blocks.expect("b", [9, *PROMPT[1:]], BLOCK)  # 5 more: a's two oldest go
+    assert blocks._count == 8
+    assert blocks.matches(PROMPT, BLOCK) == {}  # a's first block went: no prefix left
+    assert blocks.matches([9, *PROMPT[1:]], BLOCK) == {"b": 5 * BLOCK}
