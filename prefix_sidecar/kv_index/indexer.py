@@ -97,7 +97,7 @@ async def run_indexer(
         subscriber = KvEventSubscriber(client, writer)
         subscriber.set_pods(backends)
         tasks = [
-            asyncio.create_task(writer.run(), name="kv-index writer"),
+            asyncio.create_task(writer.run(subscriber.catching_up), name="kv-index writer"),
             asyncio.create_task(_report(writer), name="kv-index report"),
         ]
         logger.info(

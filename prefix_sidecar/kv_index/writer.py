@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ MAX_BLOCKS_PER_POD = 1 << 18  # a large GPU's KV cache at 16 tokens a block
 MAX_PENDING = 1 << 18  # queued operations; past that, a full rewrite instead
 PIPELINE_COMMANDS = 1000
 RETRY_S = (0.2, 5.0)  # the first and the longest wait between two tries at Redis
+CATCH_UP_POLL_S = 0.05
 
 # ("hset", block name, field, generation) | ("hdel", block name, field)
 # | ("pod", pod, generation or "" to drop it) | ("size", pod, block size or "")
@@ -56,6 +57,7 @@ class IndexWriter:
         self.pods: dict[str, PodBlocks] = {}
         self.pending: deque[Operation] = deque()
         self.rewrite = True  # the indexer starts: whatever Redis holds of the pods is void
+        self.holding = True  # until run() starts writing: the first rewrite writes it all
         self.wake = asyncio.Event()
         self.written = 0  # commands Redis took (for the tests and the log)
         self._sending = False
@@ -112,8 +114,15 @@ class IndexWriter:
 
     # --- to Redis -----------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Drain the queue into Redis until cancelled, retrying with backoff."""
+    async def run(self, catching_up: Callable[[], object] = lambda: None) -> None:
+        """Drain the queue into Redis until cancelled, retrying with backoff. Nothing is
+        written while `catching_up()` says the pods' history is still being read: written
+        as it came, the index would show blocks the history goes on to remove (a lookup
+        meanwhile routed on them); then one rewrite writes where the history ended."""
+        while catching_up() is not None:
+            await asyncio.sleep(CATCH_UP_POLL_S)
+        self.holding = False
+        self.rewrite = True
         wait = RETRY_S[0]
         while True:
             if not self.pending and not self.rewrite:
@@ -191,6 +200,8 @@ class IndexWriter:
         self.written += len(batch)
 
     def _queue(self, operations: Any) -> None:
+        if self.holding:
+            return  # the first rewrite writes where the history ended
         # Queued while a rewrite waits too: the rewrite drops them as it starts.
         self.pending.extend(operations)
         if len(self.pending) > MAX_PENDING:

@@ -159,3 +159,26 @@ async def test_a_block_removed_while_the_index_is_rewritten_is_removed_from_it(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_nothing_is_written_while_the_history_is_read_then_where_it_ended(
+    redis: Redis,
+) -> None:
+    """A starting indexer reads each pod's history (the replay) before it writes: written as
+    it came, the index would show blocks the history goes on to remove."""
+    reading = ["reading KV events: 1 of 1 pods' history still coming"]
+    writer = IndexWriter(redis)
+    task = asyncio.create_task(writer.run(lambda: reading[0] if reading else None))
+    try:
+        writer.reset("http://a", known=True)
+        writer.apply("http://a", tuple(stored_chunks(PROMPT, 2**63 + 10)))
+        await asyncio.sleep(0.2)
+        assert writer.written == 0 and not writer.settled
+        writer.apply("http://a", (BlockRemoved((2**63 + 12,)),))  # later in the history
+        reading.clear()
+        await wait_for(lambda: writer.settled, 5, "written")
+        assert await IndexLookup(redis, deadline_s=1.0).matches(KEYS) == {"http://a": 2}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

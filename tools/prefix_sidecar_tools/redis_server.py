@@ -16,9 +16,11 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from prefix_sidecar.kv_index import layout
 from prefix_sidecar_tools.harness import free_port
 
 START_TIMEOUT_S = 10.0
+INDEXED_TIMEOUT_S = 30.0
 
 
 class RedisServer:
@@ -96,6 +98,19 @@ async def shared_index(backends: list[str]) -> AsyncIterator[str]:
         await server.start()
         try:
             async with indexer_process(backends, server.url):
+                await indexed(server.url, len(backends))
                 yield server.url
         finally:
             server.kill()
+
+
+async def indexed(url: str, pods: int) -> None:
+    """Until the indexer has written its first pass (each pod's generation, once it has
+    read their history), as the sidecars of a fleet whose indexer has been running find it."""
+    client = Redis.from_url(url, socket_connect_timeout=0.5)
+    try:
+        async with asyncio.timeout(INDEXED_TIMEOUT_S):
+            while await client.hlen(layout.pods_name(layout.DEFAULT_NAMESPACE)) < pods:
+                await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
