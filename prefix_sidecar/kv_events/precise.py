@@ -27,7 +27,7 @@ from prefix_sidecar.kv_events.expected import ContentInflow, ExpectedBlocks
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.pick import Branch
-from prefix_sidecar.routing.precise import BlockSource, to_cached, to_emptiest
+from prefix_sidecar.routing.precise import BlockSource, Move, to_cached, to_emptiest
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.tokenize import SPECIAL_TOKENS_SLACK, TokenizeError, tokens_of
@@ -101,13 +101,20 @@ class PreciseRouting:
         prompt's `tokens` if one fits; a prompt no pod holds, to the emptiest pod if it
         fits."""
         router, table = self.router, self.router.pool.table
-        where = (router.policy, table, decision.route_key, decision.backend, decision.preference)
+        move = Move(
+            router.policy,
+            table,
+            decision.route_key,
+            decision.backend,
+            decision.preference,
+            router.organic_floor,
+            tokens,
+        )
         if held:
-            pod = to_cached(*where, held, router.organic_floor, tokens)
+            pod = to_cached(move, held)
             outcome, branch = ("moved", Branch.CACHED) if pod else ("kept", None)
         else:
-            inflow = self.inflow.of(table.members)
-            pod = to_emptiest(*where, inflow, router.organic_floor, tokens)
+            pod = to_emptiest(move, self.inflow.of(table.members))
             outcome, branch = ("placed", Branch.EMPTIEST) if pod else ("cold", None)
         self.on_outcome(outcome)
         if pod is None or branch is None:

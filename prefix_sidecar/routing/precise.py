@@ -19,7 +19,7 @@ ceiling, TTFT p99 4,875 ms).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.policy import Policy
@@ -39,31 +39,44 @@ class BlockSource(Protocol):
         blocks times its block size); None when the source did not answer in time."""
 
 
-def to_cached(
-    policy: Policy,
-    table: RoutingTable,
-    key: int,
-    decided: str,
-    preference: Sequence[str],
-    matches: Mapping[str, int],
-    min_cap: int,
-    tokens: int = 0,
-) -> str | None:
-    """The pod holding more of the prompt than `decided` that fits, or None. `matches` and
-    `tokens` (the prompt's) count tokens: a pod is weighed with what it would compute."""
-    floor = matches.get(decided, 0)
-    rank = {pod: n for n, pod in enumerate(preference)}
+class Move(NamedTuple):
+    """An organic decision that precise routing may move: where it stands, and what the
+    request weighs (`tokens`, the prompt's) under the caps (organic routing's `min_cap`)."""
+
+    policy: Policy
+    table: RoutingTable
+    key: int
+    decided: str
+    preference: Sequence[str]
+    min_cap: int
+    tokens: int = 0
+
+    def first_fitting(self, pods: Sequence[str], held: Mapping[str, int]) -> str | None:
+        """The first of `pods` the policy answers HOME for as a one-pod home set (under its
+        cap, with organic routing's floor), weighed with what it would compute."""
+        for pod in pods:
+            index = self.table.index.get(pod)
+            if index is None:
+                continue
+            prefill = max(self.tokens - held.get(pod, 0), 0)
+            pick = Pick(self.key, 1, (index,), self.min_cap, prefill)
+            _, branch = self.policy.select(self.table, pick)
+            if branch is Branch.HOME:  # the baselines never answer HOME: they keep their pick
+                return pod
+        return None
+
+    def rank(self) -> dict[str, int]:
+        return {pod: n for n, pod in enumerate(self.preference)}
+
+
+def to_cached(move: Move, matches: Mapping[str, int]) -> str | None:
+    """The pod holding more of the prompt than the decided one that fits, or None.
+    `matches` counts tokens: a pod is weighed with what it would compute."""
+    floor = matches.get(move.decided, 0)
+    rank = move.rank()
     better = [pod for pod, held in matches.items() if held > floor]
     better.sort(key=lambda pod: (-matches[pod], rank.get(pod, len(rank)), pod))
-    for pod in better:
-        index = table.index.get(pod)
-        if index is None:
-            continue
-        prefill = max(tokens - matches[pod], 0)
-        _, branch = policy.select(table, Pick(key, 1, (index,), min_cap, prefill))
-        if branch is Branch.HOME:  # the baselines never answer HOME: they keep their pick
-            return pod
-    return None
+    return move.first_fitting(better, matches)
 
 
 # A cold prompt leaves its organic pick only when that pod was sent this much more new
@@ -74,40 +87,27 @@ def to_cached(
 SHED_ABOVE_MEAN = 1.5
 
 
-def to_emptiest(
-    policy: Policy,
-    table: RoutingTable,
-    key: int,
-    decided: str,
-    preference: Sequence[str],
-    inflow: Mapping[str, float],
-    min_cap: int,
-    tokens: int = 0,
-) -> str | None:
-    """For a prompt no pod holds, when `decided` was sent over SHED_ABOVE_MEAN times the
-    mean new content lately for its weight (`inflow`, tokens): the pod sent the least, if
-    it fits under its cap; else None. Where a cold prompt lands, its later requests follow:
-    placed by hash alone, popular tenants that hash alike pile their content onto one pod,
-    which then evicts (bench organic: one pod of four sent 56 % of the requests, 0.976 of
-    the ceiling)."""
-    ring = table.ring
-    if ring is None or decided not in table.index:
+def to_emptiest(move: Move, inflow: Mapping[str, float]) -> str | None:
+    """For a prompt no pod holds, when the decided pod was sent over SHED_ABOVE_MEAN times
+    the mean new content lately for its weight (`inflow`, tokens): the pod sent the least,
+    if it fits under its cap; else None. Where a cold prompt lands, its later requests
+    follow: placed by hash alone, popular tenants that hash alike pile their content onto
+    one pod, which then evicts (bench organic: one pod of four sent 56 % of the requests,
+    0.976 of the ceiling)."""
+    table, ring = move.table, move.table.ring
+    if ring is None or move.decided not in table.index:
         return None
 
     def fill(pod: str) -> float:
         return inflow.get(pod, 0.0) / float(ring.weights[table.index[pod]])
 
     mean = sum(fill(pod) for pod in table.index) / len(table.index)
-    if fill(decided) <= SHED_ABOVE_MEAN * mean:
+    if fill(move.decided) <= SHED_ABOVE_MEAN * mean:
         return None  # the hash pick, on which every sidecar agrees, is not far fuller
-    rank = {pod: n for n, pod in enumerate(preference)}
+    rank = move.rank()
     emptier = [pod for pod in table.index if fill(pod) < mean]
     emptier.sort(key=lambda pod: (fill(pod), rank.get(pod, len(rank)), pod))
-    for pod in emptier:
-        _, branch = policy.select(table, Pick(key, 1, (table.index[pod],), min_cap, tokens))
-        if branch is Branch.HOME:
-            return pod
-    return None
+    return move.first_fitting(emptier, {})
 
 
 def request_text(chat: bool, messages: Sequence[tuple[str, str]], prompt: str) -> dict[str, Any]:

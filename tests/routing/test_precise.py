@@ -3,7 +3,7 @@ only under its cap, and never one holding no more than the organic pick."""
 
 from __future__ import annotations
 
-from prefix_sidecar.routing.precise import request_text, to_cached
+from prefix_sidecar.routing.precise import Move, request_text, to_cached, to_emptiest
 from prefix_sidecar.routing.prefix_affinity import PrefixAffinity
 from prefix_sidecar.routing.random_pick import RandomPick
 
@@ -20,7 +20,7 @@ def pick(
     for url, count in (loads or {}).items():
         for _ in range(count):
             pool.acquire(url)
-    return to_cached(policy, pool.table, 7, A, [A, B, C, D], matches, 8)  # type: ignore[arg-type]
+    return to_cached(Move(policy, pool.table, 7, A, [A, B, C, D], 8), matches)  # type: ignore[arg-type]
 
 
 def test_the_pod_holding_the_most_takes_it_and_ties_go_in_preference_order() -> None:
@@ -46,8 +46,9 @@ def test_counting_tokens_a_move_weighs_what_the_pod_would_still_compute() -> Non
         pool.acquire(url, prefill=4000 - 128)
     table = pool.table
     order = [A, B, C, D]
-    assert to_cached(policy, table, 7, A, order, {B: 5888, C: 1024}, 5120, 6000) == B
-    assert to_cached(policy, table, 7, A, order, {C: 1024}, 5120, 6000) is None
+    move = Move(policy, table, 7, A, order, 5120, 6000)
+    assert to_cached(move, {B: 5888, C: 1024}) == B
+    assert to_cached(move, {C: 1024}) is None
 
 
 def test_a_baseline_policy_keeps_its_own_pick() -> None:
@@ -60,3 +61,20 @@ def test_what_tokenize_is_asked() -> None:
     assert chat == {
         "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     }
+
+
+def place(inflow: dict[str, float], loads: dict[str, int] | None = None) -> str | None:
+    pool = serving_pool([A, B, C, D])
+    for url, count in (loads or {}).items():
+        for _ in range(count):
+            pool.acquire(url)
+    return to_emptiest(Move(POLICY, pool.table, 7, A, [A, B, C, D], 8), inflow)
+
+
+def test_a_cold_prompt_leaves_its_pick_only_when_that_pod_is_far_fuller_than_the_mean() -> None:
+    assert place({}) is None  # nothing sent yet: the hash pick, as every sidecar agrees
+    assert place({A: 1200, B: 1000, C: 900, D: 900}) is None  # near even: stays
+    # A was sent 3,000 of 4,000 tokens (mean 1,000): the least-sent pod, ties in order
+    assert place({A: 3000, B: 500, C: 500}) == D
+    assert place({A: 3000, B: 500, C: 0, D: 500}) == C
+    assert place({A: 3000, C: 0, D: 500}, loads={B: 40}) == C  # B over its cap: passed
