@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -60,15 +61,7 @@ async def test_completions_streamed_and_not_report_vllms_usage(
     assert cached_of(first.usage) == 0
 
     before = await cache_counters(session, pod)
-    stream = await client.completions.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=MAX_TOKENS,
-        temperature=0.0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = [chunk async for chunk in stream]
+    chunks = await streamed(client.completions.create, model=model, prompt=prompt)
     after = await cache_counters(session, pod)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == first.choices[0].text  # greedy: the same tokens, streamed
@@ -93,17 +86,22 @@ async def test_chat_streamed_and_not_report_vllms_usage(
     assert first.usage is not None and first.usage.prompt_tokens > 1500
     assert cached_of(first.usage) == 0
 
-    stream = await client.chat.completions.create(
-        model=fleet.model,
-        messages=messages,
-        max_tokens=MAX_TOKENS,
-        temperature=0.0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = [chunk async for chunk in stream]
+    chunks = await streamed(client.chat.completions.create, model=fleet.model, messages=messages)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == first.choices[0].message.content
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.prompt_tokens == first.usage.prompt_tokens
     assert cached_of(chunks[-1].usage) == whole_blocks(first.usage.prompt_tokens - 1, block)
+
+
+async def streamed(create: Any, **request: Any) -> list[Any]:
+    """The chunks of the SDK's `create(**request)`, greedy and streamed with vLLM's usage
+    chunk last."""
+    stream = await create(
+        **request,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    return [chunk async for chunk in stream]

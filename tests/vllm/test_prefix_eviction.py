@@ -16,14 +16,8 @@ from pathlib import Path
 
 import aiohttp
 
+from prefix_sidecar_tools.vllm import reports
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
-from prefix_sidecar_tools.vllm.reports import (
-    cache_counters,
-    cached_tokens,
-    complete,
-    tokenize,
-    whole_blocks,
-)
 from prefix_sidecar_tools.vllm.tiny_model import document
 from tests.vllm.conftest import VLLM_TESTS, complete_usage, register_prewarmed, router_stub
 
@@ -40,7 +34,7 @@ async def flood(session: aiohttp.ClientSession, url: str, model: str, tokens: in
     while sent < tokens:
         batch = [document(f"flood-{number + i}", FLOOD_WORDS) for i in range(FLOOD_IN_FLIGHT)]
         number += FLOOD_IN_FLIGHT
-        answers = await asyncio.gather(*(complete(session, url, model, p) for p in batch))
+        answers = await asyncio.gather(*(reports.complete(session, url, model, p) for p in batch))
         sent += sum(answer["usage"]["prompt_tokens"] for answer in answers)
     return sent
 
@@ -49,17 +43,17 @@ async def test_an_evicted_prefix_costs_one_cold_query_on_its_home_pod(
     fleet: VllmFleet, session: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     prefix = document("evicted", 2000)
-    prefix_tokens = len(await tokenize(session, fleet.urls[0], fleet.model, prefix))
+    prefix_tokens = len(await reports.tokenize(session, fleet.urls[0], fleet.model, prefix))
     async with router_stub(fleet, tmp_path) as stub:
         registered = await register_prewarmed(stub, "evicted", prefix)
         home = registered.backends[0]
-        counters = await cache_counters(session, home)
-        expected = whole_blocks(prefix_tokens, counters.block_size)
+        counters = await reports.cache_counters(session, home)
+        expected = reports.whole_blocks(prefix_tokens, counters.block_size)
 
         async def query(number: int) -> tuple[str, int]:
             question = f" Question {number}: may coupons stack?"
             backend, usage = await complete_usage(stub, registered.id, question, max_tokens=2)
-            return backend, cached_tokens(usage)
+            return backend, reports.cached_tokens(usage)
 
         before = await query(0)
         flooded = await flood(session, home, fleet.model, counters.kv_tokens + 4 * expected)
