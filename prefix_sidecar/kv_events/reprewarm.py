@@ -13,6 +13,9 @@ prefixes the pod holds (`resident`: None while its state is unknown).
 Reasons (the metric's `reason`): evicted (BlockRemoved), cleared (AllBlocksCleared),
 restarted (a reset to an empty cache of a pod that was known: its sequence restarted),
 unknown (the pod was unknown, typically a stopped publisher, and came back without it).
+Not sent: throttled (above), and no_room: the prefix does not fit on the pod beside the
+prefixes it is home to and holds, by the most blocks it was heard to hold (residency.py);
+its own traffic rebuilds it there, and the pod is too small for its homes.
 
 A check reads every registered prefix on one pod, O(prefixes x blocks), at most once per
 pod per debounce.
@@ -37,7 +40,7 @@ REPREWARM_DEBOUNCE_S = 1.0
 # once per 30 s per prefix and pod bounds that to a few percent of a pod that keeps evicting.
 # The default of the reprewarm_interval_s setting.
 REPREWARM_INTERVAL_S = 30.0
-REASONS = ("evicted", "cleared", "restarted", "unknown", "throttled")
+REASONS = ("evicted", "cleared", "restarted", "unknown", "throttled", "no_room")
 
 
 class ReprewarmSink:
@@ -115,6 +118,7 @@ class ReprewarmSink:
         """Only `urls` are followed now: what was noted of any other pod goes (pods come and
         go under autoscaling; a departed pod's notes would otherwise stay for good)."""
         kept = set(urls)
+        self.residency.keep_pods(kept)
         for pod in [p for p in self._had.keys() | self._checks.keys() if p not in kept]:
             self._had.pop(pod, None)
             self._seen.pop(pod, None)
@@ -171,9 +175,9 @@ class ReprewarmSink:
         moment = self.clock()
         self._last = {k: t for k, t in self._last.items() if moment - t < self.interval_s}
         self._throttled &= self._last.keys()
-        for entry in lost:
-            if pod not in self.home_set(entry):
-                continue
+        homes = [entry for entry in lost if pod in self.home_set(entry)]
+        kept = self._kept_homes(pod, now) if homes else []
+        for entry in homes:
             if (pod, entry.id) in self._last:
                 if (pod, entry.id) in self._throttled:
                     continue  # said once per interval: a thrashing pod loses it every check
@@ -188,8 +192,35 @@ class ReprewarmSink:
                 )
                 continue
             self._last[(pod, entry.id)] = moment
+            if not self._fits(pod, kept, entry.id):
+                self._throttled.add((pod, entry.id))  # said: once per interval, as above
+                self.count("no_room")
+                logger.warning(
+                    "%s lost prefix %s and holds other prefixes it is home to that leave no "
+                    "room for it (~%d blocks at most): not re-prewarmed, its traffic rebuilds "
+                    "it; the pod is too small for its homes",
+                    pod,
+                    entry.id,
+                    self.residency.capacity(pod),
+                )
+                continue
             self.count(reason or "unknown")
             logger.info("re-prewarming prefix %s on %s (%s)", entry.id, pod, reason)
             task = asyncio.get_running_loop().create_task(self.warm(entry, pod))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    def _kept_homes(self, pod: str, now: dict[str, bool]) -> list[str]:
+        """The registered prefixes `pod` holds now and is home to."""
+        return [e.id for e in self.store if now.get(e.id) and pod in self.home_set(e)]
+
+    def _fits(self, pod: str, kept: list[str], prefix_id: str) -> bool:
+        """Whether `prefix_id` fits on `pod` beside `kept` (then it joins them). A prewarm
+        that does not fit evicts a home's prefix that still serves, which then goes cold,
+        is lost and prewarmed in turn: a prefill storm on a pod already short of KV. A pod
+        that has not filled yet (capacity unknown) has room."""
+        capacity = self.residency.capacity(pod)
+        if capacity and self.residency.footprint(pod, [*kept, prefix_id]) > capacity:
+            return False
+        kept.append(prefix_id)
+        return True

@@ -8,6 +8,10 @@ Kept per pod: the blocks on a registered prefix's chain, and the latest RECENT_B
 memory is (prefixes x blocks + RECENT_BLOCKS) x pods, never the size of the fleet's caches.
 Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
 
+Each pod's cached block count (stored less removed) is kept too, and its peak: vLLM evicts
+only when its cache is full, so once a pod has evicted, its peak is about its capacity
+(re-prewarm reads it: reprewarm.py).
+
 A pod followed only from some point on (`resume`: its replay buffer no longer held batch 0,
 or events were lost) says True for a prefix whose blocks it stored since, False for one
 with a block heard removed since, and None otherwise: it may hold blocks stored before.
@@ -15,7 +19,7 @@ with a block heard removed since, and None otherwise: it may hold blocks stored 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from prefix_sidecar.kv_events.block_keys import chain, stored_keys
 from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -41,6 +45,8 @@ class Residency:
         # they store from then on is true, what they held before is not known. Per such pod,
         # the blocks of registered prefixes heard removed since.
         self._removed: dict[str, set[bytes]] = {}
+        self._cached: dict[str, int] = {}  # pod -> blocks it holds, as its events say
+        self._peak: dict[str, int] = {}  # pod -> the most it held (kept over resets)
 
     # --- registered prefixes --------------------------------------------------------------
 
@@ -65,6 +71,23 @@ class Residency:
     def resident(self, prefix_id: str) -> list[str]:
         """The pods known to hold every whole block of the prefix, sorted."""
         return sorted(pod for pod in self._held if self.holds(pod, prefix_id))
+
+    def capacity(self, pod: str) -> int:
+        """The most blocks `pod` was heard to hold at once (0: nothing heard)."""
+        return self._peak.get(pod, 0)
+
+    def footprint(self, pod: str, prefix_ids: Iterable[str]) -> int:
+        """The distinct whole blocks of these prefixes at `pod`'s block size (shared heads
+        counted once); 0 while the pod's block size or a prefix's token ids are unknown."""
+        chains = self._chains.get(self._block_size.get(pod, 0), {})
+        return len({key for prefix_id in prefix_ids for key in chains.get(prefix_id, ())})
+
+    def keep_pods(self, pods: Iterable[str]) -> None:
+        """Only `pods` are followed now: all of any other goes, its peak too."""
+        kept = set(pods)
+        for pod in [p for p in self._held.keys() | self._peak.keys() if p not in kept]:
+            self.reset(pod, known=False)
+            self._peak.pop(pod, None)
 
     def known(self, pod: str) -> bool:
         return pod in self._held
@@ -95,6 +118,7 @@ class Residency:
     def reset(self, pod: str, known: bool) -> None:
         """Everything heard of `pod` is void: empty (`known`) or unknown, then forgotten."""
         self._removed.pop(pod, None)
+        self._cached.pop(pod, None)
         if known:
             self._held[pod], self._engine[pod] = {}, {}
         else:
@@ -115,6 +139,7 @@ class Residency:
             if isinstance(event, BlockStored):
                 self._stored(pod, event, held, engine)
             elif isinstance(event, BlockRemoved):
+                self._cached[pod] = max(0, self._cached.get(pod, 0) - len(event.block_hashes))
                 removed = self._removed.get(pod)
                 wanted = self._wanted.get(self._block_size.get(pod, 0), set())
                 for engine_hash in event.block_hashes:
@@ -124,6 +149,7 @@ class Residency:
                         if removed is not None and key in wanted:
                             removed.add(key)  # bounded: blocks of registered prefixes
             elif isinstance(event, AllBlocksCleared):
+                self._cached.pop(pod, None)
                 held.clear()
                 engine.clear()
                 self._removed.pop(pod, None)  # empty: known whole again
@@ -133,6 +159,10 @@ class Residency:
     ) -> None:
         size = event.block_size
         self._block_size[pod] = size
+        fresh = sum(1 for engine_hash in event.block_hashes if engine_hash not in engine)
+        cached = self._cached[pod] = self._cached.get(pod, 0) + fresh
+        if cached > self._peak.get(pod, 0):
+            self._peak[pod] = cached
         if len(self._chains) >= MAX_BLOCK_SIZES and size not in self._chains:
             return
         removed = self._removed.get(pod)

@@ -124,8 +124,8 @@ REPREWARMS = Series(
     Counter,
     "prefix_sidecar_reprewarms",
     "Prewarms of a registered prefix on a home pod that lost it, by reason: evicted, cleared, "
-    "restarted, unknown, and throttled (not sent: one per prefix and pod per "
-    "reprewarm_interval_s)",
+    "restarted, unknown; not sent: throttled (one per prefix and pod per "
+    "reprewarm_interval_s) and no_room (it does not fit beside the pod's other homes)",
     ("reason",),
 )
 RESIDENT_PREFIXES = Series(

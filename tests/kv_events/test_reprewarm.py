@@ -18,12 +18,16 @@ DEBOUNCE_S = 0.02
 INTERVAL_S = 30.0
 
 
+OTHER = [t + 1000 for t in range(13)]  # a second prefix of 3 whole blocks, none shared
+
+
 class Setup:
     def __init__(self, homes: tuple[str, ...] = ("a", "b"), warmed_on: str = "") -> None:
         self.store = PrefixStore()
         self.entry = self.store.register("p", "the prefix's text")[0]
         self.residency = Residency()
         self.residency.watch_prefix(self.entry.id, PREFIX)
+        self.other: PrefixEntry | None = None
         self.warmed: list[tuple[str, str]] = []
         self.counted: list[str] = []
         self.now = 0.0
@@ -41,6 +45,11 @@ class Setup:
             interval_s=INTERVAL_S,
             clock=lambda: self.now,
         )
+
+    def register_other(self) -> PrefixEntry:
+        self.other = self.store.register("q", "another prefix's text")[0]
+        self.sink.watch_prefix(self.other.id, OTHER)
+        return self.other
 
     async def warm(self, entry: PrefixEntry, pod: str) -> None:
         self.warmed.append((entry.id, pod))
@@ -195,3 +204,21 @@ async def test_what_it_notes_is_bounded_by_the_store_and_the_followed_pods() -> 
     assert setup.sink._seen["a"] == set() and setup.sink._had["a"] == {}
     setup.sink.keep_pods(["a"])
     assert setup.sink._had.keys() == {"a"} and setup.sink._seen.keys() == {"a"}
+
+
+async def test_a_pod_too_small_for_its_homes_is_not_refilled_with_what_evicts_another() -> None:
+    # Pod a (3 blocks) is home to p (2 blocks) and q (3): q's traffic evicted p. Prewarming
+    # p again would evict q, which would be lost and prewarmed in turn, and so on (seen on
+    # 2 real vLLM pods short of KV: TTFT p99 2-3x that of kv_events off).
+    setup = Setup(homes=("a",))
+    other = setup.register_other()
+    await held_then(setup)
+    setup.sink.apply("a", (BlockRemoved((50, 51)), *stored_chunks(OTHER, 60)))
+    await setup.settle()
+    assert setup.residency.capacity("a") == 3 and setup.resident == {"a": 1}
+    assert setup.warmed == [] and setup.counted == ["no_room"]
+    # Other traffic evicted q too: q alone fits, so q is prewarmed (p is not held, and its
+    # traffic rebuilds it).
+    setup.sink.apply("a", (BlockRemoved((60, 61, 62)), *stored_chunks(list(range(12)), 80)))
+    await setup.settle()
+    assert setup.warmed == [(other.id, "a")] and setup.counted == ["no_room", "evicted"]

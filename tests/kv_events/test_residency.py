@@ -127,3 +127,27 @@ def test_a_pod_followed_from_some_point_says_only_what_it_heard() -> None:
     assert residency.holds("a", "p") is True
     residency.apply("a", (AllBlocksCleared(),))
     assert residency.holds("a", "q") is False  # empty, and known whole
+
+
+def test_a_pods_capacity_is_the_most_it_held_and_outlives_its_restarts() -> None:
+    """vLLM evicts only when full: the peak of stored less removed is about its capacity."""
+    residency = residency_with_prefix()
+    residency.apply("a", tuple(stored_chunks(list(range(20)), 1)))  # 5 blocks
+    residency.apply("a", tuple(stored_chunks(list(range(20)), 1)))  # the same again: no more
+    residency.apply("a", (BlockRemoved((1, 2, 3)),))
+    residency.apply("a", tuple(stored_chunks(PREFIX, 10)))  # 2 blocks: 4 held
+    assert residency.capacity("a") == 5 and residency.capacity("b") == 0
+    residency.reset("a", known=True)  # restarted: empty, the same pod
+    residency.apply("a", (AllBlocksCleared(),))
+    assert residency.capacity("a") == 5
+    residency.keep_pods(["b"])  # no longer followed: all of it goes
+    assert residency.capacity("a") == 0 and not residency.known("a") and residency.known("b")
+
+
+def test_a_footprint_counts_a_shared_head_once() -> None:
+    residency = residency_with_prefix()
+    residency.watch_prefix("q", [*PREFIX[:BLOCK], *range(500, 508)])  # p's first block, 2 more
+    assert residency.footprint("a", ["p", "q"]) == 0  # the pod's block size is not known yet
+    residency.apply("a", tuple(stored_chunks(PREFIX, 10)))
+    assert residency.footprint("a", ["p"]) == 2 and residency.footprint("a", ["q"]) == 3
+    assert residency.footprint("a", ["p", "q"]) == 4

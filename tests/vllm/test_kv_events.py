@@ -173,13 +173,14 @@ async def test_a_stopped_pod_is_unknown_at_once(kv_fleet: VllmFleet, tmp_path: P
 
 
 @pytest.mark.timeout(600)
-async def test_a_pod_too_small_for_its_prefixes_is_refilled_at_most_once_an_interval(
+async def test_a_pod_too_small_for_its_prefixes_is_not_refilled_into_a_storm(
     kv_fleet: VllmFleet, tmp_path: Path
 ) -> None:
     """Three registered prefixes of ~23 blocks on one pod of 64, traffic for each straight
-    to it in turn: every request evicts the least recently used one (eviction thrash). At
-    most one re-prewarm per prefix per reprewarm_interval_s; the other losses are counted
-    as throttled; the resident gauge never says all three."""
+    to it in turn: every request evicts the least recently used one (eviction thrash). A
+    lost prefix does not fit beside the two the pod holds: not re-prewarmed (at most one
+    per prefix per reprewarm_interval_s, the issue's bar), counted as no_room; the resident
+    gauge never says all three."""
     interval, watched = 4.0, 12.0
     texts = [document(f"thrash-{time.time_ns()}-{i}", 2500) for i in range(3)]
     thrashed = kv_sidecar(tmp_path, kv_fleet, reprewarm_interval_s=interval)
@@ -201,7 +202,7 @@ async def test_a_pod_too_small_for_its_prefixes_is_refilled_at_most_once_an_inte
             await asyncio.sleep(1.3)  # slower than the 1 s checks, not in step with them
         elapsed = time.monotonic() - started
         sent = reprewarms(sidecar, "evicted") - sent_before
-        throttled = reprewarms(sidecar, "throttled")
-    print(f"\n{sent:.0f} re-prewarms, {throttled:.0f} throttled in {elapsed:.1f} s; gauge {gauge}")
+        no_room = reprewarms(sidecar, "no_room")
+    print(f"\n{sent:.0f} re-prewarms, {no_room:.0f} without room in {elapsed:.1f} s; {gauge}")
     assert sent <= 3 * (elapsed // interval + 1), (sent, elapsed)
-    assert throttled >= 1 and 3.0 not in gauge, (throttled, gauge)
+    assert no_room >= 1 and 3.0 not in gauge, (no_room, gauge)
