@@ -18,8 +18,10 @@ from prefix_sidecar_tools.plan.scenario import Prefix, Scenario, Traffic
 from tests.cli import run_cli
 
 
-def sidecar_metrics_text() -> bytes:
+def sidecar_metrics_text(no_room: int = 0) -> bytes:
     metrics = Metrics()
+    for _ in range(no_room):  # kv_events: a home pod lost a prefix it had no room for
+        metrics.child(metrics.reprewarms, "no_room").inc()
     # 10 rules requests of 60,000 + 200 tokens: 9 fully cached prefixes, 1 cold
     for hit in [True] * 9 + [False]:
         metrics.record_usage("rules", 60_200, 60_000 if hit else 0, 16)
@@ -61,6 +63,9 @@ def server() -> Iterator[Server]:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=body, content_type="text/plain")
 
+    async def too_small(_: web.Request) -> web.Response:
+        return web.Response(body=sidecar_metrics_text(no_room=3), content_type="text/plain")
+
     async def redirect(_: web.Request) -> web.Response:
         raise web.HTTPFound("/metrics")
 
@@ -78,6 +83,7 @@ def server() -> Iterator[Server]:
     app.add_routes(
         [
             web.get("/metrics", metrics),
+            web.get("/too-small", too_small),
             web.get("/redirect", redirect),
             web.get("/huge", huge),
             web.get("/slow", slow),
@@ -143,6 +149,25 @@ def test_cli_from_metrics(server: Server) -> None:
     assert prefixes["rules"]["hit_rate"] == pytest.approx(0.9)
     assert prefixes["script"]["hit_rate"] == pytest.approx(1.0)
     assert data["scenario"]["routing"]["source"].startswith(server.url("/metrics"))
+    assert "too small" not in done.stdout
+
+
+def test_cli_from_metrics_says_when_the_pods_are_too_small_for_their_homes(
+    server: Server,
+) -> None:
+    done = run_cli(
+        "plan",
+        "--prefix", "rules:60000:0.5",
+        "--prefix", "script:12000:0.5",
+        "--slo-ms", "8000",
+        "--from-metrics", server.url("/too-small"),
+        "--samples", "5000",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "pods too small for the prefixes they are home to: 3 losses without room" in (
+        done.stdout
+    )
+    assert "more KV per pod, or more pods" in done.stdout
 
 
 def test_cli_from_metrics_with_nothing_served_exits_2(server: Server) -> None:

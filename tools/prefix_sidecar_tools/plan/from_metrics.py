@@ -7,6 +7,10 @@ prefix_sidecar/metrics.py). cached / prompt is a prompt-token rate; the planner 
 token rate, so the prompt tokens are scaled by prefix / (prefix + query) of that prefix
 (cache hits inside a query are rare: queries are unique).
 
+A sidecar with kv_events also says when its pods are too small for the registered prefixes
+they are home to: losses it did not refill (`prefix_sidecar_reprewarms_total`, reasons
+no_room and throttled). The plan's source line says so, with what to change.
+
 A vLLM pod's page (no sidecar counters, a `vllm:cache_config_info`): the pod's KV budget is
 `kv_cache_size_tokens` (else num_gpu_blocks x block_size), and its own prefix-cache counters
 (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, prompt tokens) give one
@@ -36,6 +40,7 @@ _SAMPLE = re.compile(
 )
 
 
+_TOO_SMALL = re.compile(r'^prefix_sidecar_reprewarms_total\{reason="(no_room|throttled)"\}\s+(\S+)')
 _POD_SAMPLE = re.compile(
     r"^(vllm:prefix_cache_queries_total|vllm:prefix_cache_hits_total|vllm:cache_config_info)"
     r"(?:\{([^}]{0,8192})\})?\s+(\S+)"
@@ -87,6 +92,22 @@ def parse(text: str) -> dict[str, tuple[float, float]]:
         slot = counts.setdefault(name.replace('\\"', '"').replace("\\\\", "\\"), [0.0, 0.0])
         slot[0 if metric.endswith("prompt_tokens") else 1] += value
     return {name: (prompt, cached) for name, (prompt, cached) in counts.items()}
+
+
+def too_small(text: str) -> str:
+    """What a sidecar's page says of pods too small for their homes ("" when nothing)."""
+    counts = {"no_room": 0.0, "throttled": 0.0}
+    for line in text.splitlines():
+        match = _TOO_SMALL.match(line)
+        if match is not None:
+            counts[match[1]] += _count(match[2])
+    if not any(counts.values()):
+        return ""
+    return (
+        f"; pods too small for the prefixes they are home to: {counts['no_room']:,.0f} "
+        f"losses without room and {counts['throttled']:,.0f} thrashing "
+        "(prefix_sidecar_reprewarms_total): more KV per pod, or more pods"
+    )
 
 
 @dataclass(frozen=True)
@@ -197,4 +218,5 @@ def apply(scenario: Scenario, url: str) -> Scenario:
     if pod is not None:
         return apply_pod(scenario, pod, url)
     rates, overall = hit_rates(scenario, counts)
-    return scenario.with_hit_rates(rates, overall, f"{url} ({len(counts)} prefixes)")
+    source = f"{url} ({len(counts)} prefixes){too_small(text)}"
+    return scenario.with_hit_rates(rates, overall, source)
