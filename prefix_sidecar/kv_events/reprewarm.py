@@ -14,8 +14,8 @@ Reasons (the metric's `reason`): evicted (BlockRemoved), cleared (AllBlocksClear
 restarted (a reset to an empty cache of a pod that was known: its sequence restarted),
 unknown (the pod was unknown, typically a stopped publisher, and came back without it).
 Not sent: throttled (above), and no_room: the prefix does not fit on the pod beside the
-prefixes it is home to and holds, by the most blocks it was heard to hold (residency.py);
-its own traffic rebuilds it there, and the pod is too small for its homes.
+registered prefixes it holds, by the most blocks it was heard to hold (residency.py); its
+own traffic rebuilds it there, and the pod is too small for what is sent to it.
 
 A check reads every registered prefix on one pod, O(prefixes x blocks), at most once per
 pod per debounce.
@@ -176,7 +176,7 @@ class ReprewarmSink:
         self._last = {k: t for k, t in self._last.items() if moment - t < self.interval_s}
         self._throttled &= self._last.keys()
         homes = [entry for entry in lost if pod in self.home_set(entry)]
-        kept = self._kept_homes(pod, now) if homes else []
+        kept = [prefix_id for prefix_id, holds in now.items() if holds] if homes else []
         for entry in homes:
             if (pod, entry.id) in self._last:
                 if (pod, entry.id) in self._throttled:
@@ -196,9 +196,9 @@ class ReprewarmSink:
                 self._throttled.add((pod, entry.id))  # said: once per interval, as above
                 self.count("no_room")
                 logger.warning(
-                    "%s lost prefix %s and holds other prefixes it is home to that leave no "
-                    "room for it (~%d blocks at most): not re-prewarmed, its traffic rebuilds "
-                    "it; the pod is too small for its homes",
+                    "%s lost prefix %s and holds other registered prefixes that leave no room "
+                    "for it (~%d blocks at most): not re-prewarmed, its traffic rebuilds it; "
+                    "the pod is too small for the prefixes sent to it",
                     pod,
                     entry.id,
                     self.residency.capacity(pod),
@@ -210,15 +210,13 @@ class ReprewarmSink:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    def _kept_homes(self, pod: str, now: dict[str, bool]) -> list[str]:
-        """The registered prefixes `pod` holds now and is home to."""
-        return [e.id for e in self.store if now.get(e.id) and pod in self.home_set(e)]
-
     def _fits(self, pod: str, kept: list[str], prefix_id: str) -> bool:
-        """Whether `prefix_id` fits on `pod` beside `kept` (then it joins them). A prewarm
-        that does not fit evicts a home's prefix that still serves, which then goes cold,
-        is lost and prewarmed in turn: a prefill storm on a pod already short of KV. A pod
-        that has not filled yet (capacity unknown) has room."""
+        """Whether `prefix_id` fits on `pod` beside `kept`, the registered prefixes it holds
+        (then it joins them). A prewarm that does not fit evicts a registered prefix that
+        still serves (a home's, or one that the bounded load spilled there), which is then
+        lost and prewarmed in turn: a prefill storm on pods already short of KV (2 real
+        vLLM pods, the mega-sale: re-prewarms in every check of the first seconds, the
+        first requests' TTFT 2-5 s). A pod that has not filled yet has room."""
         capacity = self.residency.capacity(pod)
         if capacity and self.residency.footprint(pod, [*kept, prefix_id]) > capacity:
             return False

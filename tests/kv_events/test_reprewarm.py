@@ -222,3 +222,17 @@ async def test_a_pod_too_small_for_its_homes_is_not_refilled_with_what_evicts_an
     setup.sink.apply("a", (BlockRemoved((60, 61, 62)), *stored_chunks(list(range(12)), 80)))
     await setup.settle()
     assert setup.warmed == [(other.id, "a")] and setup.counted == ["no_room", "evicted"]
+
+
+async def test_a_prewarm_never_evicts_a_registered_prefix_the_pod_serves_for_another_home() -> None:
+    # q's home is b, but the bounded load spilled its traffic to a, which holds it now: a
+    # prewarm of p would evict it as surely as a home's (seen on 2 real vLLM pods: the
+    # pods pushed each other's prefixes out for the first seconds of the mega-sale).
+    setup = Setup(homes=("a",))
+    other = setup.register_other()
+    setup.sink.home_set = lambda entry: ["a"] if entry.id == setup.entry.id else ["b"]
+    await held_then(setup)
+    setup.sink.apply("a", (BlockRemoved((50, 51)), *stored_chunks(OTHER, 60)))
+    await setup.settle()
+    assert setup.residency.holds("a", other.id) is True
+    assert setup.warmed == [] and setup.counted == ["no_room"]
