@@ -4,8 +4,10 @@ yields a Sender (the organic bench's: fill a Result for one request) over one fl
   sidecar      a real `prefix-sidecar serve` process; the workload's prefixes registered
                with prewarm over gRPC, every request a streamed POST to its HTTP front,
                which routes a prompt that starts with a registered prefix to its home
-  precise      the same with unregistered_routing precise (kv_events on: the pods publish
-               their KV events when this system is among those run)
+  events       the sidecar with kv_events on (the pods publish their KV events when this
+               system or precise is among those run): registered prefixes routed and
+               re-prewarmed on what the pods hold
+  precise      the same with unregistered_routing precise as well
   requests     the sidecar with load counted in requests (load_unit: requests), not tokens
   round-robin  straight to pod seq mod N
   least-loaded straight to the pod with the fewest of this client's requests in flight
@@ -157,13 +159,25 @@ async def sidecar(setup: Setup, *settings: str) -> AsyncIterator[Sender]:
             setup.notes["prewarm"] = await register_prewarmed(process.target, setup.prefixes)
             front = f"http://127.0.0.1:{port}"
             yield _poster(setup, lambda request: front)
-            # Why precise routing kept or moved each request (moved, kept, cold, ...).
+            # Why precise routing kept or moved each request (moved, kept, cold, ...), and
+            # the re-prewarms of kv_events by reason (sent, throttled, no_room).
             texts = await scrape_sidecars(setup.session, [metrics_port])
-            decisions = summed_by(texts, "prefix_sidecar_precise_decisions_total", "outcome")
-            if decisions:
-                setup.notes["precise_decisions"] = {k: int(v) for k, v in decisions.items()}
+            for note, series, label in NOTED_SERIES:
+                counts = summed_by(texts, series, label)
+                if counts:
+                    setup.notes[note] = {k: int(v) for k, v in counts.items()}
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+NOTED_SERIES = (
+    ("precise_decisions", "prefix_sidecar_precise_decisions_total", "outcome"),
+    ("reprewarms", "prefix_sidecar_reprewarms_total", "reason"),
+)
+
+
+def events(setup: Setup) -> AbstractAsyncContextManager[Sender]:
+    return sidecar(setup, "kv_events=true")
 
 
 def precise(setup: Setup) -> AbstractAsyncContextManager[Sender]:
@@ -176,6 +190,7 @@ def requests(setup: Setup) -> AbstractAsyncContextManager[Sender]:
 
 SYSTEMS: dict[str, SystemFactory] = {
     "sidecar": sidecar,
+    "events": events,
     "precise": precise,
     "requests": requests,
     "round-robin": round_robin,
@@ -185,11 +200,12 @@ SYSTEMS: dict[str, SystemFactory] = {
 
 
 def default_systems() -> list[str]:
-    """Every system but precise (named only: it has the pods publish events) and requests
-    (named only: a variant of the sidecar), SGLang's router only when `sglang-router` is
-    installed."""
+    """Every system but events and precise (named only: they have the pods publish events)
+    and requests (named only: a variant of the sidecar), SGLang's router only when
+    `sglang-router` is installed."""
+    named_only = ("events", "precise", "requests")
     return [
         name
         for name in SYSTEMS
-        if name not in ("precise", "requests") and (name != "sglang" or sglang_router_available())
+        if name not in named_only and (name != "sglang" or sglang_router_available())
     ]

@@ -140,7 +140,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             block_size=block,
             scratch=Path(scratch) / "f",
             startup_timeout=args.startup_timeout,
-            kv_events="precise" in args.systems,
+            kv_events=bool({"events", "precise"} & set(args.systems)),
         )
         timeout = aiohttp.ClientTimeout(total=args.timeout * 2)
         async with fleet, aiohttp.ClientSession(timeout=timeout) as session:
@@ -187,6 +187,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                         f"{workload} {name}: hit {row['hit_rate']:.3f}, TTFT p99 "
                         f"{row['ttft_p99_ms']:.0f} ms, {row['errors']} errors, "
                         f"{row['elapsed_s']:.0f} s"
+                        + (f", re-prewarms {row['reprewarms']}" if "reprewarms" in row else "")
                     )
     report["elapsed_s"] = time.perf_counter() - started
     return report
