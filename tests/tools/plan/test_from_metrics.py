@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -133,17 +134,23 @@ def test_fetch_is_bounded(server: Server, path: str, message: str, kwargs: dict)
         asyncio.run(fetch(server.url(path), **kwargs))
 
 
-def test_cli_from_metrics(server: Server) -> None:
+def plan_from(url: str, *more: str) -> subprocess.CompletedProcess[str]:
+    """`prefix-sidecar plan` of SCENARIO's two prefixes, its hit rates from `url`."""
     done = run_cli(
         "plan",
         "--prefix", "rules:60000:0.5",
         "--prefix", "script:12000:0.5",
         "--slo-ms", "8000",
-        "--from-metrics", server.url("/metrics"),
-        "--json",
+        "--from-metrics", url,
         "--samples", "5000",
+        *more,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_cli_from_metrics(server: Server) -> None:
+    done = plan_from(server.url("/metrics"), "--json")
     data = json.loads(done.stdout)
     prefixes = {p["name"]: p for p in data["scenario"]["traffic"]["prefixes"]}
     assert prefixes["rules"]["hit_rate"] == pytest.approx(0.9)
@@ -155,15 +162,7 @@ def test_cli_from_metrics(server: Server) -> None:
 def test_cli_from_metrics_says_when_the_pods_are_too_small_for_their_homes(
     server: Server,
 ) -> None:
-    done = run_cli(
-        "plan",
-        "--prefix", "rules:60000:0.5",
-        "--prefix", "script:12000:0.5",
-        "--slo-ms", "8000",
-        "--from-metrics", server.url("/too-small"),
-        "--samples", "5000",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    done = plan_from(server.url("/too-small"))
     assert "pods too small for the prefixes they are home to: 3 losses without room" in (
         done.stdout
     )
