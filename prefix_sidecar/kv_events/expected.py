@@ -21,29 +21,34 @@ from prefix_sidecar.kv_events.block_keys import chain
 # Above a prefill of the longest prompt the emulated and the real pods here serve, plus the
 # event's trip (bench organic: 3,000-token prompts at 1,500 tokens/s, time x6, ~0.35 s).
 EXPECT_S = 2.0
-MAX_EXPECTED = 1 << 16  # 16-byte keys: ~10 MB at most
+MAX_EXPECTED = 1 << 16  # 16-byte keys and their (pod, key) entries: ~10 MB at most
 
 
 class ExpectedBlocks:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        # pod -> our key -> until when it is credited; each in expiry order
-        self._until: dict[str, dict[bytes, float]] = {}
-        self._count = 0
+        self._until: dict[str, set[bytes]] = {}  # pod -> our keys credited to it
+        # (pod, key) -> until when, oldest first over all pods (one EXPECT_S for all: the
+        # order of crediting is the order of expiry), so the oldest goes in O(1): picking
+        # it pod by pod took 54 ms for one 2,000-block prompt at the bound over 200 pods.
+        self._order: dict[tuple[str, bytes], float] = {}
+
+    @property
+    def _count(self) -> int:
+        return len(self._order)
 
     def expect(self, pod: str, tokens: Sequence[int], block_size: int) -> None:
         """`pod` is about to compute `tokens`: credit it with their whole blocks."""
         now = self.clock()
         self._expire(now)
         until = now + EXPECT_S
-        keys = self._until.setdefault(pod, {})
+        keys = self._until.setdefault(pod, set())
         for key in chain(tokens, block_size):
-            self._count -= keys.pop(key, None) is not None
-            keys[key] = until  # moved to the end: expiry order kept
-            self._count += 1
-        while self._count > MAX_EXPECTED:
-            oldest = min(self._until, key=lambda p: next(iter(self._until[p].values()), until))
-            self._drop_first(oldest)
+            keys.add(key)
+            self._order.pop((pod, key), None)
+            self._order[(pod, key)] = until  # moved to the end: expiry order kept
+        while len(self._order) > MAX_EXPECTED:
+            self._drop_first()
 
     def matches(self, tokens: Sequence[int], block_size: int) -> dict[str, int]:
         """Per pod, the tokens of `tokens` it is credited with in whole blocks from the first
@@ -64,15 +69,14 @@ class ExpectedBlocks:
         return found
 
     def _expire(self, now: float) -> None:
-        for pod in list(self._until):
-            keys = self._until[pod]
-            while keys and next(iter(keys.values())) <= now:
-                self._drop_first(pod)
+        while self._order and next(iter(self._order.values())) <= now:
+            self._drop_first()
 
-    def _drop_first(self, pod: str) -> None:
+    def _drop_first(self) -> None:
+        pod, key = next(iter(self._order))
+        del self._order[(pod, key)]
         keys = self._until[pod]
-        del keys[next(iter(keys))]
-        self._count -= 1
+        keys.discard(key)
         if not keys:
             del self._until[pod]
 
