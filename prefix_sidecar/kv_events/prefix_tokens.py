@@ -57,3 +57,5 @@ class PrefixTokens(PrefixPass):
             # An adapter's blocks chain from a root of its name, as the pods' events do.
             self.residency.watch_prefix(entry.id, tokens, entry.scope.adapter or None)
             self.learnt[entry.id] = len(tokens)
+            if tokens:  # the same count the sizer asks for: known as soon as the residency
+                self.store.set_tokens(entry.id, len(tokens))

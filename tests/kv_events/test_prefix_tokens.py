@@ -41,6 +41,8 @@ async def test_a_registered_prefix_is_watched_with_the_pods_ids() -> None:
         prefix_tokens = PrefixTokens(store, client, residency, lambda: [url])
         await prefix_tokens.run_pass()
         assert prefix_tokens.learnt.keys() == {entry.id}
+        # Its size is the pods' count from then on, with its residency (not after the sizer).
+        assert store.get(entry.id).tokens == 5
         store.unregister_name("p")
         await prefix_tokens.run_pass()
         assert not prefix_tokens.learnt

@@ -188,7 +188,9 @@ async def test_a_pod_too_small_for_its_prefixes_is_not_refilled_into_a_storm(
         for i, text in enumerate(texts):
             request = router_pb2.RegisterPrefixRequest(name=f"thrash-{i}", text=text, prewarm=True)
             await stub.RegisterPrefix(request, timeout=120)
-        sizes = [entry.tokens for entry in sidecar.pools.default.store]
+        store = sidecar.pools.default.store
+        await wait_for(lambda: all(entry.tokens for entry in store), 30, "sized by the pods")
+        sizes = [entry.tokens for entry in store]
         assert all(20 * BLOCK < size < 28 * BLOCK for size in sizes), sizes  # 3 do not fit
         started, sent_before = time.monotonic(), reprewarms(sidecar, "evicted")
         gauge: set[float | None] = set()
