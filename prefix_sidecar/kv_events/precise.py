@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prefix_sidecar.config import Config
+from prefix_sidecar.kv_events.block_keys import PromptKeys
 from prefix_sidecar.kv_events.expected import ContentInflow, ExpectedBlocks
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.routing.decision import Decision
@@ -83,16 +84,16 @@ class PreciseRouting:
             logger.debug("precise routing: /tokenize: %s", exc)
             self.on_outcome("tokenize_error")
             return decision
-        size = min(sizes)
-        held = self.expected.matches(tokens, size)  # what this sidecar has just sent
-        matches = await self.blocks.longest(tokens)
+        size, prompt = min(sizes), PromptKeys(tokens)
+        held = self.expected.matches(prompt.at(size), size)  # what this sidecar just sent
+        matches = await self.blocks.longest(prompt.at)
         if matches is None:
             self.on_outcome("no_answer")  # the index was slow or down: the hash decision
         else:
             for pod, cached in matches.items():
                 held[pod] = max(held.get(pod, 0), cached)
             decision = self._place(decision, len(tokens), held)
-        self.expected.expect(decision.backend, tokens, size)
+        self.expected.expect(decision.backend, prompt.at(size))
         self.inflow.add(decision.backend, len(tokens) - held.get(decision.backend, 0))
         return decision
 

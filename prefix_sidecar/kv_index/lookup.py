@@ -74,9 +74,9 @@ class IndexLookup:
         if time.monotonic() < self._down_until:
             self.on_outcome("down")
             return None
-        sampled = layout.sampled(keys)
+        args = layout.lookup_args(self.namespace, keys, MAX_FIELDS)
         try:
-            replies = await asyncio.wait_for(self._ask(sampled), self.deadline_s)
+            replies = await asyncio.wait_for(self._ask(args), self.deadline_s)
         except TimeoutError:
             self.on_outcome("timeout")
             return None
@@ -92,11 +92,8 @@ class IndexLookup:
         self.on_outcome("hit" if found else "miss")
         return found
 
-    async def _ask(self, sampled: list[tuple[int, bytes]]) -> Any:
-        names = [layout.pods_name(self.namespace)]
-        names += [layout.block_name(self.namespace, key) for _, key in sampled]
-        counts = [count for count, _ in sampled]
-        return await self._script(keys=names, args=[*counts, MAX_FIELDS])
+    async def _ask(self, args: list[str]) -> Any:
+        return await self._script(keys=[layout.pods_name(self.namespace)], args=args)
 
 
 def _block_sizes(reply: Any) -> set[int]:

@@ -4,10 +4,9 @@ pods report, and each size is one lookup (lookup.py) under its deadline."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prefix_sidecar.config import Config
-from prefix_sidecar.kv_events.block_keys import chain
 from prefix_sidecar.kv_events.precise import PreciseRouting
 from prefix_sidecar.kv_index.lookup import IndexLookup
 from prefix_sidecar.metrics import Metrics
@@ -22,10 +21,10 @@ class IndexSource:
     async def block_sizes(self) -> set[int]:
         return await self.lookup.block_sizes() or set()
 
-    async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
+    async def longest(self, keys_at: Callable[[int], Sequence[bytes]]) -> dict[str, int] | None:
         found: dict[str, int] = {}
         for size in sorted(await self.lookup.block_sizes() or ()):
-            matches = await self.lookup.matches(chain(tokens, size))
+            matches = await self.lookup.matches(list(keys_at(size)))
             if matches is None:
                 return None
             # a pod holds blocks of its own size only

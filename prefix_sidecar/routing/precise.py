@@ -18,7 +18,7 @@ ceiling, TTFT p99 4,875 ms).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from prefix_sidecar.routing.pick import Branch, Pick
@@ -34,9 +34,10 @@ class BlockSource(Protocol):
         """The block sizes the pods report; none while no pod's blocks are known (then a
         prompt is not even tokenized)."""
 
-    async def longest(self, tokens: Sequence[int]) -> dict[str, int] | None:
-        """Per pod, the tokens of `tokens` it holds in whole blocks from the first on (its
-        blocks times its block size); None when the source did not answer in time."""
+    async def longest(self, keys_at: Callable[[int], Sequence[bytes]]) -> dict[str, int] | None:
+        """Per pod, the tokens of a prompt it holds in whole blocks from the first on (its
+        blocks times its block size), from the prompt's chained block keys at each block
+        size (`keys_at`); None when the source did not answer in time."""
 
 
 class Move(NamedTuple):

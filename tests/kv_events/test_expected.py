@@ -9,6 +9,7 @@ import time
 import pytest
 
 from prefix_sidecar.kv_events import expected
+from prefix_sidecar.kv_events.block_keys import chain
 from prefix_sidecar.kv_events.expected import EXPECT_S, ExpectedBlocks
 
 BLOCK = 16
@@ -25,25 +26,25 @@ class Clock:
 
 def test_a_sent_prompt_is_credited_to_its_pod_in_whole_blocks() -> None:
     blocks = ExpectedBlocks(Clock())
-    assert blocks.matches(PROMPT, BLOCK) == {}
-    blocks.expect("a", PROMPT[: 3 * BLOCK + 5], BLOCK)
-    blocks.expect("b", PROMPT, BLOCK)
-    assert blocks.matches(PROMPT, BLOCK) == {"a": 3 * BLOCK, "b": 5 * BLOCK}
+    assert blocks.matches(chain(PROMPT, BLOCK), BLOCK) == {}
+    blocks.expect("a", chain(PROMPT[: 3 * BLOCK + 5], BLOCK))
+    blocks.expect("b", chain(PROMPT, BLOCK))
+    assert blocks.matches(chain(PROMPT, BLOCK), BLOCK) == {"a": 3 * BLOCK, "b": 5 * BLOCK}
     other = [7, *PROMPT[1:]]  # the first block differs: nothing after it matches either
-    assert blocks.matches(other, BLOCK) == {}
+    assert blocks.matches(chain(other, BLOCK), BLOCK) == {}
 
 
 def test_the_credit_lasts_expect_s_and_a_resend_renews_it() -> None:
     clock = Clock()
     blocks = ExpectedBlocks(clock)
-    blocks.expect("a", PROMPT, BLOCK)
+    blocks.expect("a", chain(PROMPT, BLOCK))
     clock.now += EXPECT_S / 2
-    blocks.expect("b", PROMPT[: 2 * BLOCK], BLOCK)
-    blocks.expect("a", PROMPT[:BLOCK], BLOCK)  # a's first block renewed, the rest not
+    blocks.expect("b", chain(PROMPT[: 2 * BLOCK], BLOCK))
+    blocks.expect("a", chain(PROMPT[:BLOCK], BLOCK))  # a's first block renewed, the rest not
     clock.now += EXPECT_S / 2 + 0.01
-    assert blocks.matches(PROMPT, BLOCK) == {"a": BLOCK, "b": 2 * BLOCK}
+    assert blocks.matches(chain(PROMPT, BLOCK), BLOCK) == {"a": BLOCK, "b": 2 * BLOCK}
     clock.now += EXPECT_S
-    assert blocks.matches(PROMPT, BLOCK) == {}
+    assert blocks.matches(chain(PROMPT, BLOCK), BLOCK) == {}
     assert blocks._until == {} and blocks._count == 0
 
 
@@ -53,12 +54,12 @@ def test_the_keys_kept_are_bounded_the_oldest_going_first(
     monkeypatch.setattr(expected, "MAX_EXPECTED", 8)
     clock = Clock()
     blocks = ExpectedBlocks(clock)
-    blocks.expect("a", PROMPT, BLOCK)  # 5 keys
+    blocks.expect("a", chain(PROMPT, BLOCK))  # 5 keys
     clock.now += 0.1
-    blocks.expect("b", [9, *PROMPT[1:]], BLOCK)  # 5 more: a's two oldest go
+    blocks.expect("b", chain([9, *PROMPT[1:]], BLOCK))  # 5 more: a's two oldest go
     assert blocks._count == 8
-    assert blocks.matches(PROMPT, BLOCK) == {}  # a's first block went: no prefix left
-    assert blocks.matches([9, *PROMPT[1:]], BLOCK) == {"b": 5 * BLOCK}
+    assert blocks.matches(chain(PROMPT, BLOCK), BLOCK) == {}  # a's first block went: no prefix left
+    assert blocks.matches(chain([9, *PROMPT[1:]], BLOCK), BLOCK) == {"b": 5 * BLOCK}
 
 
 def _expect_at_the_bound(pods: int) -> float:
@@ -68,12 +69,12 @@ def _expect_at_the_bound(pods: int) -> float:
     per_pod = expected.MAX_EXPECTED // pods + 1
     for pod in range(pods):
         start = pod * 10**6
-        blocks.expect(f"pod{pod}", range(start, start + per_pod * BLOCK), BLOCK)
+        blocks.expect(f"pod{pod}", chain(range(start, start + per_pod * BLOCK), BLOCK))
     best = float("inf")
     for turn in range(3):
         start = 10**9 + turn * 10**6
         began = time.perf_counter()
-        blocks.expect("pod0", range(start, start + 2000 * BLOCK), BLOCK)
+        blocks.expect("pod0", chain(range(start, start + 2000 * BLOCK), BLOCK))
         best = min(best, time.perf_counter() - began)
     return best
 

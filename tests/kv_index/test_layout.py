@@ -13,6 +13,19 @@ def test_a_short_chain_is_asked_whole_and_a_long_one_evenly_with_its_last_block(
     assert picks[-1] == (1000, keys[-1])
 
 
+def test_the_scripts_arguments_carry_the_sampled_keys_in_one_string() -> None:
+    keys = [bytes([n]) * 16 for n in range(3)]
+    prefix, hexes, counts, most = layout.lookup_args("ns", keys, 4096)
+    assert (prefix, counts, most) == ("ns:b:", "", "4096")  # counts: each key's position
+    assert [prefix + hexes[i : i + 32] for i in range(0, 96, 32)] == [
+        layout.block_name("ns", key) for key in keys
+    ]
+    long = [n.to_bytes(16, "big") for n in range(1000)]
+    _, hexes, counts, _ = layout.lookup_args("ns", long, 4096)
+    assert counts.split() == [str(count) for count, _ in layout.sampled(long)]
+    assert len(hexes) == 32 * layout.MAX_LOOKUP_BLOCKS
+
+
 def test_a_field_names_its_pod_and_tier() -> None:
     name = layout.field("http://10.0.0.1:8000", "GPU")
     assert name == "http://10.0.0.1:8000@gpu"

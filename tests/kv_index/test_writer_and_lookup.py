@@ -134,6 +134,20 @@ async def test_a_pod_matches_from_the_first_block_on_and_only_in_its_generation(
     assert await lookup.matches(keys[1:]) == {"http://a": 1, "http://b": 2}  # a chain's own counts
 
 
+async def test_a_long_chain_matches_to_its_last_sampled_block_held(redis: Redis) -> None:
+    """Past MAX_LOOKUP_BLOCKS the script reads sampled blocks and answers their counts."""
+    namespace = layout.DEFAULT_NAMESPACE
+    await hset(redis, layout.pods_name(namespace), {"http://a": 3})
+    keys = [n.to_bytes(16, "big") for n in range(1, 601)]
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys[:400]:
+            pipe.hset(layout.block_name(namespace, key), mapping={"http://a@gpu": 3})
+        await pipe.execute()
+    expected = max(count for count, _ in layout.sampled(keys) if count <= 400)
+    assert 395 < expected <= 400
+    assert await IndexLookup(redis, deadline_s=1.0).matches(keys) == {"http://a": expected}
+
+
 async def test_a_block_removed_while_the_index_is_rewritten_is_removed_from_it(
     redis: Redis,
 ) -> None:

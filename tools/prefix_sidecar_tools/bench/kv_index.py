@@ -8,7 +8,9 @@ empty one), then:
   (block, pod) fields;
 - lookup: a sidecar's query (lookup.py) for chains of 1 to 256 sampled blocks, interleaved
   with a bare PING round trip over the same connection (the floor): p50 and p99 of each,
-  one at a time.
+  one at a time;
+- decision: precise routing's step on the index (kv_index/source.py) for a prompt of that
+  many blocks' token ids: its keys made, at the pods' block size, and looked up.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from prefix_sidecar.kv_events.block_keys import chain
+from prefix_sidecar.kv_events.block_keys import PromptKeys, chain
 from prefix_sidecar.kv_events.decode import BlockStored
 from prefix_sidecar.kv_index.lookup import IndexLookup
+from prefix_sidecar.kv_index.source import IndexSource
 from prefix_sidecar.kv_index.writer import IndexWriter
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.redis_server import RedisServer
@@ -74,7 +77,7 @@ async def _measure(url: str, args: argparse.Namespace) -> Report:
         after = int((await redis.info("memory"))["used_memory"])
         fields = args.blocks * args.replicas
         write["bytes_per_million_fields"] = (after - before) / fields * 1e6
-        lookup = await _lookups(redis, write.pop("chains"), args.lookups)
+        lookup = await _lookups(redis, write.pop("prompts"), args.lookups)
     finally:
         await redis.aclose()
     return {"config": vars(args) | {"redis": url}, "write": write, "lookup": lookup}
@@ -86,7 +89,7 @@ async def _write(redis: Redis, args: argparse.Namespace, rng: random.Random) -> 
     for pod in pods:
         writer.reset(pod, known=True)
     task = asyncio.create_task(writer.run())
-    chains: list[list[bytes]] = []
+    prompts: list[tuple[int, ...]] = []
     started = time.perf_counter()
     next_hash = 1
     for first in range(0, args.blocks, EVENT_BLOCKS):
@@ -97,8 +100,8 @@ async def _write(redis: Redis, args: argparse.Namespace, rng: random.Random) -> 
         event = BlockStored(hashes, None, tokens, BLOCK)
         for pod in rng.sample(pods, args.replicas):
             writer.apply(pod, (event,))
-        if len(chains) < 64:
-            chains.append(chain(tokens, BLOCK))
+        if len(prompts) < 64:
+            prompts.append(tokens)
         while len(writer.pending) > 50_000:
             await asyncio.sleep(0.001)
     while not writer.settled:
@@ -109,27 +112,38 @@ async def _write(redis: Redis, args: argparse.Namespace, rng: random.Random) -> 
         "commands": writer.written,
         "seconds": seconds,
         "commands_per_s": writer.written / seconds,
-        "chains": chains,
+        "prompts": prompts,
     }
 
 
-async def _lookups(redis: Redis, chains: list[list[bytes]], rounds: int) -> dict[str, Any]:
+async def _lookups(redis: Redis, prompts: list[tuple[int, ...]], rounds: int) -> dict[str, Any]:
     lookup = IndexLookup(redis, deadline_s=1.0)
-    samples: dict[str, list[float]] = {name: [] for name in ["ping", *map(_chain_name, CHAINS)]}
-    long_chain = [key for keys in chains for key in keys]  # blocks no pod holds past the first
+    source = IndexSource(lookup)
+    names = ["ping", *map(_chain_name, CHAINS), *map(_decision_name, CHAINS)]
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    # the first prompt's blocks are held, then blocks no pod holds past them
+    tokens = [token for prompt in [prompts[0], *prompts] for token in prompt]
+    keys = chain(tokens, BLOCK)
+    await source.block_sizes()
     for _ in range(rounds):
         started = time.perf_counter()
         await redis.ping()
         samples["ping"].append(time.perf_counter() - started)
         for length in CHAINS:
-            keys = (chains[0] + long_chain)[:length]
             started = time.perf_counter()
-            await lookup.matches(keys)
+            await lookup.matches(keys[:length])
             samples[_chain_name(length)].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await source.longest(PromptKeys(tokens[: length * BLOCK]).at)
+            samples[_decision_name(length)].append(time.perf_counter() - started)
     return {
         name: {"p50_ms": percentile(values, 50) * 1e3, "p99_ms": percentile(values, 99) * 1e3}
         for name, values in samples.items()
     }
+
+
+def _decision_name(length: int) -> str:
+    return f"decision, {length} blocks"
 
 
 def _chain_name(length: int) -> str:
