@@ -60,6 +60,7 @@ class KvEventsFollow:
             lambda reason: metrics.child(metrics.reprewarms, reason).inc(),
             lambda url: pool.backends[url].warm_prefixes if url in pool.backends else set(),
             lambda url, count: resident(metrics, url, count),
+            lambda url: over_share(pool, url),
             interval_s=config.reprewarm_interval_s,
         )
         # Precise routing reads every pod's blocks: it follows the whole fleet.
@@ -125,3 +126,11 @@ def resident(metrics: Metrics, url: str, count: int | None) -> None:
         metrics.remove(metrics.resident_prefixes, url)
     else:
         metrics.child(metrics.resident_prefixes, url).set(count)
+
+
+def over_share(pool: BackendPool, url: str) -> bool:
+    """Whether `url` has more requests in flight than the healthy pods' mean (this sidecar's
+    own, or the pod's report where load signals are on): a prefill there delays them."""
+    loads = [backend.requests for backend in pool.backends.values() if backend.healthy]
+    backend = pool.backends.get(url)
+    return backend is not None and bool(loads) and backend.requests > sum(loads) / len(loads)

@@ -15,7 +15,11 @@ restarted (a reset to an empty cache of a pod that was known: its sequence resta
 unknown (the pod was unknown, typically a stopped publisher, and came back without it).
 Not sent: throttled (above), and no_room: the prefix does not fit on the pod beside the
 registered prefixes it holds, by the most blocks it was heard to hold (residency.py); its
-own traffic rebuilds it there, and the pod is too small for what is sent to it.
+own traffic rebuilds it there, and the pod is too small for what is sent to it. Held back:
+busy, counted once, when the pod has more of this sidecar's requests in flight than its
+share (`busy`): a re-prewarm is a prefill of the whole prefix (seconds of a CPU pod) that
+the requests on the pod would wait behind. It is looked at again each debounce, and sent
+once the pod is back to its share, or after `reprewarm_interval_s` held, whatever the load.
 
 A check reads every registered prefix on one pod, O(prefixes x blocks), at most once per
 pod per debounce.
@@ -40,7 +44,7 @@ REPREWARM_DEBOUNCE_S = 1.0
 # once per 30 s per prefix and pod bounds that to a few percent of a pod that keeps evicting.
 # The default of the reprewarm_interval_s setting.
 REPREWARM_INTERVAL_S = 30.0
-REASONS = ("evicted", "cleared", "restarted", "unknown", "throttled", "no_room")
+REASONS = ("evicted", "cleared", "restarted", "unknown", "throttled", "no_room", "busy")
 
 
 class ReprewarmSink:
@@ -55,6 +59,7 @@ class ReprewarmSink:
         count: Callable[[str], None],
         warmed_on: Callable[[str], set[str]] = lambda pod: set(),
         resident: Callable[[str, int | None], None] = lambda pod, count: None,
+        busy: Callable[[str], bool] = lambda pod: False,
         *,
         debounce_s: float = REPREWARM_DEBOUNCE_S,
         interval_s: float = REPREWARM_INTERVAL_S,
@@ -67,6 +72,7 @@ class ReprewarmSink:
         self.count = count
         self.warmed_on = warmed_on
         self.resident = resident
+        self.busy = busy
         self.debounce_s = debounce_s
         self.interval_s = interval_s
         self.clock = clock
@@ -76,6 +82,8 @@ class ReprewarmSink:
         self._last: dict[tuple[str, str], float] = {}  # (pod, prefix) -> latest re-prewarm
         self._throttled: set[tuple[str, str]] = set()  # logged since its latest re-prewarm
         self._seen: dict[str, set[str]] = {}  # pod -> prefixes a check saw it hold, still held
+        # (pod, prefix) -> (reason, since when) of a re-prewarm held back while the pod is busy
+        self._held_back: dict[tuple[str, str], tuple[str, float]] = {}
         self.tasks: set[asyncio.Task[object]] = set()
 
     def reset(self, pod: str, known: bool) -> None:
@@ -123,6 +131,7 @@ class ReprewarmSink:
             self._had.pop(pod, None)
             self._seen.pop(pod, None)
             self._why.pop(pod, None)
+            self._held_back = {k: v for k, v in self._held_back.items() if k[0] != pod}
             handle = self._checks.pop(pod, None)
             if handle is not None:
                 handle.cancel()
@@ -151,7 +160,7 @@ class ReprewarmSink:
         seen_before = self._seen.get(pod, set())
         seen: set[str] = set()  # rebuilt from the store: an unregistered prefix leaves it
         now: dict[str, bool] = {}
-        lost = []
+        lost: list[tuple[PrefixEntry, str]] = []
         holding = 0
         for entry in self.store:
             was_seen = entry.id in seen_before
@@ -165,19 +174,25 @@ class ReprewarmSink:
                 continue
             now[entry.id] = holds
             holding += holds
+            back = self._held_back.get((pod, entry.id))
             if holds:
                 seen.add(entry.id)  # not held now: a later prewarm of it is new again
             elif held and reason is not None:
-                lost.append(entry)
+                lost.append((entry, reason))
+            elif back is not None:
+                lost.append((entry, back[0]))  # held back: still lost
         self._had[pod] = now
         self._seen[pod] = seen
         self.resident(pod, holding if self.residency.known(pod) else None)
         moment = self.clock()
         self._last = {k: t for k, t in self._last.items() if moment - t < self.interval_s}
         self._throttled &= self._last.keys()
-        homes = [entry for entry in lost if pod in self.home_set(entry)]
+        homes = [(entry, why) for entry, why in lost if pod in self.home_set(entry)]
+        ids = {entry.id for entry, _ in homes}  # what is held back of the pod is among them
+        self._held_back = {k: v for k, v in self._held_back.items() if k[0] != pod or k[1] in ids}
         kept = [prefix_id for prefix_id, holds in now.items() if holds] if homes else []
-        for entry in homes:
+        busy = bool(homes) and self.busy(pod)
+        for entry, why in homes:
             if (pod, entry.id) in self._last:
                 if (pod, entry.id) in self._throttled:
                     continue  # said once per interval: a thrashing pod loses it every check
@@ -191,6 +206,9 @@ class ReprewarmSink:
                     self.interval_s,
                 )
                 continue
+            if busy and self._hold_back(pod, entry.id, why, moment):
+                continue
+            self._held_back.pop((pod, entry.id), None)
             self._last[(pod, entry.id)] = moment
             if not self._fits(pod, kept, entry.id):
                 self._throttled.add((pod, entry.id))  # said: once per interval, as above
@@ -204,11 +222,25 @@ class ReprewarmSink:
                     self.residency.capacity(pod),
                 )
                 continue
-            self.count(reason or "unknown")
-            logger.info("re-prewarming prefix %s on %s (%s)", entry.id, pod, reason)
+            self.count(why)
+            logger.info("re-prewarming prefix %s on %s (%s)", entry.id, pod, why)
             task = asyncio.get_running_loop().create_task(self.warm(entry, pod))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        if any(key[0] == pod for key in self._held_back):
+            self._schedule(pod)  # looked at again: the pod may be back to its share
+
+    def _hold_back(self, pod: str, prefix_id: str, why: str, moment: float) -> bool:
+        """Whether the re-prewarm of `prefix_id` on busy `pod` waits (counted `busy` once);
+        not once it has waited `interval_s`: a pod always busy is refilled all the same."""
+        since = self._held_back.get((pod, prefix_id), (why, moment))[1]
+        if moment - since >= self.interval_s:
+            return False
+        if (pod, prefix_id) not in self._held_back:
+            self.count("busy")
+            logger.info("re-prewarm of prefix %s on %s held back: the pod is busy", prefix_id, pod)
+        self._held_back[(pod, prefix_id)] = (why, since)
+        return True
 
     def _fits(self, pod: str, kept: list[str], prefix_id: str) -> bool:
         """Whether `prefix_id` fits on `pod` beside `kept`, the registered prefixes it holds

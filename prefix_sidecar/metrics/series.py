@@ -125,8 +125,8 @@ REPREWARMS = Series(
     "prefix_sidecar_reprewarms",
     "Prewarms of a registered prefix on a home pod that lost it, by reason: evicted, cleared, "
     "restarted, unknown; not sent: throttled (one per prefix and pod per "
-    "reprewarm_interval_s) and no_room (it does not fit beside the registered prefixes the "
-    "pod holds)",
+    "reprewarm_interval_s), no_room (it does not fit beside the registered prefixes the "
+    "pod holds) and busy (held back while the pod is over its share of requests)",
     ("reason",),
 )
 RESIDENT_PREFIXES = Series(

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 
 from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved
+from prefix_sidecar.kv_events.follow import over_share
 from prefix_sidecar.kv_events.reprewarm import ReprewarmSink
 from prefix_sidecar.kv_events.residency import Residency
+from prefix_sidecar.membership.pool import BackendPool
+from prefix_sidecar.membership.sources import Member
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 
 from .test_residency import PREFIX, stored_chunks
@@ -33,6 +36,7 @@ class Setup:
         self.now = 0.0
         self.resident: dict[str, int | None] = {}
         self.warmed_on: dict[str, set[str]] = {warmed_on: {self.entry.id}} if warmed_on else {}
+        self.busy: set[str] = set()  # pods over their share of this sidecar's requests
         self.sink = ReprewarmSink(
             self.residency,
             self.store,
@@ -41,6 +45,7 @@ class Setup:
             self.counted.append,
             lambda pod: self.warmed_on.get(pod, set()),
             self.resident.__setitem__,
+            self.busy.__contains__,
             debounce_s=DEBOUNCE_S,
             interval_s=INTERVAL_S,
             clock=lambda: self.now,
@@ -236,3 +241,64 @@ async def test_a_prewarm_never_evicts_a_registered_prefix_the_pod_serves_for_ano
     await setup.settle()
     assert setup.residency.holds("a", other.id) is True
     assert setup.warmed == [] and setup.counted == ["no_room"]
+
+
+async def test_a_busy_pods_re_prewarm_waits_until_it_is_back_to_its_share() -> None:
+    # A re-prewarm is the whole prefix's prefill: on a busy pod its requests wait behind it
+    # (2 real vLLM pods, the mega-sale: the first requests 3-4 s slow behind one).
+    setup = Setup()
+    await held_then(setup)
+    setup.busy.add("a")
+    setup.evict("a")
+    await setup.settle()
+    assert setup.warmed == [] and setup.counted == ["busy"]
+    setup.now = 5.0
+    await setup.settle()  # looked at each debounce, counted once
+    assert setup.warmed == [] and setup.counted == ["busy"]
+    setup.busy.clear()
+    await setup.settle()
+    assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["busy", "evicted"]
+    await setup.settle()
+    assert len(setup.warmed) == 1 and not setup.sink._held_back
+
+
+async def test_a_pod_busy_for_a_whole_interval_is_prewarmed_all_the_same() -> None:
+    setup = Setup()
+    await held_then(setup)
+    setup.busy.add("a")
+    setup.evict("a")
+    await setup.settle()
+    setup.now = INTERVAL_S
+    await setup.settle()
+    assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["busy", "evicted"]
+
+
+async def test_what_a_busy_pod_rebuilt_itself_or_is_no_longer_home_to_is_not_held_back() -> None:
+    setup = Setup()
+    await held_then(setup)
+    setup.busy.add("a")
+    setup.evict("a")
+    await setup.settle()
+    setup.store_prefix("a")  # its own traffic computed it again
+    await setup.settle()
+    assert not setup.sink._held_back and "a" not in setup.sink._checks
+    setup.evict("a")
+    await setup.settle()
+    assert setup.sink._held_back
+    setup.sink.home_set = lambda entry: ["b"]  # the ring moved: a is no longer its home
+    setup.busy.clear()
+    await setup.settle()
+    assert setup.warmed == [] and not setup.sink._held_back
+
+
+def test_a_pod_is_busy_above_the_healthy_pods_mean() -> None:
+    a, b, c = (f"http://10.0.0.{n}:8000" for n in (1, 2, 3))
+    pool = BackendPool()
+    pool.set_members([Member(url) for url in (a, b, c)])
+    for url, in_flight in ((a, 3), (b, 1), (c, 9)):
+        pool.set_health(url, True)
+        pool.backends[url].in_flight = in_flight
+    pool.set_health(c, False)  # an ejected pod is no share
+    assert [over_share(pool, url) for url in (a, b, "http://gone:8000")] == [True, False, False]
+    pool.backends[a].in_flight = 1
+    assert not over_share(pool, a)  # all at the mean: none is busy
