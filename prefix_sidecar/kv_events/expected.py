@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 # Above a prefill of the longest prompt the emulated and the real pods here serve, plus the
 # event's trip (bench organic: 3,000-token prompts at 1,500 tokens/s, time x6, ~0.35 s).
 EXPECT_S = 2.0
-MAX_EXPECTED = 1 << 16  # 16-byte keys and their (pod, key) entries: ~10 MB at most
+MAX_EXPECTED = 1 << 16  # 8-byte keys and their (pod, key) entries: ~10 MB at most
 
 
 class ExpectedBlocks:

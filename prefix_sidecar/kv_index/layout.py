@@ -1,7 +1,7 @@
 """The shared block index's key layout in Redis (or Valkey), written by `prefix-sidecar
 kv-indexer` (writer.py) and read by sidecars (lookup.py).
 
-- `{ns}:b:<32 hex digits>`: a HASH per block, named by our chained block key
+- `{ns}:b:<16 hex digits>`: a HASH per block, named by our chained block key
   (kv_events/block_keys.py: token ids, not the engine's hash, so pods with any
   --prefix-caching-hash-algo agree); one field per pod that holds it, `<pod URL>@<medium>`
   (llm-d's `pod@tier`), its value the pod's generation when it was stored.

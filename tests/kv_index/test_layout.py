@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from prefix_sidecar.kv_events.block_keys import KEY_BYTES
 from prefix_sidecar.kv_index import layout
 
 
@@ -14,16 +15,17 @@ def test_a_short_chain_is_asked_whole_and_a_long_one_evenly_with_its_last_block(
 
 
 def test_the_scripts_arguments_carry_the_sampled_keys_in_one_string() -> None:
-    keys = [bytes([n]) * 16 for n in range(3)]
+    keys = [bytes([n]) * KEY_BYTES for n in range(3)]
     prefix, hexes, counts, most = layout.lookup_args("ns", keys, 4096)
     assert (prefix, counts, most) == ("ns:b:", "", "4096")  # counts: each key's position
-    assert [prefix + hexes[i : i + 32] for i in range(0, 96, 32)] == [
+    width = 2 * KEY_BYTES
+    assert [prefix + hexes[i : i + width] for i in range(0, 3 * width, width)] == [
         layout.block_name("ns", key) for key in keys
     ]
-    long = [n.to_bytes(16, "big") for n in range(1000)]
+    long = [n.to_bytes(KEY_BYTES, "big") for n in range(1000)]
     _, hexes, counts, _ = layout.lookup_args("ns", long, 4096)
     assert counts.split() == [str(count) for count, _ in layout.sampled(long)]
-    assert len(hexes) == 32 * layout.MAX_LOOKUP_BLOCKS
+    assert len(hexes) == 2 * KEY_BYTES * layout.MAX_LOOKUP_BLOCKS
 
 
 def test_a_field_names_its_pod_and_tier() -> None:
