@@ -31,17 +31,11 @@ KEY_BYTES = 8
 TOKEN_BYTES = 8  # each id as a uint64: pods' vocabularies fit, and ids are checked < 2**32
 
 
-def _key_bytes(keys: Sequence[int]) -> bytes:
-    """`keys` as little-endian 8-byte words, run together (as chain_keys reads a parent)."""
-    words = array("Q", keys)
+def _words(values: Sequence[int]) -> bytes:
+    """`values` as little-endian 8-byte words, run together: token ids, and a key as
+    chain_keys reads a parent."""
+    words = array("Q", values)
     if sys.byteorder == "big":  # pragma: no cover - exotic platforms only
-        words.byteswap()
-    return words.tobytes()
-
-
-def _token_bytes(tokens: Sequence[int]) -> bytes:
-    words = array("Q", tokens)
-    if sys.byteorder == "big":  # pragma: no cover
         words.byteswap()
     return words.tobytes()
 
@@ -55,11 +49,11 @@ def _root_block(lora_name: str | None, width: int) -> bytes:
 def root_key(lora_name: str | None, block_size: int) -> bytes:
     """The parent of a chain's first block."""
     width = block_size * TOKEN_BYTES
-    return _key_bytes([_core.route_key(bytes(8) + _root_block(lora_name, width))])
+    return _words([_core.route_key(bytes(8) + _root_block(lora_name, width))])
 
 
 def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
-    return _key_bytes([_core.route_key(parent + _token_bytes(tokens))])
+    return _words([_core.route_key(parent + _words(tokens))])
 
 
 def chain(tokens: Sequence[int], block_size: int, lora_name: str | None = None) -> list[bytes]:
@@ -67,8 +61,8 @@ def chain(tokens: Sequence[int], block_size: int, lora_name: str | None = None) 
     width, count = block_size * TOKEN_BYTES, len(tokens) // block_size
     if count == 0:
         return []
-    data = _root_block(lora_name, width) + _token_bytes(tokens[: count * block_size])
-    raw = _key_bytes(_core.chain_keys(data, width, count + 1)[1:])  # the root's key first
+    data = _root_block(lora_name, width) + _words(tokens[: count * block_size])
+    raw = _words(_core.chain_keys(data, width, count + 1)[1:])  # the root's key first
     return [raw[start : start + KEY_BYTES] for start in range(0, len(raw), KEY_BYTES)]
 
 
