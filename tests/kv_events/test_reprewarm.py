@@ -243,14 +243,20 @@ async def test_a_prewarm_never_evicts_a_registered_prefix_the_pod_serves_for_ano
     assert setup.warmed == [] and setup.counted == ["no_room"]
 
 
-async def test_a_busy_pods_re_prewarm_waits_until_it_is_back_to_its_share() -> None:
-    # A re-prewarm is the whole prefix's prefill: on a busy pod its requests wait behind it
-    # (2 real vLLM pods, the mega-sale: the first requests 3-4 s slow behind one).
+async def lost_while_busy() -> Setup:
+    """Pod a held the prefix and lost it while over its share of requests."""
     setup = Setup()
     await held_then(setup)
     setup.busy.add("a")
     setup.evict("a")
     await setup.settle()
+    return setup
+
+
+async def test_a_busy_pods_re_prewarm_waits_until_it_is_back_to_its_share() -> None:
+    # A re-prewarm is the whole prefix's prefill: on a busy pod its requests wait behind it
+    # (2 real vLLM pods, the mega-sale: the first requests 3-4 s slow behind one).
+    setup = await lost_while_busy()
     assert setup.warmed == [] and setup.counted == ["busy"]
     setup.now = 5.0
     await setup.settle()  # looked at each debounce, counted once
@@ -263,22 +269,14 @@ async def test_a_busy_pods_re_prewarm_waits_until_it_is_back_to_its_share() -> N
 
 
 async def test_a_pod_busy_for_a_whole_interval_is_prewarmed_all_the_same() -> None:
-    setup = Setup()
-    await held_then(setup)
-    setup.busy.add("a")
-    setup.evict("a")
-    await setup.settle()
+    setup = await lost_while_busy()
     setup.now = INTERVAL_S
     await setup.settle()
     assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["busy", "evicted"]
 
 
 async def test_what_a_busy_pod_rebuilt_itself_or_is_no_longer_home_to_is_not_held_back() -> None:
-    setup = Setup()
-    await held_then(setup)
-    setup.busy.add("a")
-    setup.evict("a")
-    await setup.settle()
+    setup = await lost_while_busy()
     setup.store_prefix("a")  # its own traffic computed it again
     await setup.settle()
     assert not setup.sink._held_back and "a" not in setup.sink._checks
