@@ -2,7 +2,8 @@
 `prefix-sidecar serve` with a prefix registered, prewarmed and replicated on both pods.
 
 Thin queries stream through gRPC Complete and the HTTP front while pod 0 is SIGKILLed (its
-whole process group, as a crash would). What the test holds, and what a caller sees:
+whole process group, as a crash would; frozen for 0.3 s first, so that the kill is sure to
+meet an answer mid-stream). What the test holds, and what a caller sees:
 - no request is lost: each one is answered whole, or, if its stream had already carried
   tokens from the killed pod, ends with a clear error (gRPC UNAVAILABLE "broke after the
   first token"; over HTTP, an SSE error event after the partial text). A request that had
@@ -53,9 +54,11 @@ VICTIM = 0
 SURVIVOR = 1
 WORKERS_PER_FRONT = 2
 # Answers run their full length (no early end of text): a stream seen in its first quarter
-# of tokens (counted in the pod's own events: the relay may pack several into one chunk) still
-# has ~140 to go when the SIGKILL lands, which takes ~0.1 s; 96 were once all sent by then
+# of tokens (counted in the pod's own events: the relay may pack several into one chunk)
+# usually has ~140 to go when pod 0 is frozen before its kill
 ANSWER_TOKENS = 192
+FREEZE_TRIES = 5
+DRAIN_S = 0.3  # a frozen pod's last bytes reach the callers (health checks run each 0.5 s)
 NO_EARLY_END = json.dumps({"ignore_eos": True})
 BROKEN_GRPC = "broke after the first token"
 BROKEN_HTTP = "broke after the first byte"
@@ -246,7 +249,27 @@ async def test_a_killed_pod_fails_over_then_comes_back_warm(
                 for o in killed_run
             )
 
-        await wait_for("streaming from pod 0", streaming_from_victim, timeout=60)
+        async def cut_by_a_kill() -> bool:
+            """A gRPC answer from pod 0 has tokens and is still unfinished."""
+            return any(
+                o.front == "grpc" and o.backend == victim and o.tokens and not o.finished
+                for o in killed_run
+            )
+
+        # pod 0 is frozen first: what it had sent reaches its callers, and an answer still
+        # unfinished then is sure to be cut (a tiny model can finish one in the ~0.1 s a
+        # SIGKILL takes to land: CI once saw no stream cut)
+        freezes = 0
+        while freezes < FREEZE_TRIES:
+            await wait_for("streaming from pod 0", streaming_from_victim, timeout=60)
+            freezes += 1
+            fleet.freeze(VICTIM, True)
+            await asyncio.sleep(DRAIN_S)
+            if await cut_by_a_kill():
+                break
+            fleet.freeze(VICTIM, False)
+        else:
+            raise AssertionError(f"every answer seen from pod 0 ended in {DRAIN_S} s")
         killed_at = time.monotonic()
         exit_code = await fleet.kill(VICTIM)
         dead_at = time.monotonic()
@@ -278,7 +301,8 @@ async def test_a_killed_pod_fails_over_then_comes_back_warm(
 
     print(
         f"\nprefix {len(prefix_ids)} tokens, block {block}, whole blocks {expected}; "
-        f"pod {victim} SIGKILLed (exit {exit_code}) in {dead_at - killed_at:.2f} s, "
+        f"pod {victim} frozen {freezes}x, SIGKILLed (exit {exit_code}) "
+        f"in {dead_at - killed_at:.2f} s, "
         f"ejected {ejected_s:.2f} s later; restarted in {ready_s:.1f} s, serving "
         f"{serving_s:.1f} s after /health ({time.monotonic() - restart_started:.1f} s in all)"
     )

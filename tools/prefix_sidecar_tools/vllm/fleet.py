@@ -218,6 +218,10 @@ class VllmFleet(AsyncService):
         async with aiohttp.ClientSession(timeout=timeout) as session:
             await asyncio.gather(*(pod.wait_ready(session, self.startup_timeout) for pod in pods))
 
+    def freeze(self, index: int, frozen: bool) -> None:
+        """Pod `index` stops (SIGSTOP) or goes on (SIGCONT), its whole process group."""
+        self.pods[index].freeze(frozen)
+
     async def kill(self, index: int) -> int:
         """Pod `index` dies as in a crash (SIGKILL to its process group); its exit code."""
         return await self.pods[index].kill()

@@ -99,6 +99,13 @@ class VllmPod:
             return None
         return await terminate_group(self.process, grace)
 
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOP (or SIGCONT) the pod's whole process group: a frozen pod sends nothing
+        more, so a caller can see what it had sent before it decides to kill it."""
+        if self.process is None:
+            raise RuntimeError(f"the pod at {self.url} was never started")
+        os.killpg(self.process.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
     async def kill(self, timeout: float = 10.0) -> int:
         """SIGKILL the pod's whole process group, as a crash would; returns once no process
         of the group runs (EngineCore and its worker die with the server, not after it)."""
