@@ -72,6 +72,18 @@ class AllBlocksCleared:
 
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
+# vLLM's medium for the KV cache a request reuses at once: "GPU", on CPU pods too.
+DEVICE_MEDIUM = "GPU"
+
+
+def on_device(event: KvEvent) -> bool:
+    """Whether `event` is about the pod's own KV cache: no medium (vLLM before tiers) or
+    DEVICE_MEDIUM. An offloading pod also reports the copies it keeps in another tier
+    ("CPU", ...) under the same hashes; its GPU eviction of an offloaded block is a
+    BlockRemoved for the GPU only."""
+    medium = getattr(event, "medium", None)
+    return medium is None or medium.upper() == DEVICE_MEDIUM
+
 
 @dataclass(frozen=True, slots=True)
 class EventBatch:

@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from prefix_sidecar.kv_events.block_keys import PromptKeys, stored_keys
-from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from prefix_sidecar.kv_events.decode import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    on_device,
+)
 from prefix_sidecar.kv_events.subscriber import KvEventSink
 
 MAX_BLOCKS_PER_POD = 1 << 17  # ~25 MB a pod
@@ -78,6 +84,8 @@ class FleetBlocks:
         if engine is None or keys is None:
             return
         for event in events:
+            if not on_device(event):
+                continue  # an offloaded copy: the index (kv_index) keeps tiers, not this map
             if isinstance(event, BlockStored):
                 self._block_size[pod] = event.block_size
                 for engine_hash, key in stored_keys(event, engine.get):

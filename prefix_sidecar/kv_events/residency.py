@@ -8,6 +8,9 @@ Kept per pod: the blocks on a registered prefix's chain, and the latest RECENT_B
 memory is (prefixes x blocks + RECENT_BLOCKS) x pods, never the size of the fleet's caches.
 Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
 
+Only the pod's own KV cache counts (decode.on_device): an offloaded copy (medium "CPU")
+is not a prefix a request reuses at once.
+
 Each pod's cached block count (stored less removed) is kept too, and its peak: vLLM evicts
 only when its cache is full, so once a pod has evicted, its peak is about its capacity
 (re-prewarm reads it: reprewarm.py).
@@ -22,7 +25,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from prefix_sidecar.kv_events.block_keys import chain, stored_keys
-from prefix_sidecar.kv_events.decode import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from prefix_sidecar.kv_events.decode import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    on_device,
+)
 
 MAX_BLOCK_SIZES = 4
 RECENT_BLOCKS = 2048  # ~0.4 MB a pod
@@ -136,6 +145,8 @@ class Residency:
             return  # unknown until the subscriber says it is known again
         held, engine = self._held[pod], self._engine[pod]
         for event in events:
+            if not on_device(event):
+                continue  # a copy in another tier (offloaded): not what a request reuses
             if isinstance(event, BlockStored):
                 self._stored(pod, event, held, engine)
             elif isinstance(event, BlockRemoved):

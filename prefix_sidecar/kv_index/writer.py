@@ -2,7 +2,7 @@
 written to the shared index in Redis (layout.py), in pipelines, off the event path.
 
 Events become operations on a bounded queue, drained by one task in pipelines of
-PIPELINE_COMMANDS. What the indexer knows of each pod (engine hash -> our key and field,
+PIPELINE_COMMANDS. What the indexer knows of each pod (engine hash and field -> our key,
 at most MAX_BLOCKS_PER_POD blocks, the oldest dropped from the index past that) is the
 truth it can always write again: when Redis goes away or the queue overflows, the queue is
 dropped and, once Redis answers, every pod gets a new generation and its blocks are
@@ -42,11 +42,13 @@ Operation = tuple[str, str, str, str] | tuple[str, str, str]
 class PodBlocks:
     generation: str = field(default_factory=layout.new_generation)
     block_size: int = 0
-    engine: dict[int, tuple[bytes, str]] = field(default_factory=dict)  # hash -> key, field
+    # (engine hash, field) -> our key. A block has a field per tier (medium) that holds it:
+    # an offloading pod stores it on the CPU and removes it from the GPU, hash unchanged.
+    engine: dict[tuple[int, str], bytes] = field(default_factory=dict)
 
-    def key_of(self, engine_hash: int) -> bytes | None:
-        block = self.engine.get(engine_hash)
-        return None if block is None else block[0]
+    def keyer(self, name_field: str) -> Callable[[int], bytes | None]:
+        """Our key of an engine hash the pod stored in the tier of `name_field`."""
+        return lambda engine_hash: self.engine.get((engine_hash, name_field))
 
 
 class IndexWriter:
@@ -72,7 +74,7 @@ class IndexWriter:
     def reset(self, pod: str, known: bool) -> None:
         old = self.pods.pop(pod, None)
         if old is not None:
-            self._queue([("hdel", *self._named(block)) for block in old.engine.values()])
+            self._queue([self._hdel(block) for block in old.engine.items()])
         if known:
             self.pods[pod] = fresh = PodBlocks()
             self._queue([("pod", pod, fresh.generation)])
@@ -95,21 +97,22 @@ class IndexWriter:
                     blocks.block_size = event.block_size
                     operations.append(("size", pod, str(event.block_size)))
                 name_field = layout.field(pod, event.medium)
-                for engine_hash, key in stored_keys(event, blocks.key_of):
-                    engine[engine_hash] = (key, name_field)
+                for engine_hash, key in stored_keys(event, blocks.keyer(name_field)):
+                    engine[(engine_hash, name_field)] = key
                     name = layout.block_name(self.namespace, key)
                     operations.append(("hset", name, name_field, blocks.generation))
             elif isinstance(event, BlockRemoved):
+                name_field = layout.field(pod, event.medium)  # that tier's copy only
                 for engine_hash in event.block_hashes:
-                    dropped = engine.pop(engine_hash, None)
+                    dropped = engine.pop((engine_hash, name_field), None)
                     if dropped is not None:
-                        operations.append(("hdel", *self._named(dropped)))
+                        operations.append(self._hdel(((engine_hash, name_field), dropped)))
             elif isinstance(event, AllBlocksCleared):
-                operations += [("hdel", *self._named(b)) for b in engine.values()]
+                operations += [self._hdel(block) for block in engine.items()]
                 engine.clear()
         while len(engine) > MAX_BLOCKS_PER_POD:
             oldest = next(iter(engine))
-            operations.append(("hdel", *self._named(engine.pop(oldest))))
+            operations.append(self._hdel((oldest, engine.pop(oldest))))
         self._queue(operations)
 
     # --- to Redis -----------------------------------------------------------------------
@@ -165,7 +168,7 @@ class IndexWriter:
             yield ("pod", pod, blocks.generation)
             if blocks.block_size:
                 yield ("size", pod, str(blocks.block_size))
-            for key, name_field in list(blocks.engine.values()):
+            for (_, name_field), key in list(blocks.engine.items()):
                 name = layout.block_name(self.namespace, key)
                 yield ("hset", name, name_field, blocks.generation)
 
@@ -210,5 +213,7 @@ class IndexWriter:
             self.rewrite = True
         self.wake.set()
 
-    def _named(self, block: tuple[bytes, str]) -> tuple[str, str]:
-        return layout.block_name(self.namespace, block[0]), block[1]
+    def _hdel(self, block: tuple[tuple[int, str], bytes]) -> Operation:
+        """The operation that drops `block` ((engine hash, field), key) from the index."""
+        (_, name_field), key = block
+        return ("hdel", layout.block_name(self.namespace, key), name_field)

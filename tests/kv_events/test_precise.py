@@ -50,6 +50,18 @@ def test_the_block_map_counts_each_pods_leading_blocks() -> None:
     assert blocks.matches(tokens) == {"a": 1}
 
 
+def test_the_block_map_counts_the_pods_own_cache_not_an_offloaded_copy() -> None:
+    blocks = FleetBlocks()
+    tokens = list(range(1, 1 + 3 * BLOCK))
+    blocks.reset("a", known=True)
+    blocks.apply("a", tuple(stored_chunks(tokens, 10, medium="GPU")))
+    blocks.apply("a", tuple(stored_chunks(tokens, 10, medium="CPU")))
+    blocks.apply("a", (BlockRemoved((12,), medium="CPU"),))
+    assert blocks.matches(tokens) == {"a": 3}
+    blocks.apply("a", (BlockRemoved((12,), medium="GPU"),))
+    assert blocks.matches(tokens) == {"a": 2}
+
+
 def test_a_pod_over_the_cap_keeps_only_its_latest_blocks() -> None:
     blocks = FleetBlocks(max_blocks_per_pod=2)
     blocks.reset("a", known=True)

@@ -10,14 +10,16 @@ BLOCK = 4
 PREFIX = list(range(100, 111))  # 2 whole blocks and a partial tail
 
 
-def stored_chunks(tokens: list[int], first_hash: int, per_event: int = 1) -> list[BlockStored]:
+def stored_chunks(
+    tokens: list[int], first_hash: int, per_event: int = 1, medium: str | None = None
+) -> list[BlockStored]:
     """Whole blocks, `per_event` a BlockStored, chained by parent hash (chunked prefill)."""
     events, parent, blocks = [], None, len(tokens) // BLOCK
     for start in range(0, blocks, per_event):
         indexes = range(start, min(start + per_event, blocks))
         hashes = tuple(first_hash + i for i in indexes)
         ids = tuple(tokens[indexes[0] * BLOCK : (indexes[-1] + 1) * BLOCK])
-        events.append(BlockStored(hashes, parent, ids, BLOCK))
+        events.append(BlockStored(hashes, parent, ids, BLOCK, medium=medium))
         parent = hashes[-1]
     return events
 
@@ -151,3 +153,21 @@ def test_a_footprint_counts_a_shared_head_once() -> None:
     residency.apply("a", tuple(stored_chunks(PREFIX, 10)))
     assert residency.footprint("a", ["p"]) == 2 and residency.footprint("a", ["q"]) == 3
     assert residency.footprint("a", ["p", "q"]) == 4
+
+
+def test_only_the_pods_own_cache_counts_not_an_offloaded_copy() -> None:
+    """An offloading pod copies a block to the CPU tier (same hash), then evicts it from its
+    GPU: the prefix is gone from what a request reuses at once, and a copy stored or dropped
+    in the CPU tier alone changes nothing."""
+    residency = residency_with_prefix()
+    residency.apply("a", tuple(stored_chunks(PREFIX, 50, medium="GPU")))
+    residency.apply("a", tuple(stored_chunks(PREFIX, 50, medium="CPU")))  # offloaded
+    residency.apply("b", tuple(stored_chunks(PREFIX, 50, medium="CPU")))  # a CPU copy only
+    assert residency.resident("p") == ["a"]
+    assert residency.capacity("a") == 2
+    residency.apply("a", (BlockRemoved((50, 51), medium="CPU"),))  # the copy dropped
+    assert residency.resident("p") == ["a"]
+    residency.apply("a", (BlockRemoved((51,), medium="GPU"),))  # evicted from the GPU
+    assert residency.resident("p") == []
+    residency.apply("a", tuple(stored_chunks(PREFIX, 50, medium="gpu")))  # any case
+    assert residency.resident("p") == ["a"] and residency.capacity("a") == 2

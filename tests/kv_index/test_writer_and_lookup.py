@@ -68,6 +68,26 @@ async def test_stored_blocks_are_found_and_removed_ones_end_the_match(redis: Red
     assert not left, (left, writer.pods)
 
 
+async def test_each_tier_of_a_block_has_its_field_and_leaves_alone(redis: Redis) -> None:
+    """An offloading pod stores a block's CPU copy under the same hash, then evicts the GPU
+    one: the index keeps `pod@cpu` and drops `pod@gpu`, and the copy still counts."""
+    lookup = IndexLookup(redis, deadline_s=1.0)
+    name = layout.block_name(layout.DEFAULT_NAMESPACE, KEYS[4])
+    async with writing(redis) as writer:
+        writer.reset("http://a", known=True)
+        writer.apply("http://a", tuple(stored_chunks(PROMPT, 70, medium="GPU")))
+        writer.apply("http://a", tuple(stored_chunks(PROMPT, 70, medium="CPU")))
+        await wait_for(lambda: writer.settled, 5, "written")
+        assert sorted(await redis.hkeys(name)) == [b"http://a@cpu", b"http://a@gpu"]
+        writer.apply("http://a", (BlockRemoved(tuple(range(70, 75)), medium="GPU"),))
+        await wait_for(lambda: writer.settled, 5)
+        assert await redis.hkeys(name) == [b"http://a@cpu"]
+        assert await lookup.matches(KEYS) == {"http://a": 5}
+        writer.apply("http://a", (BlockRemoved(tuple(range(70, 75)), medium="CPU"),))
+        await wait_for(lambda: writer.settled, 5)
+        assert await redis.hkeys(name) == [] and await lookup.matches(KEYS) == {}
+
+
 async def test_a_redis_restarted_empty_is_written_again_and_lookups_fall_back_meanwhile(
     redis_server: RedisServer, redis: Redis
 ) -> None:
