@@ -74,7 +74,7 @@ class IndexWriter:
     def reset(self, pod: str, known: bool) -> None:
         old = self.pods.pop(pod, None)
         if old is not None:
-            self._queue([self._hdel(block) for block in old.engine.items()])
+            self._queue(self._hdel_all(old.engine))
         if known:
             self.pods[pod] = fresh = PodBlocks()
             self._queue([("pod", pod, fresh.generation)])
@@ -106,13 +106,13 @@ class IndexWriter:
                 for engine_hash in event.block_hashes:
                     dropped = engine.pop((engine_hash, name_field), None)
                     if dropped is not None:
-                        operations.append(self._hdel(((engine_hash, name_field), dropped)))
+                        operations.append(self._hdel(name_field, dropped))
             elif isinstance(event, AllBlocksCleared):
-                operations += [self._hdel(block) for block in engine.items()]
+                operations += self._hdel_all(engine)
                 engine.clear()
         while len(engine) > MAX_BLOCKS_PER_POD:
             oldest = next(iter(engine))
-            operations.append(self._hdel((oldest, engine.pop(oldest))))
+            operations.append(self._hdel(oldest[1], engine.pop(oldest)))
         self._queue(operations)
 
     # --- to Redis -----------------------------------------------------------------------
@@ -213,7 +213,10 @@ class IndexWriter:
             self.rewrite = True
         self.wake.set()
 
-    def _hdel(self, block: tuple[tuple[int, str], bytes]) -> Operation:
-        """The operation that drops `block` ((engine hash, field), key) from the index."""
-        (_, name_field), key = block
+    def _hdel(self, name_field: str, key: bytes) -> Operation:
+        """The operation that drops the block `key`'s field `name_field` from the index."""
         return ("hdel", layout.block_name(self.namespace, key), name_field)
+
+    def _hdel_all(self, engine: dict[tuple[int, str], bytes]) -> list[Operation]:
+        """The operations that drop every block of a pod's `engine` map from the index."""
+        return [self._hdel(name_field, key) for (_, name_field), key in engine.items()]
