@@ -178,13 +178,16 @@ async def backend_is(stub: router_pb2_grpc.RouterStub, url: str, state: str) -> 
 
 @contextlib.asynccontextmanager
 async def restored(fleet: VllmFleet, index: int) -> AsyncIterator[None]:
-    """Pod `index` runs again when the block ends, however it ends: later modules share
-    the fleet."""
+    """Pod `index` runs again when the block ends, however it ends (killed, or left frozen
+    by a failure between freeze and kill): later modules share the fleet."""
     try:
         yield
     finally:
         process = fleet.pods[index].process
-        if process is not None and process.returncode is not None:
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                fleet.freeze(index, False)  # stopped between its freeze and its kill
+        elif process is not None:
             await fleet.restart(index)
 
 
