@@ -14,8 +14,9 @@ Reasons (the metric's `reason`): evicted (BlockRemoved), cleared (AllBlocksClear
 restarted (a reset to an empty cache of a pod that was known: its sequence restarted),
 unknown (the pod was unknown, typically a stopped publisher, and came back without it).
 Not sent: throttled (above), and no_room: the prefix does not fit on the pod beside the
-registered prefixes it holds, by the most blocks it was heard to hold (residency.py); its
-own traffic rebuilds it there, and the pod is too small for what is sent to it. Held back:
+registered prefixes it holds, or the pod cannot hold every prefix it is home to, by the
+most blocks it was heard to hold (residency.py); its own traffic rebuilds it there, and the
+pod is too small for what is sent to it. Held back:
 busy, counted once, when the pod has more of this sidecar's requests in flight than its
 share (`busy`): a re-prewarm is a prefill of the whole prefix (seconds of a CPU pod) that
 the requests on the pod would wait behind. It is looked at again each debounce, and sent
@@ -191,6 +192,8 @@ class ReprewarmSink:
         ids = {entry.id for entry, _ in homes}  # what is held back of the pod is among them
         self._held_back = {k: v for k, v in self._held_back.items() if k[0] != pod or k[1] in ids}
         kept = [prefix_id for prefix_id, holds in now.items() if holds] if homes else []
+        # every prefix the pod is home to: when they cannot all fit, a refill evicts another
+        home_to = [e.id for e in self.store if pod in self.home_set(e)] if homes else []
         busy = bool(homes) and self.busy(pod)
         for entry, why in homes:
             if (pod, entry.id) in self._last:
@@ -210,7 +213,7 @@ class ReprewarmSink:
                 continue
             self._held_back.pop((pod, entry.id), None)
             self._last[(pod, entry.id)] = moment
-            if not self._fits(pod, kept, entry.id):
+            if not self._fits(pod, kept, entry.id, home_to):
                 self._throttled.add((pod, entry.id))  # said: once per interval, as above
                 self.count("no_room")
                 logger.warning(
@@ -242,15 +245,19 @@ class ReprewarmSink:
         self._held_back[(pod, prefix_id)] = (why, since)
         return True
 
-    def _fits(self, pod: str, kept: list[str], prefix_id: str) -> bool:
+    def _fits(self, pod: str, kept: list[str], prefix_id: str, home_to: list[str]) -> bool:
         """Whether `prefix_id` fits on `pod` beside `kept`, the registered prefixes it holds
-        (then it joins them). A prewarm that does not fit evicts a registered prefix that
-        still serves (a home's, or one that the bounded load spilled there), which is then
-        lost and prewarmed in turn: a prefill storm on pods already short of KV (2 real
-        vLLM pods, the mega-sale: re-prewarms in every check of the first seconds, the
-        first requests' TTFT 2-5 s). A pod that has not filled yet has room."""
+        (then it joins them), and the pod can hold every prefix it is home to (`home_to`).
+        A prewarm that does not fit evicts a registered prefix that still serves (a home's,
+        or one that the bounded load spilled there), which is then lost and prewarmed in
+        turn: a prefill storm on pods already short of KV (2 real vLLM pods, the mega-sale:
+        re-prewarms in every check of the first seconds, the first requests' TTFT 2-5 s).
+        On a pod too small for its homes, a refill sent while some are not held yet is lost
+        to their prewarms or traffic within seconds, and the first requests wait behind it
+        (the same bench, one run in four). A pod that has not filled yet has room."""
         capacity = self.residency.capacity(pod)
-        if capacity and self.residency.footprint(pod, [*kept, prefix_id]) > capacity:
+        footprint = self.residency.footprint
+        if capacity and max(footprint(pod, [*kept, prefix_id]), footprint(pod, home_to)) > capacity:
             return False
         kept.append(prefix_id)
         return True
