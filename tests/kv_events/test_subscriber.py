@@ -69,7 +69,10 @@ async def test_a_gap_is_replayed_in_order() -> None:
         await sink.until(lambda: len(hashes(sink)) == 4)
     assert hashes(sink) == [10, 11, 12, 13]
     assert [h for h in sink.heard if h[0] == "reset"] == [("reset", True)]
-    assert outcomes["replayed"] == 1 and outcomes["gap"] == 0
+    # The connect's replay of the history from 0 runs beside the sends: when it comes after
+    # them it fills the gap itself, else batch 3 asks for a second replay (seen on a busy
+    # box). One or two replays, never a loss.
+    assert 1 <= outcomes["replayed"] <= 2 and outcomes["gap"] == 0
 
 
 async def test_a_late_subscriber_replays_the_history_from_zero() -> None:
