@@ -174,9 +174,12 @@ def ttfts(
     choose: Chooser,
     model: PodModel = PodModel(),
     warmup_s: float = 10.0,
+    pods: Pods | None = None,
 ) -> list[float]:
-    """Modelled TTFT (s) of every request sent at or after `warmup_s`, flows closed loop."""
-    pods = Pods(members, model)
+    """Modelled TTFT (s) of every request sent at or after `warmup_s`, flows closed loop
+    (on `pods` when given, else new ones of `model`)."""
+    pods = pods or Pods(members, model)
+    model = pods.model
     arrivals = [(flow.start_s, flow.requests[0].seq) for flow in trace.flows if flow.requests]
     heapq.heapify(arrivals)
     following = {
