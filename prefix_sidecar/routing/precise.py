@@ -80,21 +80,27 @@ def to_cached(move: Move, matches: Mapping[str, int]) -> str | None:
     return move.first_fitting(better, matches)
 
 
-# A cold prompt leaves its organic pick only when that pod was sent this much more new
-# content than the fleet's mean: each sidecar judges from its own requests, and sidecars
-# that judge alike agree only on the hash pick; a near-even fleet keeps it. (bench organic,
-# four sidecars: with any pod emptier taken, 0.987-0.995 of the ceiling, its misses
-# concurrent cold starts that two sidecars sent to two pods.)
-SHED_ABOVE_MEAN = 1.5
+# A cold prompt leaves its organic pick when that pod was sent more than this times the
+# fleet's mean of new content lately: 0, whenever it was sent more than the least-sent pod.
+# In the TTFT model of bench organic's trace (6 seeds x 4 rings,
+# `python -m prefix_sidecar_tools.bench.organic_ttft_precise --sheds 0,0.8,1.5`) 0 against
+# 1.5: one sidecar's p99 median 382 ms against 423 (SGLang's cache_aware 424), worst 447
+# against 1,857, hit 1.000 against 0.998 of the ceiling; four sidecars' 380/419 against
+# 455/411 (raw/chat), hit 0.996 both. On `bench organic`, three runs each, alternated: TTFT
+# p99 438-574 ms against 419-585 with one sidecar, 375-590 against 445-764 with four, hit
+# 0.997-1.000 against 0.990-1.000. Sidecars count only their own requests, so four may
+# send concurrent starts of one new prompt to two pods; the model shows that costing less
+# than the queues that 1.5 let build on the pods holding the popular prompts.
+SHED_ABOVE_MEAN = 0.0
 
 
 def to_emptiest(move: Move, inflow: Mapping[str, float]) -> str | None:
     """For a prompt no pod holds, when the decided pod was sent over SHED_ABOVE_MEAN times
-    the mean new content lately for its weight (`inflow`, tokens): the pod sent the least,
-    if it fits under its cap; else None. Where a cold prompt lands, its later requests
-    follow: placed by hash alone, popular tenants that hash alike pile their content onto
-    one pod, which then evicts (bench organic: one pod of four sent 56 % of the requests,
-    0.976 of the ceiling)."""
+    the mean new content lately for its weight (`inflow`, tokens): the pod sent the least
+    (less than the decided pod and the mean), if it fits under its cap; else None. Where a
+    cold prompt lands, its later requests follow: placed by hash alone, popular tenants that
+    hash alike pile their content onto one pod, which then evicts (bench organic: one pod of
+    four sent 56 % of the requests, 0.976 of the ceiling)."""
     table, ring = move.table, move.table.ring
     if ring is None or move.decided not in table.index:
         return None
@@ -104,9 +110,10 @@ def to_emptiest(move: Move, inflow: Mapping[str, float]) -> str | None:
 
     mean = sum(fill(pod) for pod in table.index) / len(table.index)
     if fill(move.decided) <= SHED_ABOVE_MEAN * mean:
-        return None  # the hash pick, on which every sidecar agrees, is not far fuller
+        return None  # nothing sent yet: the hash pick, on which every sidecar agrees
     rank = move.rank()
-    emptier = [pod for pod in table.index if fill(pod) < mean]
+    below = min(mean, fill(move.decided))
+    emptier = [pod for pod in table.index if fill(pod) < below]
     emptier.sort(key=lambda pod: (fill(pod), rank.get(pod, len(rank)), pod))
     return move.first_fitting(emptier, {})
 

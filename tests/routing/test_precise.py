@@ -71,9 +71,10 @@ def place(inflow: dict[str, float], loads: dict[str, int] | None = None) -> str 
     return to_emptiest(Move(POLICY, pool.table, 7, A, [A, B, C, D], 8), inflow)
 
 
-def test_a_cold_prompt_leaves_its_pick_only_when_that_pod_is_far_fuller_than_the_mean() -> None:
+def test_a_cold_prompt_goes_to_the_pod_sent_the_least_new_content() -> None:
     assert place({}) is None  # nothing sent yet: the hash pick, as every sidecar agrees
-    assert place({A: 1200, B: 1000, C: 900, D: 900}) is None  # near even: stays
+    assert place({A: 900, B: 1000, C: 1200, D: 900}) is None  # its pick was sent the least
+    assert place({A: 1200, B: 1000, C: 900, D: 900}) == C  # sent more: the least-sent, in order
     # A was sent 3,000 of 4,000 tokens (mean 1,000): the least-sent pod, ties in order
     assert place({A: 3000, B: 500, C: 500}) == D
     assert place({A: 3000, B: 500, C: 0, D: 500}) == C
