@@ -46,6 +46,7 @@ from prefix_sidecar_tools.bench.organic_trace import (
 from prefix_sidecar_tools.bench.organic_ttft import LOAD_FACTOR, Chooser, PodModel, Pods, p99, ttfts
 from prefix_sidecar_tools.emulator.config import BLOCK_SIZE
 from prefix_sidecar_tools.emulator.prefix_cache import PrefixCache
+from prefix_sidecar_tools.vllm.reports import common_length
 
 TIME_SCALE = 6.0  # bench organic's modelled seconds per real second
 EXPECT_S = 2.0 * TIME_SCALE  # kv_events/expected.py EXPECT_S, modelled
@@ -120,17 +121,8 @@ class PreciseSidecar:
         blocks = view.caches[member].hit_blocks(chain, tokens)
         for _, sent_to, sent in self.expected:
             if sent_to == member:
-                blocks = max(blocks, _shared(sent, chain))
+                blocks = max(blocks, common_length(sent, chain))
         return min(blocks * BLOCK_SIZE, tokens)
-
-
-def _shared(one: Sequence[int], other: Sequence[int]) -> int:
-    count = 0
-    for a, b in zip(one, other, strict=False):
-        if a != b:
-            break
-        count += 1
-    return count
 
 
 def _first_fitting(

@@ -8,7 +8,7 @@ the engine's figures, so they must not go through the code under test.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,8 +89,8 @@ def whole_blocks(tokens: int, block_size: int) -> int:
     return tokens // block_size * block_size
 
 
-def common_length(left: list[int], right: list[int]) -> int:
-    """How many leading token ids two tokenizations share."""
+def common_length(left: Sequence[int], right: Sequence[int]) -> int:
+    """How many leading ids (tokens, block hashes) two sequences share."""
     shared = 0
     for a, b in zip(left, right, strict=False):
         if a != b:
