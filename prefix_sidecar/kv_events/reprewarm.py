@@ -194,6 +194,7 @@ class ReprewarmSink:
         kept = [prefix_id for prefix_id, holds in now.items() if holds] if homes else []
         # every prefix the pod is home to: when they cannot all fit, a refill evicts another
         home_to = [e.id for e in self.store if pod in self.home_set(e)] if homes else []
+        homes_fit = self._can_hold(pod, home_to)
         busy = bool(homes) and self.busy(pod)
         for entry, why in homes:
             if (pod, entry.id) in self._last:
@@ -213,7 +214,7 @@ class ReprewarmSink:
                 continue
             self._held_back.pop((pod, entry.id), None)
             self._last[(pod, entry.id)] = moment
-            if not self._fits(pod, kept, entry.id, home_to):
+            if not homes_fit or not self._fits(pod, kept, entry.id):
                 self._throttled.add((pod, entry.id))  # said: once per interval, as above
                 self.count("no_room")
                 logger.warning(
@@ -245,19 +246,23 @@ class ReprewarmSink:
         self._held_back[(pod, prefix_id)] = (why, since)
         return True
 
-    def _fits(self, pod: str, kept: list[str], prefix_id: str, home_to: list[str]) -> bool:
-        """Whether `prefix_id` fits on `pod` beside `kept`, the registered prefixes it holds
-        (then it joins them), and the pod can hold every prefix it is home to (`home_to`).
-        A prewarm that does not fit evicts a registered prefix that still serves (a home's,
-        or one that the bounded load spilled there), which is then lost and prewarmed in
-        turn: a prefill storm on pods already short of KV (2 real vLLM pods, the mega-sale:
-        re-prewarms in every check of the first seconds, the first requests' TTFT 2-5 s).
-        On a pod too small for its homes, a refill sent while some are not held yet is lost
-        to their prewarms or traffic within seconds, and the first requests wait behind it
-        (the same bench, one run in four). A pod that has not filled yet has room."""
+    def _can_hold(self, pod: str, prefix_ids: list[str]) -> bool:
+        """Whether `pod` can hold all these prefixes at once, by the most blocks it was heard
+        to hold (a pod that has not filled yet has room)."""
         capacity = self.residency.capacity(pod)
-        footprint = self.residency.footprint
-        if capacity and max(footprint(pod, [*kept, prefix_id]), footprint(pod, home_to)) > capacity:
+        return not capacity or self.residency.footprint(pod, prefix_ids) <= capacity
+
+    def _fits(self, pod: str, kept: list[str], prefix_id: str) -> bool:
+        """Whether `prefix_id` fits on `pod` beside `kept`, the registered prefixes it holds
+        (then it joins them); the caller has checked that the pod can hold every prefix it
+        is home to. A prewarm that does not fit evicts a registered prefix that still
+        serves (a home's, or one that the bounded load spilled there), which is then lost
+        and prewarmed in turn: a prefill storm on pods already short of KV (2 real vLLM
+        pods, the mega-sale: re-prewarms in every check of the first seconds, the first
+        requests' TTFT 2-5 s). On a pod too small for its homes, a refill sent while some
+        are not held yet is lost to their prewarms or traffic within seconds, and the first
+        requests wait behind it (the same bench, one run in four)."""
+        if not self._can_hold(pod, [*kept, prefix_id]):
             return False
         kept.append(prefix_id)
         return True
