@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
@@ -43,15 +44,38 @@ class AsyncService:
 class WokenPass:
     def __init__(self) -> None:
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        # Called once a pass ends with no wake-up pending: what waited for the pass goes on.
+        self.idle_watchers: list[Callable[[], None]] = []
 
     def wake(self) -> None:
+        self._idle.clear()
         self._wake.set()
+
+    @property
+    def busy(self) -> bool:
+        """A pass runs or is asked for."""
+        return not self._idle.is_set()
+
+    async def idle(self, timeout_s: float) -> bool:
+        """Waits, at most `timeout_s`, for the passes asked for so far to end; False if they
+        had not."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
             await self.run_pass()
+            if not self._wake.is_set():
+                self._idle.set()
+                for watcher in self.idle_watchers:
+                    watcher()
 
     async def run_pass(self) -> None:
         raise NotImplementedError

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prefix_sidecar.membership.pool import SERVING, BackendPool
@@ -89,10 +90,15 @@ class NewHomeWarmup:
     router: Router
     pool: BackendPool
     metrics: Metrics
+    # True while prefixes are being counted (the sizer's pass): their counts move homes
+    # again, so the pass waits for them and runs when the counting ends.
+    counting: Callable[[], bool] = lambda: False
     _task: asyncio.Task[None] | None = field(default=None, init=False)
     _again: bool = field(default=False, init=False)
 
     def __call__(self) -> None:
+        if self.counting():
+            return
         if self._task is not None and not self._task.done():
             self._again = True
             return
@@ -102,6 +108,13 @@ class NewHomeWarmup:
         while True:
             await asyncio.sleep(NEW_HOME_CHECK_S)
             self()
+
+    async def settle(self) -> None:
+        """Asks for a pass and returns once none runs: every warm prefix is warm on its
+        serving homes, or its prewarm there failed."""
+        self()
+        while self._task is not None and not self._task.done():
+            await asyncio.wait([self._task])
 
     def take_tasks(self) -> list[asyncio.Task[None]]:
         """The pass still running, handed to the caller to cancel and await."""
