@@ -25,17 +25,17 @@ MAX_EXPECTED = 1 << 16  # 8-byte keys and their (pod, key) entries: ~10 MB at mo
 class ExpectedBlocks:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._until: dict[str, set[bytes]] = {}  # pod -> our keys credited to it
+        self._until: dict[str, set[int]] = {}  # pod -> our keys credited to it
         # (pod, key) -> until when, oldest first over all pods (one EXPECT_S for all: the
         # order of crediting is the order of expiry), so the oldest goes in O(1): picking
         # it pod by pod took 54 ms for one 2,000-block prompt at the bound over 200 pods.
-        self._order: dict[tuple[str, bytes], float] = {}
+        self._order: dict[tuple[str, int], float] = {}
 
     @property
     def _count(self) -> int:
         return len(self._order)
 
-    def expect(self, pod: str, keys: Sequence[bytes]) -> None:
+    def expect(self, pod: str, keys: Sequence[int]) -> None:
         """`pod` is about to compute a prompt: credit it with its whole blocks' `keys`
         (block_keys.chain at the pods' block size)."""
         now = self.clock()
@@ -49,7 +49,7 @@ class ExpectedBlocks:
         while len(self._order) > MAX_EXPECTED:
             self._drop_first()
 
-    def matches(self, keys: Sequence[bytes], block_size: int) -> dict[str, int]:
+    def matches(self, keys: Sequence[int], block_size: int) -> dict[str, int]:
         """Per pod, the tokens of a prompt (its chain's `keys` at `block_size`) it is
         credited with in whole blocks from the first on (pods credited with none are
         absent)."""

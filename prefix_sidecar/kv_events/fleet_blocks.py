@@ -31,8 +31,8 @@ class FleetBlocks:
 
     def __init__(self, max_blocks_per_pod: int = MAX_BLOCKS_PER_POD) -> None:
         self.max_blocks = max_blocks_per_pod
-        self._engine: dict[str, dict[int, bytes]] = {}  # pod -> engine hash -> key, oldest first
-        self._keys: dict[str, set[bytes]] = {}
+        self._engine: dict[str, dict[int, int]] = {}  # pod -> engine hash -> key, oldest first
+        self._keys: dict[str, set[int]] = {}
         self._block_size: dict[str, int] = {}
 
     def matches(self, tokens: Sequence[int], lora_name: str | None = None) -> dict[str, int]:
@@ -40,7 +40,7 @@ class FleetBlocks:
         holding none are absent)."""
         return self._held(PromptKeys(tokens, lora_name).at)
 
-    def _held(self, keys_at: Callable[[int], Sequence[bytes]]) -> dict[str, int]:
+    def _held(self, keys_at: Callable[[int], Sequence[int]]) -> dict[str, int]:
         found: dict[str, int] = {}
         for pod, keys in self._keys.items():
             size = self._block_size.get(pod)
@@ -60,7 +60,7 @@ class FleetBlocks:
     async def block_sizes(self) -> set[int]:
         return set(self._block_size.values())
 
-    async def longest(self, keys_at: Callable[[int], Sequence[bytes]]) -> dict[str, int] | None:
+    async def longest(self, keys_at: Callable[[int], Sequence[int]]) -> dict[str, int] | None:
         return {pod: n * self._block_size[pod] for pod, n in self._held(keys_at).items()}
 
     def block_count(self, pod: str) -> int:

@@ -42,18 +42,16 @@ class Residency:
 
     def __init__(self) -> None:
         self._prefixes: dict[str, tuple[tuple[int, ...], str | None]] = {}
-        self._chains: dict[int, dict[str, list[bytes]]] = {}  # block size -> prefix -> keys
-        self._wanted: dict[int, set[bytes]] = {}  # block size -> every key on a chain
-        self._held: dict[str, dict[bytes, int]] = {}  # pod -> our key -> engine hash
-        self._engine: dict[
-            str, dict[int, bytes]
-        ] = {}  # pod -> engine hash -> our key, oldest first
+        self._chains: dict[int, dict[str, list[int]]] = {}  # block size -> prefix -> keys
+        self._wanted: dict[int, set[int]] = {}  # block size -> every key on a chain
+        self._held: dict[str, dict[int, int]] = {}  # pod -> our key -> engine hash
+        self._engine: dict[str, dict[int, int]] = {}  # pod -> engine hash -> our key, oldest first
         self._block_size: dict[str, int] = {}  # pod -> the block size it reports
         # Pods followed from a point on, their history before it lost (a long-running pod's
         # replay buffer no longer holds batch 0, a gap, a batch that did not decode): what
         # they store from then on is true, what they held before is not known. Per such pod,
         # the blocks of registered prefixes heard removed since.
-        self._removed: dict[str, set[bytes]] = {}
+        self._removed: dict[str, set[int]] = {}
         self._cached: dict[str, int] = {}  # pod -> blocks it holds, as its events say
         self._peak: dict[str, int] = {}  # pod -> the most it held (kept over resets)
 
@@ -166,7 +164,7 @@ class Residency:
                 self._removed.pop(pod, None)  # empty: known whole again
 
     def _stored(
-        self, pod: str, event: BlockStored, held: dict[bytes, int], engine: dict[int, bytes]
+        self, pod: str, event: BlockStored, held: dict[int, int], engine: dict[int, int]
     ) -> None:
         size = event.block_size
         self._block_size[pod] = size
@@ -191,7 +189,7 @@ class Residency:
             else:
                 held.pop(key, None)
 
-    def _wanted_at(self, size: int) -> set[bytes]:
+    def _wanted_at(self, size: int) -> set[int]:
         if size not in self._chains:
             self._chains[size] = {
                 name: chain(tokens, size, lora) for name, (tokens, lora) in self._prefixes.items()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import secrets
 
-from prefix_sidecar.kv_events.block_keys import KEY_BYTES
+from prefix_sidecar.kv_events.block_keys import KEY_BYTES, key_bytes
 
 DEFAULT_NAMESPACE = "prefix-sidecar"
 DEFAULT_MEDIUM = "gpu"
@@ -37,8 +37,12 @@ MAX_LOOKUP_BLOCKS = 256
 MAX_MEDIUM_CHARS = 16
 
 
-def block_name(namespace: str, key: bytes) -> str:
-    return f"{namespace}:b:{key.hex()}"
+def block_name(namespace: str, key: int) -> str:
+    return f"{block_prefix(namespace)}{key_bytes([key]).hex()}"
+
+
+def block_prefix(namespace: str) -> str:
+    return f"{namespace}:b:"
 
 
 def pods_name(namespace: str) -> str:
@@ -62,7 +66,7 @@ def new_generation() -> str:
     return str(secrets.randbits(63))
 
 
-def sampled(keys: list[bytes], limit: int = MAX_LOOKUP_BLOCKS) -> list[tuple[int, bytes]]:
+def sampled(keys: list[int], limit: int = MAX_LOOKUP_BLOCKS) -> list[tuple[int, int]]:
     """(block count up to and with it, key) of at most `limit` keys of a chain, evenly
     spaced, the last always in: a pod holds a chain's blocks from the first on (vLLM evicts
     a chain's tail first), so the last sampled block it holds bounds its match."""
@@ -73,15 +77,16 @@ def sampled(keys: list[bytes], limit: int = MAX_LOOKUP_BLOCKS) -> list[tuple[int
     return [(index + 1, keys[index]) for index in picks]
 
 
-def lookup_args(namespace: str, keys: list[bytes], most_fields: int) -> list[str]:
+def lookup_args(namespace: str, keys: list[int], most_fields: int) -> list[str]:
     """LONGEST_MATCH_LUA's ARGV for `keys`, a chain: its blocks' name prefix, the sampled
     keys' hex run together, their block counts (empty when each is its position), the most
     fields a block may have."""
+    if len(keys) <= MAX_LOOKUP_BLOCKS:  # every key, each its position: no pairs to make
+        return [block_prefix(namespace), key_bytes(keys).hex(), "", str(most_fields)]
     picks = sampled(keys)
-    in_order = len(picks) == len(keys)
-    counts = "" if in_order else " ".join(str(count) for count, _ in picks)
-    hexes = b"".join(key for _, key in picks).hex()
-    return [block_name(namespace, b""), hexes, counts, str(most_fields)]
+    counts = " ".join(str(count) for count, _ in picks)
+    hexes = key_bytes([key for _, key in picks]).hex()
+    return [block_prefix(namespace), hexes, counts, str(most_fields)]
 
 
 # Run in Redis (EVALSHA), so a lookup is one command with a reply as small as the pods that

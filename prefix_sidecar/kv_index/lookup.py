@@ -66,7 +66,7 @@ class IndexLookup:
         self._sizes = (time.monotonic(), _block_sizes(reply))
         return self._sizes[1]
 
-    async def matches(self, keys: list[bytes]) -> dict[str, int] | None:
+    async def matches(self, keys: list[int]) -> dict[str, int] | None:
         """Per pod, how many of `keys`' blocks it holds from the first on (pods holding
         none are absent); None when the index did not answer in time."""
         if not keys:

@@ -21,7 +21,7 @@ class IndexSource:
     async def block_sizes(self) -> set[int]:
         return await self.lookup.block_sizes() or set()
 
-    async def longest(self, keys_at: Callable[[int], Sequence[bytes]]) -> dict[str, int] | None:
+    async def longest(self, keys_at: Callable[[int], Sequence[int]]) -> dict[str, int] | None:
         found: dict[str, int] = {}
         for size in sorted(await self.lookup.block_sizes() or ()):
             matches = await self.lookup.matches(list(keys_at(size)))

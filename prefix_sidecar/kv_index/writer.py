@@ -44,9 +44,9 @@ class PodBlocks:
     block_size: int = 0
     # (engine hash, field) -> our key. A block has a field per tier (medium) that holds it:
     # an offloading pod stores it on the CPU and removes it from the GPU, hash unchanged.
-    engine: dict[tuple[int, str], bytes] = field(default_factory=dict)
+    engine: dict[tuple[int, str], int] = field(default_factory=dict)
 
-    def keyer(self, name_field: str) -> Callable[[int], bytes | None]:
+    def keyer(self, name_field: str) -> Callable[[int], int | None]:
         """Our key of an engine hash the pod stored in the tier of `name_field`."""
         return lambda engine_hash: self.engine.get((engine_hash, name_field))
 
@@ -213,10 +213,10 @@ class IndexWriter:
             self.rewrite = True
         self.wake.set()
 
-    def _hdel(self, name_field: str, key: bytes) -> Operation:
+    def _hdel(self, name_field: str, key: int) -> Operation:
         """The operation that drops the block `key`'s field `name_field` from the index."""
         return ("hdel", layout.block_name(self.namespace, key), name_field)
 
-    def _hdel_all(self, engine: dict[tuple[int, str], bytes]) -> list[Operation]:
+    def _hdel_all(self, engine: dict[tuple[int, str], int]) -> list[Operation]:
         """The operations that drop every block of a pod's `engine` map from the index."""
         return [self._hdel(name_field, key) for (_, name_field), key in engine.items()]

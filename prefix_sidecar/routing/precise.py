@@ -34,7 +34,7 @@ class BlockSource(Protocol):
         """The block sizes the pods report; none while no pod's blocks are known (then a
         prompt is not even tokenized)."""
 
-    async def longest(self, keys_at: Callable[[int], Sequence[bytes]]) -> dict[str, int] | None:
+    async def longest(self, keys_at: Callable[[int], Sequence[int]]) -> dict[str, int] | None:
         """Per pod, the tokens of a prompt it holds in whole blocks from the first on (its
         blocks times its block size), from the prompt's chained block keys at each block
         size (`keys_at`); None when the source did not answer in time."""

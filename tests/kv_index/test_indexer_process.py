@@ -28,7 +28,7 @@ QUERIES = "prefix_sidecar_kv_index_queries_total"
 POD = EmulatorConfig(time_scale=1000.0, block_size=BLOCK, kv_tokens=64 * BLOCK, kv_events="map")
 
 
-async def until_matches(lookup: IndexLookup, keys: list[bytes], wanted: dict[str, int]) -> None:
+async def until_matches(lookup: IndexLookup, keys: list[int], wanted: dict[str, int]) -> None:
     loop = asyncio.get_running_loop()
     deadline, found = loop.time() + 15, None
     while loop.time() < deadline:

@@ -140,7 +140,7 @@ async def test_a_pod_matches_from_the_first_block_on_and_only_in_its_generation(
     """The lookup's script, over fields written by hand: a stale generation, a gap, a tier."""
     namespace = layout.DEFAULT_NAMESPACE
     await hset(redis, layout.pods_name(namespace), {"http://a": 7, "http://b": 9, "http://c": 1})
-    keys = [bytes([n]) * KEY_BYTES for n in range(4)]
+    keys = [int.from_bytes(bytes([n]) * KEY_BYTES, "little") for n in range(4)]
     held = [
         {"http://a@gpu": 7, "http://b@gpu": 9, "http://c@gpu": 0},  # c: an old generation
         {"http://a@gpu": 7, "http://b@cpu": 9},
@@ -158,7 +158,7 @@ async def test_a_long_chain_matches_to_its_last_sampled_block_held(redis: Redis)
     """Past MAX_LOOKUP_BLOCKS the script reads sampled blocks and answers their counts."""
     namespace = layout.DEFAULT_NAMESPACE
     await hset(redis, layout.pods_name(namespace), {"http://a": 3})
-    keys = [n.to_bytes(KEY_BYTES, "big") for n in range(1, 601)]
+    keys = list(range(1, 601))
     async with redis.pipeline(transaction=False) as pipe:
         for key in keys[:400]:
             pipe.hset(layout.block_name(namespace, key), mapping={"http://a@gpu": 3})
