@@ -4,7 +4,8 @@
   `async with thing:` calls `start()`, and calls `stop()` both on exit and when `start()`
   fails half way, so no child process or socket outlives a failed start.
 - WokenPass, for a sidecar's background pass over its registered prefixes: woken after a
-  registration or a membership change, one pass at a time, wake-ups during a pass coalesced.
+  registration or a membership change, one pass at a time, wake-ups during a pass coalesced;
+  what needs its answer (a registration, its prefix's count) waits for `idle`.
 """
 
 from __future__ import annotations
