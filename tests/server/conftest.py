@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -117,6 +118,18 @@ async def stub(sidecar: Sidecar) -> AsyncIterator[Any]:
 
 async def collect(call: Any) -> list[router_pb2.Chunk]:
     return [chunk async for chunk in call]
+
+
+async def cached_tokens(pod: str, text: str) -> int:
+    """The tokens of `text` the pod at `pod` already holds: its cached_tokens for the text
+    and a short question, asked straight, not through a sidecar."""
+    body = {"prompt": text + " May coupons stack?", "max_tokens": 1}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(pod + "/v1/completions", json=body) as response,
+    ):
+        answer = await response.json()
+    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 def owner_ring(urls: list[str]) -> _core.Ring:

@@ -9,29 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import aiohttp
-
 from prefix_sidecar.membership.pool import SERVING
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
 
-from .conftest import sidecar_config, wait_for
+from .conftest import cached_tokens, sidecar_config, wait_for
 
 FAST = EmulatorConfig(time_scale=1000.0, kv_tokens=200_000)
 
 
 def prefix_text(i: int) -> str:
     return f"rulebook {i}: " + f"clause {i} of the mega-sale rules. " * 300
-
-
-async def cached_tokens(pod: str, text: str) -> int:
-    body = {"prompt": text + " May coupons stack?", "max_tokens": 1}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(pod + "/v1/completions", json=body) as response,
-    ):
-        answer = await response.json()
-    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 async def test_prefixes_warm_on_the_homes_the_placement_moves_them_to(tmp_path: Path) -> None:

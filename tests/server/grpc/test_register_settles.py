@@ -9,12 +9,16 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-import aiohttp
-
 from prefix_sidecar import _core
 from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.emulator import EmulatorConfig, run_emulator
-from tests.server.conftest import FAST, owner_ring, running_sidecar, sidecar_config
+from tests.server.conftest import (
+    FAST,
+    cached_tokens,
+    owner_ring,
+    running_sidecar,
+    sidecar_config,
+)
 
 SMALL, LARGE = 2_000, 3_000  # tokens (4 bytes each in the emulator's count)
 BUDGET = 3_000  # the large prefix fits alone; both do not
@@ -34,16 +38,6 @@ def same_home_texts(ring: _core.Ring, home: str) -> tuple[str, str]:
         if len(found) == 2:
             return found[SMALL], found[LARGE]
     raise AssertionError("no two prefixes on one home")
-
-
-async def cached_tokens(pod: str, text: str) -> int:
-    body = {"prompt": text + " Do coupons stack?", "max_tokens": 1}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(pod + "/v1/completions", json=body) as response,
-    ):
-        answer = await response.json()
-    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 async def test_a_registration_that_moves_a_home_warms_it_before_answering(
