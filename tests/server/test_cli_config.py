@@ -186,3 +186,4 @@ async def test_json_log_lines_from_a_real_serve_process(tmp_path: Path, pods: li
     assert request_entry["completion_tokens"] == 3 and request_entry["attempts"] == 1
     assert request_entry["request_id"] == "r-1" and request_entry["prefix"] in (None, "-")
     assert isinstance(request_entry["ttft_ms"], float) and request_entry["total_ms"] > 0
+    assert 0 < request_entry["decision_ms"] < request_entry["total_ms"]

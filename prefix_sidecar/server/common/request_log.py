@@ -29,9 +29,12 @@ def record_outcome(
     trace: TraceContext,
     *,
     front: str,
+    decision_ns: int | None = None,
 ) -> None:
     """Count the request, its tokens and cost, and log it. `started` is perf_counter();
-    `front` is the listener that took it (FRONT_GRPC or FRONT_HTTP, the metrics' label)."""
+    `front` is the listener that took it (FRONT_GRPC or FRONT_HTTP, the metrics' label);
+    `decision_ns` the time to choose its pod (precise routing's waits for a /tokenize), so
+    a slow first token says whether the pod or the choice was slow."""
     status = outcome.status
     backend = outcome.backend or "-"
     pool = outcome.pool or "-"
@@ -50,6 +53,7 @@ def record_outcome(
             "branch": branch or None,
             "attempts": outcome.attempts,
             "status": status,
+            "decision_ms": None if decision_ns is None else decision_ns / 1e6,
             "ttft_ms": None if outcome.ttft_s is None else outcome.ttft_s * 1e3,
             "total_ms": (time.perf_counter() - started) * 1e3,
             "prompt_tokens": prompt,

@@ -43,6 +43,7 @@ async def stream_reply(
     started = time.perf_counter()
     outcome = RelayOutcome()
     branch = prefix_label = ""
+    decision_ns: int | None = None  # None: refused before a pod was chosen
     writing = False
     headers: EarlyHeaders | None = None
     trace = TraceContext.from_metadata(context.invocation_metadata())
@@ -104,7 +105,15 @@ async def stream_reply(
         await _abort(context, grpc.StatusCode.INTERNAL, f"{rpc}: internal error", outcome)
     finally:
         record_outcome(
-            metrics, rpc, prefix_label, branch, outcome, started, trace, front=FRONT_GRPC
+            metrics,
+            rpc,
+            prefix_label,
+            branch,
+            outcome,
+            started,
+            trace,
+            front=FRONT_GRPC,
+            decision_ns=decision_ns,
         )
 
 

@@ -277,6 +277,7 @@ class OpenAIFront:
                 started,
                 trace,
                 front=FRONT_HTTP,
+                decision_ns=decision_ns,
             )
 
     def _count_refused(
