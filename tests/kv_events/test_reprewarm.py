@@ -173,6 +173,19 @@ async def test_a_prewarm_evicted_after_a_check_that_came_before_it_is_a_loss() -
     assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["evicted"]
 
 
+async def test_a_prewarm_not_yet_replayed_by_a_pod_just_followed_is_no_loss() -> None:
+    # Seen in CI: the sidecar subscribes to a prefix's homes as it registers it; the check
+    # after the first connect came before the replay brought the prewarm's blocks.
+    setup = Setup(warmed_on="a")
+    setup.sink.reset("a", known=True)  # the first connect: the pod was not known
+    await setup.settle()
+    assert setup.warmed == [] and setup.counted == []
+    setup.store_prefix("a")  # the replay arrives
+    setup.evict("a")  # then the flood: a loss
+    await setup.settle()
+    assert setup.warmed == [(setup.entry.id, "a")] and setup.counted == ["evicted"]
+
+
 async def test_a_home_still_without_it_after_the_interval_is_prewarmed_again() -> None:
     setup = Setup(warmed_on="a")
     await held_then(setup)
