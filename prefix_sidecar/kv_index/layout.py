@@ -38,7 +38,7 @@ MAX_MEDIUM_CHARS = 16
 
 
 def block_name(namespace: str, key: int) -> str:
-    return f"{block_prefix(namespace)}{key_bytes([key]).hex()}"
+    return f"{block_prefix(namespace)}{key.to_bytes(KEY_BYTES, 'little').hex()}"
 
 
 def block_prefix(namespace: str) -> str:

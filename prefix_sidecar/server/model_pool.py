@@ -194,17 +194,17 @@ class ModelPool:
         self.pool.watch(lambda _table: self.new_homes())
         self.store.watch(self.new_homes)
         self._task(self.new_homes.run(), "new-home-warmup")
-        self.sizer = PrefixSizer(
+        self.sizer = sizer = PrefixSizer(
             self.store,
             self.client,
             lambda: sorted(url for url, b in self.pool.backends.items() if b.healthy),
             model=self.config.model,
         )
-        self.store.watch(self.sizer.wake)
-        self.sizer.idle_watchers.append(self.new_homes)
-        self.new_homes.counting = lambda: self.sizer is not None and self.sizer.busy
-        self.sizer.wake()
-        self._task(self.sizer.run(), "prefix-sizer")
+        self.store.watch(sizer.wake)
+        sizer.idle_watchers.append(self.new_homes)
+        self.new_homes.counting = lambda: sizer.busy
+        sizer.wake()
+        self._task(sizer.run(), "prefix-sizer")
         if self.signals is not None and poller.POLL_SAMPLE > 0:
             self.poller = MetricsPoller(
                 self.signals,

@@ -94,20 +94,20 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             entry.size,
             "new" if created else "already known",
         )
-        if request.prewarm:
-            # Warm where the prefix will live: once counted (a count moves homes), and with
-            # the homes it moved warmed before the answer, so traffic sent on WARMED does not
-            # wait behind those prewarms.
-            await pool.counted()
+        if not request.prewarm:
+            return self._prefix_message(pool, request.name, entry)
+        # Warm where the prefix will live: once counted (a count moves homes), and with the
+        # homes it moved warmed before the answer, so traffic sent on WARMED does not wait
+        # behind those prewarms.
+        await pool.counted()
         reply = self._prefix_message(pool, request.name, entry)
-        if request.prewarm:
-            targets = pool.router.home_set(entry)
-            if not targets:
-                raise RpcAbort(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
-            for event in await pool.prewarmer.warm_all([(entry, url) for url in targets]):
-                self._note_warm(pool, entry, event)
-                reply.prewarm.append(_event_message(event))
-            await pool.new_homes.settle()
+        targets = pool.router.home_set(entry)
+        if not targets:
+            raise RpcAbort(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
+        for event in await pool.prewarmer.warm_all([(entry, url) for url in targets]):
+            self._note_warm(pool, entry, event)
+            reply.prewarm.append(_event_message(event))
+        await pool.new_homes.settle()
         return reply
 
     @_status_on_error
