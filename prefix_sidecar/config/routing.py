@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefix_sidecar._core_py import HASH_TABLES
-from prefix_sidecar.config.checks import AT_LEAST_ONE
+from prefix_sidecar.config.checks import AT_LEAST_ONE, existing_file
 from prefix_sidecar.fields import at_least, one_of, setting
 
 UNREGISTERED_ROUTING = ("organic", "window", "precise")
@@ -34,6 +34,15 @@ class RoutingSettings:
         "kv_events=true or kv_index_url); the key-less baseline policies (round_robin, random, "
         "least_loaded) compute no organic keys",
         check=one_of(UNREGISTERED_ROUTING),
+    )
+    # Precise routing's token ids of a raw prompt without a pod's /tokenize, which a busy
+    # pod answers behind its prefills (upstream/local_tokenizer.py).
+    tokenizer_file: str = setting(
+        "",
+        "with unregistered_routing precise: the pods' model's tokenizer.json; raw prompts are "
+        "tokenized here once a pod has confirmed its ids (the tokenizer extra); chats still "
+        "ask a pod's /tokenize",
+        check=existing_file,
     )
     replicas: int = setting(1, "pods per prefix (R of the routing contract)", check=AT_LEAST_ONE)
     load_factor: float = setting(

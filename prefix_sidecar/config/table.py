@@ -8,6 +8,7 @@ table) is every group's fields.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,9 +57,24 @@ def validate(config: Config) -> Config:
     for pool, pool_config in pool_configs(config) if config.pools else ():
         fields.validate(pool_config, _in_pool(pool.name))
         check_prefixes(pool_config)
+    if config.tokenizer_file:
+        _check_tokenizer(config)
     if config.unregistered_routing == "precise" and not (config.kv_events or config.kv_index_url):
         raise ConfigError(
             "config field 'unregistered_routing' is precise, which reads the pods' KV "
             "events: set kv_events=true, or kv_index_url to a kv-indexer's Redis"
         )
     return config
+
+
+def _check_tokenizer(config: Config) -> None:
+    if config.unregistered_routing != "precise":
+        raise ConfigError(
+            "config field 'tokenizer_file' is read by precise routing only: set "
+            "unregistered_routing=precise, or leave it empty"
+        )
+    if importlib.util.find_spec("tokenizers") is None:
+        raise ConfigError(
+            "config field 'tokenizer_file' needs the tokenizers package: "
+            "pip install 'prefix-sidecar[tokenizer]'"
+        )

@@ -31,6 +31,7 @@ from prefix_sidecar.routing.pick import Branch
 from prefix_sidecar.routing.precise import BlockSource, Move, to_cached, to_emptiest
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.upstream.client import UpstreamClient
+from prefix_sidecar.upstream.local_tokenizer import LocalTokenizer
 from prefix_sidecar.upstream.tokenize import SPECIAL_TOKENS_SLACK, TokenizeError, tokens_of
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class PreciseRouting:
     # what this sidecar has just sent where, before the pods' events say so
     expected: ExpectedBlocks = dataclasses.field(default_factory=ExpectedBlocks)
     inflow: ContentInflow = dataclasses.field(default_factory=ContentInflow)
+    local: LocalTokenizer | None = None  # tokenizer_file: raw prompts' ids without a pod
 
     @classmethod
     def install(
@@ -69,6 +71,7 @@ class PreciseRouting:
             blocks,
             router,
             model=config.model,
+            local=LocalTokenizer.load(config.tokenizer_file) if config.tokenizer_file else None,
             on_outcome=lambda outcome: metrics.child(metrics.precise_decisions, outcome).inc(),
         )
 
@@ -131,6 +134,19 @@ class PreciseRouting:
         )
 
     async def tokens(self, decision: Decision, what: dict[str, Any], model: str) -> list[int]:
+        """The token ids: a raw prompt's from tokenizer_file once the pods have confirmed
+        it (the pods' answer routes the prompts that check it), else the pods'."""
+        local = self.local
+        if local is None or "prompt" not in what or not local.usable:
+            return await self.asked(decision, what, model)
+        ids = await local.ids(str(what["prompt"]))
+        if local.trusted:
+            return ids
+        answer = await self.asked(decision, what, model)
+        local.compare(ids, answer)
+        return answer
+
+    async def asked(self, decision: Decision, what: dict[str, Any], model: str) -> list[int]:
         """The token ids from the organic pick, or from the next pod of the preference when
         the pick has not answered within TOKENIZE_HEDGE_S (or failed): whichever is first."""
         size = _text_bytes(what)

@@ -8,6 +8,8 @@ yields a Sender (the organic bench's: fill a Result for one request) over one fl
                system or precise is among those run): registered prefixes routed and
                re-prewarmed on what the pods hold
   precise      the same with unregistered_routing precise as well
+  precise-local  precise with tokenizer_file, the model folder's tokenizer.json: raw
+               prompts tokenized in the sidecar, not by a pod's /tokenize
   requests     the sidecar with load counted in requests (load_unit: requests), not tokens
   round-robin  straight to pod seq mod N
   least-loaded straight to the pod with the fewest of this client's requests in flight
@@ -204,6 +206,13 @@ def precise(setup: Setup) -> AbstractAsyncContextManager[Sender]:
     return sidecar(setup, "unregistered_routing=precise", "kv_events=true")
 
 
+def precise_local(setup: Setup) -> AbstractAsyncContextManager[Sender]:
+    tokenizer = setup.fleet.model_dir / "tokenizer.json"
+    return sidecar(
+        setup, "unregistered_routing=precise", "kv_events=true", f"tokenizer_file={tokenizer}"
+    )
+
+
 def requests(setup: Setup) -> AbstractAsyncContextManager[Sender]:
     return sidecar(setup, "load_unit=requests")
 
@@ -212,6 +221,7 @@ SYSTEMS: dict[str, SystemFactory] = {
     "sidecar": sidecar,
     "events": events,
     "precise": precise,
+    "precise-local": precise_local,
     "requests": requests,
     "round-robin": round_robin,
     "least-loaded": least_loaded,
@@ -220,10 +230,10 @@ SYSTEMS: dict[str, SystemFactory] = {
 
 
 def default_systems() -> list[str]:
-    """Every system but events and precise (named only: they have the pods publish events)
+    """Every system but events and the precise ones (named only: they have the pods publish events)
     and requests (named only: a variant of the sidecar), SGLang's router only when
     `sglang-router` is installed."""
-    named_only = ("events", "precise", "requests")
+    named_only = ("events", "precise", "precise-local", "requests")
     return [
         name
         for name in SYSTEMS

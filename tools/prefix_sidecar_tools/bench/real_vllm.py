@@ -140,7 +140,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             block_size=block,
             scratch=Path(scratch) / "f",
             startup_timeout=args.startup_timeout,
-            kv_events=bool({"events", "precise"} & set(args.systems)),
+            kv_events=bool({"events", "precise", "precise-local"} & set(args.systems)),
         )
         timeout = aiohttp.ClientTimeout(total=args.timeout * 2)
         async with fleet, aiohttp.ClientSession(timeout=timeout) as session:
