@@ -139,7 +139,10 @@ class PreciseRouting:
         local = self.local
         if local is None or "prompt" not in what or not local.usable:
             return await self.asked(decision, what, model)
-        ids = await local.ids(str(what["prompt"]))
+        try:  # the pods' bound: a huge prompt's encode does not hold the request
+            ids = await asyncio.wait_for(local.ids(str(what["prompt"])), TOKENIZE_TIMEOUT_S)
+        except TimeoutError:
+            raise TokenizeError(f"{local.name}: no ids within {TOKENIZE_TIMEOUT_S} s") from None
         if local.trusted:
             return ids
         answer = await self.asked(decision, what, model)

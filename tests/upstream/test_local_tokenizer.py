@@ -17,6 +17,7 @@ from aiohttp import web
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from prefix_sidecar.config import ConfigError, build_config
+from prefix_sidecar.kv_events import precise
 from prefix_sidecar.kv_events.fleet_blocks import FleetBlocks
 from prefix_sidecar.kv_events.precise import PreciseRouting
 from prefix_sidecar.routing.decision import Decision
@@ -24,6 +25,7 @@ from prefix_sidecar.routing.pick import Branch
 from prefix_sidecar.upstream import local_tokenizer
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.local_tokenizer import CHECKS, INLINE_BYTES, LocalTokenizer
+from prefix_sidecar.upstream.tokenize import TokenizeError
 from tests.fake_pod import start_site
 
 CORPUS = ["refunds within seven days", "no coupon stacking on sale items", "ship in 48 hours"]
@@ -134,6 +136,26 @@ async def test_a_long_prompt_is_encoded_off_the_event_loop_to_the_same_ids(
     assert await local.ids(long) == reference.encode(long).ids
     assert await local.ids("ship in 48 hours") == reference.encode("ship in 48 hours").ids
     assert threaded == [len(long)]  # the long prompt only
+
+
+async def test_an_encode_past_the_bound_keeps_the_organic_decision(
+    tokenizer_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An encode slower than TOKENIZE_TIMEOUT_S (a huge prompt) is a TokenizeError, which
+    refine answers with the organic decision, as a pod that did not answer in time."""
+    monkeypatch.setattr(precise, "TOKENIZE_TIMEOUT_S", 0.05)
+
+    class Slow(LocalTokenizer):
+        async def ids(self, prompt: str) -> list[int]:
+            await asyncio.sleep(5)
+            return []
+
+    pod = Pod(Tokenizer.from_file(str(tokenizer_file)))
+    async for routing, decision in routing_before(pod):
+        routing.local = Slow(Tokenizer.from_file(str(tokenizer_file)), "slow")
+        with pytest.raises(TokenizeError, match="no ids within"):
+            await routing.tokens(decision, {"prompt": "ship in 48 hours"}, "m")
+        assert pod.asked == []
 
 
 PRECISE = {"unregistered_routing": "precise", "kv_events": True, "backends": ["http://a:1"]}
