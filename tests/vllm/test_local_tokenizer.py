@@ -48,7 +48,7 @@ async def test_the_model_files_tokenizer_gives_the_pods_ids_and_is_trusted(
             asked += 1
             return await tokens_of(*args)
 
-        routing.asked = counted  # type: ignore[method-assign]
+        routing.asked = counted  # type: ignore[method-assign,assignment]
         for n in range(CHECKS + 2):
             prompt = f"{n}. " + PROMPTS[1]
             expected = await token_ids(client, url, prompt, model=fleet.model)

@@ -130,6 +130,13 @@ def _vllm_flags(group: argparse._ArgumentGroup) -> None:
         "over 240 s on a busy one)",
     )
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument(
+        "--sidecar-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more setting for every sidecar system, as serve's --set (repeatable)",
+    )
 
 
 register = register_real  # the name prefix_sidecar_tools/bench/cli.py looks for

@@ -63,6 +63,7 @@ class Setup:
     max_tokens: int
     first_token_timeout_s: float
     log_dir: Path
+    settings: Sequence[str] = ()  # --sidecar-set: more `--set` values for every sidecar
     # What a system reports beside its requests (the sidecar: where each prewarm went).
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -173,7 +174,7 @@ async def _started(
         argv += ["--openai-listen", f"127.0.0.1:{port}", "--set", f"model={setup.fleet.model}"]
         argv += ["--set", "health_interval_s=0.5", "--set", "grace_s=1"]
         argv += ["--set", f"metrics_port={metrics_port}"]
-        argv += [arg for value in settings for arg in ("--set", value)]
+        argv += [arg for value in (*setup.settings, *settings) for arg in ("--set", value)]
         process = SidecarProcess(
             f"{socket_dir}/sidecar.sock",
             argv,

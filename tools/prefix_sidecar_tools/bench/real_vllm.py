@@ -176,6 +176,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                         args.max_tokens,
                         args.timeout,
                         Path(scratch),
+                        settings=tuple(args.sidecar_set),
                     )
                     found = ceilings.get(workload)
                     results, row = await run_system(name, setup, trace, scale, found)
