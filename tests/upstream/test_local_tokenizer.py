@@ -135,7 +135,10 @@ async def test_a_long_prompt_is_encoded_off_the_event_loop_to_the_same_ids(
     long = "refunds within seven days; " * (INLINE_BYTES // 10)
     assert await local.ids(long) == reference.encode(long).ids
     assert await local.ids("ship in 48 hours") == reference.encode("ship in 48 hours").ids
-    assert threaded == [len(long)]  # the long prompt only
+    wide = "退款七天内。" * (INLINE_BYTES // 15)  # fewer characters than bytes allow inline
+    assert len(wide) < INLINE_BYTES < len(wide.encode())
+    assert await local.ids(wide) == reference.encode(wide).ids
+    assert threaded == [len(long), len(wide)]  # by bytes, not characters
 
 
 async def test_an_encode_past_the_bound_keeps_the_organic_decision(
