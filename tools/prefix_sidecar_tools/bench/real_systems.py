@@ -230,11 +230,15 @@ SYSTEMS: dict[str, SystemFactory] = {
 }
 
 
+# The systems that read the pods' KV events: the pods publish them when one of these runs.
+READ_EVENTS = ("events", "precise", "precise-local")
+
+
 def default_systems() -> list[str]:
-    """Every system but events and the precise ones (named only: they have the pods publish events)
-    and requests (named only: a variant of the sidecar), SGLang's router only when
+    """Every system but those that read events (named only: they have the pods publish
+    events) and requests (named only: a variant of the sidecar), SGLang's router only when
     `sglang-router` is installed."""
-    named_only = ("events", "precise", "precise-local", "requests")
+    named_only = (*READ_EVENTS, "requests")
     return [
         name
         for name in SYSTEMS

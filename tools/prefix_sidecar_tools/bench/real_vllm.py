@@ -42,7 +42,7 @@ from prefix_sidecar_tools.bench.real_megasale import (
     target_sizes,
 )
 from prefix_sidecar_tools.bench.real_report import per_request, scrape, summarize
-from prefix_sidecar_tools.bench.real_systems import SYSTEMS, Setup
+from prefix_sidecar_tools.bench.real_systems import READ_EVENTS, SYSTEMS, Setup
 from prefix_sidecar_tools.vllm.fleet import (
     DEFAULT_BLOCK_SIZE,
     VllmFleet,
@@ -140,7 +140,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             block_size=block,
             scratch=Path(scratch) / "f",
             startup_timeout=args.startup_timeout,
-            kv_events=bool({"events", "precise", "precise-local"} & set(args.systems)),
+            kv_events=bool(set(READ_EVENTS) & set(args.systems)),
         )
         timeout = aiohttp.ClientTimeout(total=args.timeout * 2)
         async with fleet, aiohttp.ClientSession(timeout=timeout) as session:
