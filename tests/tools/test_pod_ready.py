@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -66,3 +67,19 @@ async def test_a_pod_that_never_answers_times_out_with_its_log_tail() -> None:
     async with aiohttp.ClientSession() as session:
         with pytest.raises(TimeoutError, match=expected):
             await poll_until_ready(session, pod, "/health", "test", 0.3, 0.05)
+
+
+def test_a_vllm_pods_log_tail_leads_with_its_first_error(tmp_path: Path) -> None:
+    from prefix_sidecar_tools.vllm.pod import VllmPod
+
+    pod = VllmPod(port=1, core=0, scratch=tmp_path)
+    lines = [f"start {i}" for i in range(60)]
+    lines[5] = "(EngineCore pid=7) ERROR 12-06 the root cause"
+    lines += [f"api server traceback {i}" for i in range(30)]
+    pod.log_path.write_text("\n".join(lines))
+    tail = pod.log_tail(lines=30).splitlines()
+    assert tail[0] == "(EngineCore pid=7) ERROR 12-06 the root cause"
+    assert tail[-1] == "api server traceback 29"
+    assert "..." in tail and len(tail) == 40 + 1 + 30
+    pod.log_path.write_text("\n".join(f"line {i}" for i in range(50)))
+    assert pod.log_tail(lines=30).splitlines()[0] == "line 20"

@@ -129,4 +129,15 @@ class VllmPod:
             return ""
 
     def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:]) or "(empty log)"
+        """The log's last `lines`, led by its first error (up to 40 lines) when that came
+        earlier: vLLM's EngineCore prints the root cause of a failed start well before the
+        API server's own traceback, which fills the tail."""
+        text = self.log_text().splitlines()
+        tail_from = max(0, len(text) - lines)
+        first_error = next(
+            (i for i, line in enumerate(text) if "Traceback" in line or " ERROR " in line), None
+        )
+        shown = text[tail_from:]
+        if first_error is not None and first_error < tail_from:
+            shown = [*text[first_error : min(first_error + 40, tail_from)], "...", *shown]
+        return "\n".join(shown) or "(empty log)"
