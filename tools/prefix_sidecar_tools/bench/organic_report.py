@@ -150,6 +150,7 @@ def _ttft(results: Sequence[Result], time_scale: float, timeout_s: float) -> dic
         "p50": percentile(values, 50),
         "p99": p99,
         "lower_bound": timeouts > 0 and p99 >= censored,
+        "values": sorted(round(value, 1) for value in values),  # for pooling over seeds
     }
 
 
