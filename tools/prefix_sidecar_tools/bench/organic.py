@@ -504,7 +504,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         "--seeds",
         type=seed_list,
         help="run the whole bench once per seed ('0,1,2' or '0-5') and pool every seed's "
-        "measured TTFTs: a p99 of ~5K requests per 1,000 rather than one trace's 5",
+        "measured TTFTs: a p99 over the slowest 5 x K requests of K traces, not one trace's 5",
     )
     add("--quick", action="store_true", help="seconds per run, for tests: 2 pods, 2 sidecars")
     add_json_option(parser)

@@ -4,8 +4,8 @@ One trace's p99 is about its 5 slowest of ~460 measured requests. The queue mode
 (organic_ttft_precise) shows what that is worth: changing one routing rule moves one seed's
 p99 by up to +-100 ms and another's the other way, and the ranking of two routers differs
 from seed to seed (precise 339 against cache_aware's 323 ms on seed 0, 273 against 424 on
-seed 4). Pooling the measured requests of K traces puts ~5K requests in the top 1 %, so a
-p99 compares routers rather than one trace's few worst moments. Each seed is a whole
+seed 4). Pooling the measured requests of K traces puts about 5 x K requests in the top
+1 %, so a p99 compares routers rather than one trace's few worst moments. Each seed is a whole
 `bench organic` run (its own fleet, trace and report, kept under "seeds"); "pooled" has,
 per path and policy, the TTFT percentiles of every seed's measured requests together.
 """
