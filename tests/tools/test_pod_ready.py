@@ -4,6 +4,7 @@ when its process exits, and a timeout with the log tail when it never answers.""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,3 +84,29 @@ def test_a_vllm_pods_log_tail_leads_with_its_first_error(tmp_path: Path) -> None
     assert "..." in tail and len(tail) == 40 + 1 + 30
     pod.log_path.write_text("\n".join(f"line {i}" for i in range(50)))
     assert pod.log_tail(lines=30).splitlines()[0] == "line 20"
+
+
+async def test_a_niced_pod_runs_below_the_routers_in_its_own_session(tmp_path: Path) -> None:
+    """`nice`: the pod's processes and its session's autogroup (where the kernel has them)
+    at that niceness; the caller's stays as it was."""
+    from prefix_sidecar_tools.vllm.pod import VllmPod
+
+    pod = VllmPod(port=1, core=0, scratch=tmp_path, nice=7)
+    await pod.start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"])
+    assert pod.process is not None
+    try:
+        proc = Path(f"/proc/{pod.process.pid}")
+        for _ in range(200):  # the orphan guard, then nice, exec into the command
+            if "up" in pod.log_text():
+                break
+            await asyncio.sleep(0.05)
+        assert b"time.sleep" in (proc / "cmdline").read_bytes()
+        niceness = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[16])
+        assert niceness == 7
+        if (proc / "autogroup").exists():
+            assert (proc / "autogroup").read_text().split()[-1] == "7"
+        assert os.getpriority(os.PRIO_PROCESS, 0) != 7
+    finally:
+        await pod.stop(grace=2)
+    with pytest.raises(ValueError, match=r"0 \(unchanged\) to 19"):
+        VllmPod(port=1, core=0, scratch=tmp_path, nice=20)

@@ -43,7 +43,7 @@ async def test_a_tiny_bench_writes_vllms_own_figures_per_system(tmp_path: Path) 
         "--pods", "2", "--prefixes", "2", "--requests", str(REQUESTS), "--rate", "4",
         "--min-prefix-tokens", "1024", "--max-prefix-tokens", "2048",
         "--organic-duration", "2", "--organic-rate", "2", "--cold", "reset",
-        "--json", str(report_path),
+        "--pods-nice", "3", "--json", str(report_path),
     )  # fmt: skip
     # clean: no PREFIX_SIDECAR_* setting of ours leaks in, but the vLLM venv found here
     env = child_env(clean=True, TMPDIR=str(scratch), **{VENV_ENV: str(vllm_python())})
@@ -58,6 +58,7 @@ async def test_a_tiny_bench_writes_vllms_own_figures_per_system(tmp_path: Path) 
 
     report = json.loads(report_path.read_text())
     assert report["fleet"]["pods"] == 2 and len(report["fleet"]["prefix_tokens"]) == 2
+    assert report["fleet"]["nice"] == 3
     kv_tokens, prefix_tokens = report["fleet"]["kv_tokens"], report["fleet"]["prefix_tokens"]
     assert kv_tokens < sum(prefix_tokens), "the prefixes must not all fit in one pod"
     for workload in ("registered", "organic"):

@@ -129,6 +129,14 @@ def _vllm_flags(group: argparse._ArgumentGroup) -> None:
         help="seconds a pod may take to answer /health (28-85 s on a quiet 2-core box, "
         "over 240 s on a busy one)",
     )
+    group.add_argument(
+        "--pods-nice",
+        type=pod_niceness,
+        default=0,
+        help="run every pod at this CPU niceness (1-19; 0: as the routers), for every system "
+        "alike: where CPU pods share the cores with the routers, a router's decision "
+        "otherwise waits in the run queue behind their prefill (docs/real-engine.md)",
+    )
     group.add_argument("--seed", type=int, default=0)
     group.add_argument(
         "--sidecar-set",
@@ -140,6 +148,13 @@ def _vllm_flags(group: argparse._ArgumentGroup) -> None:
 
 
 register = register_real  # the name prefix_sidecar_tools/bench/cli.py looks for
+
+
+def pod_niceness(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 19:
+        raise argparse.ArgumentTypeError(f"{value}: a niceness is 0 to 19")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -159,6 +159,11 @@ def side_by_side(left: list[str], right: list[str], gap: int = 4) -> list[str]:
     return [f"{a:<{width}}{' ' * gap}{b}".rstrip() for a, b in pairs]
 
 
+def _niceness(fleet: dict[str, Any]) -> str:
+    nice = fleet.get("nice", 0)
+    return f", pods at CPU niceness {nice} (the routers at 0)" if nice else ""
+
+
 def render(report: dict[str, Any]) -> str:
     """Both tables side by side, then the settings that made them."""
     tables = report["workloads"]
@@ -170,7 +175,7 @@ def render(report: dict[str, Any]) -> str:
         f"real vLLM: {fleet['pods']} pods, KV {fleet['kv_tokens']:,} tokens each (block "
         f"{fleet['block_size']}), prefixes {fleet['prefix_tokens']} tokens "
         f"(sum {sum(fleet['prefix_tokens']):,}), pods made cold by {fleet['cold']} "
-        f"between systems, {report['elapsed_s']:.0f} s in all",
+        f"between systems{_niceness(fleet)}, {report['elapsed_s']:.0f} s in all",
         "hit: vLLM's prefix_cache hits/queries (tokens, prewarm included); usage: "
         "cached_tokens/prompt_tokens per request; ceil: whole-block ceiling; p50/p99: TTFT",
         f"yuan/day: docs/mission.md's model ({params.requests_per_day:,.0f} requests of a "

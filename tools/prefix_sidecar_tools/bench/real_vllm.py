@@ -141,6 +141,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             scratch=Path(scratch) / "f",
             startup_timeout=args.startup_timeout,
             kv_events=bool(set(READ_EVENTS) & set(args.systems)),
+            nice=args.pods_nice,
         )
         timeout = aiohttp.ClientTimeout(total=args.timeout * 2)
         async with fleet, aiohttp.ClientSession(timeout=timeout) as session:
@@ -156,6 +157,7 @@ async def bench_vllm(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                     "max_model_len": max_model_len,
                     "prefix_tokens": [p.tokens for p in prefixes],
                     "cold": args.cold,
+                    "nice": args.pods_nice,
                 },
                 "settings": {k: v for k, v in vars(args).items() if k != "func"},
                 "workloads": {},

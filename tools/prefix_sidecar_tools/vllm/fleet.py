@@ -120,6 +120,7 @@ class VllmFleet(AsyncService):
         max_lora_rank: int = lora.DEFAULT_MAX_LORA_RANK,
         max_loras: int | None = None,
         extra_env: Mapping[str, str] | None = None,
+        nice: int = 0,
     ) -> None:
         """`kv_events`: each pod publishes its KV events (vLLM's ZMQ PUB, bound on a free
         port of its own, with a replay ROUTER beside it), the same ports across restarts.
@@ -128,7 +129,8 @@ class VllmFleet(AsyncService):
         -> folder) are loaded by every pod at start (`--lora-modules`); `runtime_lora` lets
         callers load and unload adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING);
         `max_lora_rank` bounds the adapters' rank, `max_loras` the adapters in one batch
-        (vLLM's default: 1). `extra_env` is added to every pod's environment."""
+        (vLLM's default: 1). `extra_env` is added to every pod's environment; `nice` lowers
+        every pod's CPU priority (pod.py)."""
         if n < 1:
             raise ValueError(f"n={n}: a fleet needs at least one pod")
         if block_size % 32:
@@ -152,6 +154,7 @@ class VllmFleet(AsyncService):
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
         self.extra_env = dict(extra_env or {})
+        self.nice = nice
         self.pods: list[VllmPod] = []
 
     @property
@@ -208,7 +211,7 @@ class VllmFleet(AsyncService):
             port = free_port()
             core = self.cores[index % len(self.cores)]
             scratch = self.scratch / f"p{index}"  # short: see MAX_TMPDIR_CHARS
-            pod = VllmPod(port, core, scratch, self.pod_env())
+            pod = VllmPod(port, core, scratch, self.pod_env(), self.nice)
             self.pods.append(pod)
             await pod.start(self.server_argv(port))
         await self._wait_ready(self.pods)

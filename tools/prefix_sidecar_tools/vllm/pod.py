@@ -39,14 +39,38 @@ def vllm_env() -> dict[str, str]:
     return env
 
 
+def lower_cpu_priority(argv: Sequence[str], nice: int) -> list[str]:
+    """`argv` run at CPU niceness `nice` (0: unchanged); its children inherit it."""
+    return ["nice", "-n", str(nice), *argv] if nice else list(argv)
+
+
+def lower_session_share(pid: int, nice: int) -> None:
+    """The autogroup of `pid`'s session at `nice`. With the kernel's autogroups on, CPU is
+    shared between sessions first, so a process's own niceness ranks it only within its
+    session; a pod runs in a session of its own. A kernel without autogroups: nothing."""
+    if nice:
+        with contextlib.suppress(FileNotFoundError):
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+
+
 class VllmPod:
     """One vLLM API server on 127.0.0.1, pinned to `core`, its files under `scratch`;
     `extra_env` is added to its environment (vLLM's switches that are variables, such as
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING). `nice` lowers its CPU priority (0-19), so that the
+    routers beside it on a small machine are not left waiting in the run queue behind its
+    prefill and its idle polling (docs/real-engine.md)."""
 
     def __init__(
-        self, port: int, core: int, scratch: Path, extra_env: Mapping[str, str] | None = None
+        self,
+        port: int,
+        core: int,
+        scratch: Path,
+        extra_env: Mapping[str, str] | None = None,
+        nice: int = 0,
     ) -> None:
+        if not 0 <= nice <= 19:
+            raise ValueError(f"nice={nice}: a pod's niceness is 0 (unchanged) to 19")
+        self.nice = nice
         self.port = port
         self.core = core
         self.url = f"http://127.0.0.1:{port}"
@@ -83,12 +107,13 @@ class VllmPod:
         self.scratch.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = await spawn(
-                argv,
+                lower_cpu_priority(argv, self.nice),
                 env=self.env(),
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,  # one process group: the server and its workers
             )
+        lower_session_share(self.process.pid, self.nice)
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float) -> None:
         """Poll GET /health until it answers 200; fail early if the pod exits."""
