@@ -182,5 +182,25 @@ def render(report: dict[str, Any]) -> str:
         f"{params.prefix_tokens:,.0f}-token prefix) at the measured hit rate",
         "",
         *(side_by_side(left, right) if left and right else left or right),
+        *_decision_lines(tables),
     ]
     return "\n".join(lines)
+
+
+def _decision_lines(tables: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The sidecar systems' routing decisions, as their histograms bound them."""
+
+    def bound(decision: dict[str, float], q: str) -> str:
+        value = decision[q]
+        return f"<={value:g}" if math.isfinite(value) else f">{decision['top_bucket']:g}"
+
+    timed = [
+        f"{workload}/{name} p50 {bound(row['decision_ms'], 'p50')} "
+        f"p99 {bound(row['decision_ms'], 'p99')}"
+        for workload, rows in tables.items()
+        for name, row in (rows or {}).items()
+        if "decision_ms" in row
+    ]
+    if not timed:
+        return []
+    return ["", "sidecar routing decisions, ms (histogram bucket bounds): " + "; ".join(timed)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -39,6 +40,8 @@ from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.bench.organic_driver import (
     Result,
     Sender,
+    bucket_percentile,
+    decision_buckets,
     post_streamed,
     scrape_sidecars,
     summed_by,
@@ -155,6 +158,15 @@ async def sidecar(setup: Setup, *settings: str) -> AsyncIterator[Sender]:
                 counts = summed_by(texts, series, label)
                 if counts:
                     setup.notes[note] = {k: int(v) for k, v in counts.items()}
+            # The routing decisions' time (bounds of the histogram's buckets, ms): on a
+            # small box its tail is the run queue behind the pods (--pods-nice).
+            buckets = decision_buckets(texts)
+            if buckets:
+                top = max(bound for bound in buckets if math.isfinite(bound))
+                setup.notes["decision_ms"] = {
+                    **{f"p{q}": bucket_percentile(buckets, q) * 1e3 for q in (50, 99)},
+                    "top_bucket": top * 1e3,
+                }
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
 
