@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -40,8 +40,6 @@ from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.bench.organic_driver import (
     Result,
     Sender,
-    bucket_percentile,
-    decision_buckets,
     post_streamed,
     scrape_sidecars,
     summed_by,
@@ -49,6 +47,7 @@ from prefix_sidecar_tools.bench.organic_driver import (
 from prefix_sidecar_tools.bench.organic_trace import OrganicRequest
 from prefix_sidecar_tools.bench.real_megasale import Prefix
 from prefix_sidecar_tools.harness import SidecarProcess, child_env, free_port
+from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.vllm.fleet import VllmFleet
 from prefix_sidecar_tools.vllm.sglang import SglangRouter, sglang_router_available
 
@@ -158,17 +157,30 @@ async def sidecar(setup: Setup, *settings: str) -> AsyncIterator[Sender]:
                 counts = summed_by(texts, series, label)
                 if counts:
                     setup.notes[note] = {k: int(v) for k, v in counts.items()}
-            # The routing decisions' time (bounds of the histogram's buckets, ms): on a
-            # small box its tail is the run queue behind the pods (--pods-nice).
-            buckets = decision_buckets(texts)
-            if buckets:
-                top = max(bound for bound in buckets if math.isfinite(bound))
+            decisions = logged_decisions(Path(process.log_path))
+            if decisions:
                 setup.notes["decision_ms"] = {
-                    **{f"p{q}": bucket_percentile(buckets, q) * 1e3 for q in (50, 99)},
-                    "top_bucket": top * 1e3,
+                    "n": len(decisions),
+                    "p50": percentile(decisions, 50),
+                    "p99": percentile(decisions, 99),
+                    "max": max(decisions),
                 }
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+DECISION_FIELD = re.compile(rb" decision_ms=([0-9.]+)")
+
+
+def logged_decisions(log: Path) -> list[float]:
+    """Each request's time to choose its pod, ms, from the sidecar's request log (its
+    histogram's buckets are too coarse for a tail of a few dozen requests): on a small box
+    that tail is the run queue behind the pods (--pods-nice)."""
+    try:
+        text = log.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [float(match[1]) for match in DECISION_FIELD.finditer(text)]
 
 
 # A port free_port() found can be taken before the sidecar binds it (1 start in ~8 of
