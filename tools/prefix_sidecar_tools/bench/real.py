@@ -151,9 +151,12 @@ register = register_real  # the name prefix_sidecar_tools/bench/cli.py looks for
 
 
 def pod_niceness(text: str) -> int:
+    # Imported here: the CLI loads every bench at startup, and pod code only when it runs.
+    from prefix_sidecar_tools.vllm.pod import MAX_NICENESS
+
     value = non_negative_int(text)
-    if value > 19:
-        raise argparse.ArgumentTypeError(f"{value}: a niceness is 0 to 19")
+    if value > MAX_NICENESS:
+        raise argparse.ArgumentTypeError(f"{value}: a niceness is 0 to {MAX_NICENESS}")
     return value
 
 

@@ -27,6 +27,8 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # vLLM puts ZMQ ipc sockets in TMPDIR, named by a 36-character uuid; a unix socket path has
 # at most 107 bytes (sun_path), so a pod's TMPDIR may not be longer than this.
 MAX_TMPDIR_CHARS = 107 - 37
+# The highest niceness Linux gives a process (nice(2)).
+MAX_NICENESS = 19
 # Settings of ours, of the caller's venv, or of vLLM that must not reach a pod: vLLM's
 # KV-space variable overrides --kv-cache-memory-bytes (and crashes the worker when empty).
 DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "VLLM_CPU_KVCACHE_SPACE")
@@ -68,8 +70,8 @@ class VllmPod:
         extra_env: Mapping[str, str] | None = None,
         nice: int = 0,
     ) -> None:
-        if not 0 <= nice <= 19:
-            raise ValueError(f"nice={nice}: a pod's niceness is 0 (unchanged) to 19")
+        if not 0 <= nice <= MAX_NICENESS:
+            raise ValueError(f"nice={nice}: a pod's niceness is 0 (unchanged) to {MAX_NICENESS}")
         self.nice = nice
         self.port = port
         self.core = core
