@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from prefix_sidecar_tools.harness import free_port
 from prefix_sidecar_tools.pod_ready import poll_until_ready
+from prefix_sidecar_tools.vllm.pod import VllmPod
 from tests.fake_pod import start_site
 
 
@@ -71,8 +73,6 @@ async def test_a_pod_that_never_answers_times_out_with_its_log_tail() -> None:
 
 
 def test_a_vllm_pods_log_tail_leads_with_its_first_error(tmp_path: Path) -> None:
-    from prefix_sidecar_tools.vllm.pod import VllmPod
-
     pod = VllmPod(port=1, core=0, scratch=tmp_path)
     lines = [f"start {i}" for i in range(60)]
     lines[5] = "(EngineCore pid=7) ERROR 12-06 the root cause"
@@ -86,12 +86,18 @@ def test_a_vllm_pods_log_tail_leads_with_its_first_error(tmp_path: Path) -> None
     assert pod.log_tail(lines=30).splitlines()[0] == "line 20"
 
 
-async def test_a_niced_pod_runs_below_the_routers_in_its_own_session(tmp_path: Path) -> None:
+async def test_a_niced_pod_runs_below_the_routers_in_its_own_session() -> None:
     """`nice`: the pod's processes and its session's autogroup (where the kernel has them)
     at that niceness; the caller's stays as it was."""
-    from prefix_sidecar_tools.vllm.pod import VllmPod
+    # A short scratch folder: a pod refuses a TMPDIR too long for vLLM's ipc sockets, and a
+    # parallel test worker's tmp_path is longer than that.
+    with tempfile.TemporaryDirectory(prefix="nice-") as scratch:
+        await _check_a_niced_pod(VllmPod(port=1, core=0, scratch=Path(scratch), nice=7))
+    with pytest.raises(ValueError, match=r"0 \(unchanged\) to 19"):
+        VllmPod(port=1, core=0, scratch=Path("/tmp"), nice=20)
 
-    pod = VllmPod(port=1, core=0, scratch=tmp_path, nice=7)
+
+async def _check_a_niced_pod(pod: VllmPod) -> None:
     await pod.start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"])
     assert pod.process is not None
     try:
@@ -108,5 +114,3 @@ async def test_a_niced_pod_runs_below_the_routers_in_its_own_session(tmp_path: P
         assert os.getpriority(os.PRIO_PROCESS, 0) != 7
     finally:
         await pod.stop(grace=2)
-    with pytest.raises(ValueError, match=r"0 \(unchanged\) to 19"):
-        VllmPod(port=1, core=0, scratch=tmp_path, nice=20)
