@@ -30,7 +30,8 @@ from prefix_sidecar.upstream.byte_usage import UsageTail
 from prefix_sidecar.upstream.client import ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S, UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
 from prefix_sidecar.upstream.lean_http import PodAnswer
-from prefix_sidecar.upstream.relay import Relay, RelayOutcome
+from prefix_sidecar.upstream.outcome import RelayOutcome
+from prefix_sidecar.upstream.relay import Relay
 from prefix_sidecar.upstream.sse import clip
 
 logger = logging.getLogger("sidecar.requests")

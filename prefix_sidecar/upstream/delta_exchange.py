@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -20,12 +19,10 @@ from prefix_sidecar.upstream.body import SplicedBody
 from prefix_sidecar.upstream.chunks import delta_chunks
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar.upstream.outcome import RelayOutcome
 from prefix_sidecar.upstream.sse import Delta, clip, usage_counts
 from prefix_sidecar.upstream.stream import UpstreamStream
 from prefix_sidecar.v1 import router_pb2
-
-if TYPE_CHECKING:
-    from prefix_sidecar.upstream.relay import RelayOutcome
 
 # gRPC's default max_receive_message_length on the client side.
 CLIENT_RECEIVE_LIMIT = 4 * 1024 * 1024

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from prefix_sidecar.membership.health import HealthMonitor
@@ -33,6 +33,7 @@ from prefix_sidecar.upstream.caller import deadline_spent
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.delta_exchange import DeltaExchange
 from prefix_sidecar.upstream.errors import UpstreamError
+from prefix_sidecar.upstream.outcome import RelayOutcome
 from prefix_sidecar.upstream.sse import clip
 from prefix_sidecar.v1 import router_pb2
 
@@ -42,17 +43,6 @@ logger = logging.getLogger("sidecar.requests")
 REASON_BYTES = 600
 
 Item = TypeVar("Item")
-
-
-@dataclass
-class RelayOutcome:
-    pool: str = ""  # the pool the request's model picked ("": refused before that)
-    backend: str = ""
-    attempts: int = 0
-    status: str = "OK"
-    ttft_s: float | None = None
-    usage: tuple[int, int, int] = (0, 0, 0)
-    errors: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -22,7 +22,8 @@ from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.upstream.chunks import split_utf8
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.delta_exchange import TRUNCATED
-from prefix_sidecar.upstream.relay import Relay, RelayOutcome, RelayPolicy
+from prefix_sidecar.upstream.outcome import RelayOutcome
+from prefix_sidecar.upstream.relay import Relay, RelayPolicy
 from prefix_sidecar.v1 import router_pb2
 from tests.fake_pod import respond, start_site
 

@@ -14,7 +14,7 @@ import time
 from prefix_sidecar.logs import log_fields
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.server.common.trace_context import TraceContext
-from prefix_sidecar.upstream.relay import RelayOutcome
+from prefix_sidecar.upstream.outcome import RelayOutcome
 
 logger = logging.getLogger("sidecar.requests")
 

@@ -26,7 +26,7 @@ from prefix_sidecar.server.common.trace_context import TraceContext
 from prefix_sidecar.server.grpc.early_headers import EarlyHeaders
 from prefix_sidecar.server.grpc.plan import CHAT, Planner
 from prefix_sidecar.upstream import caller
-from prefix_sidecar.upstream.relay import RelayOutcome
+from prefix_sidecar.upstream.outcome import RelayOutcome
 
 logger = logging.getLogger("sidecar.requests")
 

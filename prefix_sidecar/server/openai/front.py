@@ -53,7 +53,7 @@ from prefix_sidecar.server.openai.request_pool import read_in_pool
 from prefix_sidecar.server.openai.splice import rename_model, splice_prefix
 from prefix_sidecar.server.pools import Pools
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER, RETRY_AFTER_S, forward
-from prefix_sidecar.upstream.relay import RelayOutcome
+from prefix_sidecar.upstream.outcome import RelayOutcome
 
 logger = logging.getLogger(__name__)
 
