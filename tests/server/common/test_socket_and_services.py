@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import shutil
@@ -11,6 +12,7 @@ import stat
 import subprocess
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -64,8 +66,15 @@ async def test_a_stale_socket_file_is_replaced(tmp_path: Path, pods: list[str]) 
         assert await health_status(sidecar.target) == health_pb2.HealthCheckResponse.SERVING
 
 
-def refused_start_leaks_nothing(caught: list[warnings.WarningMessage]) -> None:
+@contextlib.contextmanager
+def no_leak_from_a_refused_start() -> Iterator[None]:
+    """Fails if what runs inside leaves a resource open (a ResourceWarning). What earlier
+    tests left to the collector is collected first, so that it is not blamed on this one."""
     gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+        gc.collect()
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert not leaks, f"a sidecar that refused to start left resources open: {leaks}"
 
@@ -73,11 +82,11 @@ def refused_start_leaks_nothing(caught: list[warnings.WarningMessage]) -> None:
 async def test_a_live_socket_is_refused_and_left_alone(tmp_path: Path, pods: list[str]) -> None:
     config = sidecar_config(tmp_path, pods)
     async with running_sidecar(config) as (first, _):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with pytest.raises(SocketInUse, match="another process is listening"):
-                await Sidecar(config).start()
-            refused_start_leaks_nothing(caught)
+        with (
+            no_leak_from_a_refused_start(),
+            pytest.raises(SocketInUse, match="another process is listening"),
+        ):
+            await Sidecar(config).start()
         # The first sidecar still owns its socket and still answers on it.
         assert await health_status(first.target) == health_pb2.HealthCheckResponse.SERVING
 
@@ -87,11 +96,8 @@ async def test_a_regular_file_at_the_path_is_refused_not_deleted(
 ) -> None:
     path = Path(socket_path(tmp_path))
     path.write_text("precious", encoding="utf-8")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(SocketInUse, match="is not a socket"):
-            await Sidecar(sidecar_config(tmp_path, pods)).start()
-        refused_start_leaks_nothing(caught)
+    with no_leak_from_a_refused_start(), pytest.raises(SocketInUse, match="is not a socket"):
+        await Sidecar(sidecar_config(tmp_path, pods)).start()
     assert path.read_text(encoding="utf-8") == "precious"
 
 
