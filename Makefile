@@ -36,18 +36,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check prefix_sidecar tools tests setup.py
 	$(BIN)/mypy
 
-# The whole suite with the extension, then again on the pure-Python twin (without the real
-# engines: the llama.cpp and vLLM tests take minutes and exercise the pods, not which build of
-# the core is loaded). Tests with real pods or the image run one at a time: each pod is pinned
-# to a core. The rest run on TEST_WORKERS processes (pytest-xdist): on 2 cores, 2 workers
-# halve their time (the README's quick start has the figures).
-TEST_WORKERS ?= 2
-POD_TESTS := vllm or real_engine or image
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+# The whole suite with the extension, real vLLM pods included (its venv is built first), then
+# again on the pure-Python twin (without the real engines: the llama.cpp and vLLM tests take
+# minutes and exercise the pods, not which build of the core is loaded).
 test: lint vllm-venv
-	$(PYTEST) -m "$(POD_TESTS)"
-	$(PYTEST) -n $(TEST_WORKERS) -m "not ($(POD_TESTS))"
-	SIDECAR_NO_EXTENSIONS=1 $(PYTEST) -n $(TEST_WORKERS) -m "not ($(POD_TESTS)) and not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+	SIDECAR_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_engine and not vllm and not slow"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not real_engine and not vllm and not slow"
