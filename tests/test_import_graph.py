@@ -10,23 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import prefix_sidecar
-
-PACKAGE_DIR = Path(prefix_sidecar.__file__).parent
-PACKAGE = "prefix_sidecar"
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def runtime_modules() -> dict[str, Path]:
-    return {
-        module_name(path): path
-        for path in PACKAGE_DIR.rglob("*.py")
-        if not path.name.endswith(("_pb2.py", "_pb2_grpc.py", "_pb2.pyi"))
-    }
+from tests.runtime_tree import runtime_modules
 
 
 def imported(tree: ast.AST, modules: dict[str, Path]) -> set[str]:

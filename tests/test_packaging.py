@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from prefix_sidecar_tools.harness import free_port
+from tests.runtime_tree import runtime_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 # What only the tooling extras bring. Not h2: dnspython imports httpx for DNS-over-HTTPS when
@@ -30,24 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLING_ONLY = ("hypothesis", "uhashring", "matplotlib", "llama_cpp")
 
 
-def runtime_modules() -> list[str]:
-    """Every module of the package but the tooling and the generated stubs."""
-    names = []
-    for path in sorted((ROOT / "sidecar").rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        if parts[1] in ("tools", "v1"):
-            continue
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
-
-
 def test_no_runtime_module_imports_the_tooling_in_its_source() -> None:
     offenders = []
-    for name in runtime_modules():
-        path = ROOT / Path(*name.split("."))
-        source = (
-            path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
-        )
+    modules = runtime_modules()
+    assert len(modules) > 100, "the walk found too few modules to mean anything"
+    for name, source in modules.items():
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.ImportFrom):
                 imported = [node.module or ""]
@@ -60,9 +48,11 @@ def test_no_runtime_module_imports_the_tooling_in_its_source() -> None:
 
 
 def test_importing_the_whole_runtime_loads_no_tooling() -> None:
+    names = list(runtime_modules())
+    assert len(names) > 100, "the walk found too few modules to mean anything"
     code = (
         "import importlib, json, sys\n"
-        f"for name in {runtime_modules()!r}:\n"
+        f"for name in {names!r}:\n"
         "    importlib.import_module(name)\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
