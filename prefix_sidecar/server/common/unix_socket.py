@@ -6,7 +6,9 @@ nobody answers on is replaced, a live one or a non-socket is an error naming the
 
 In an overlapping restart the old sidecar stops accepting when SIGTERM arrives and the new one
 binds the path while the old one drains; so on exit a sidecar removes the path only if it is
-still the file it bound itself (same device and inode).
+still the file it bound itself: same device, inode and change time. The inode alone is not
+enough: grpc unlinks the old file when it stops listening, and the filesystem may hand its
+freed inode number to the new sidecar's socket (CI saw an old sidecar delete the new one's).
 
 The directories it creates are 0750 whatever the umask, and a directory on the way that anyone
 may write without the sticky bit is refused: anyone could swap the socket (or a directory)
@@ -38,7 +40,7 @@ class UnsafeSocketDirectory(SocketPathError):
     pass
 
 
-SocketIdentity = tuple[int, int]  # (st_dev, st_ino) of the socket file
+SocketIdentity = tuple[int, int, int]  # (st_dev, st_ino, st_ctime_ns) of the socket file
 
 
 def make_socket_directory(directory: str) -> None:
@@ -134,6 +136,7 @@ class SocketFile:
                 ) from None
             os.chown(self.path, -1, gid)
         os.chmod(self.path, self.mode)
+        self.identity = self._identity()  # chmod and chown move the change time
 
     def remove(self) -> None:
         """Unlink the path only if it is still the socket this process bound."""
@@ -145,4 +148,4 @@ class SocketFile:
 
     def _identity(self) -> SocketIdentity:
         st = os.lstat(self.path)
-        return st.st_dev, st.st_ino
+        return st.st_dev, st.st_ino, st.st_ctime_ns

@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from prefix_sidecar.server.app import Sidecar
-from prefix_sidecar.server.common.unix_socket import SocketInUse
+from prefix_sidecar.server.common.unix_socket import SocketFile, SocketInUse
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 from prefix_sidecar_tools.emulator import run_emulator
 from tests.server.conftest import (
@@ -54,6 +54,44 @@ async def test_socket_mode_is_configurable_and_the_socket_is_removed_on_stop(
     async with running_sidecar(config) as (sidecar, _):
         assert mode_of(sidecar.socket_path) == 0o600
     assert not os.path.exists(config.socket_path)
+
+
+def test_a_file_on_the_same_inode_bound_since_is_not_removed(tmp_path: Path) -> None:
+    """grpc unlinks the socket when the old sidecar stops listening, and the filesystem may
+    give that inode number to the socket a new sidecar binds next. A hard link puts the same
+    inode back at the path with a new change time, as such a reuse would look."""
+    path = str(tmp_path / "s.sock")
+    socket_file = SocketFile(path, 0o660, "")
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        with socket_file.creating():
+            listener.bind(path)
+            socket_file.bound()
+        socket_file.secure()
+        keep = str(tmp_path / "kept")
+        os.link(path, keep)
+        os.unlink(path)
+        os.link(keep, path)  # the link count changed: so did the change time
+        assert os.lstat(path).st_ino == os.lstat(keep).st_ino
+        socket_file.remove()
+        assert os.path.exists(path), "removed a file this process did not bind"
+    finally:
+        listener.close()
+
+
+def test_the_socket_it_bound_is_removed_after_its_mode_is_set(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.sock")
+    socket_file = SocketFile(path, 0o600, "")
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        with socket_file.creating():
+            listener.bind(path)
+            socket_file.bound()
+        socket_file.secure()  # chmod moves the change time after bound() read it
+        socket_file.remove()
+        assert not os.path.exists(path)
+    finally:
+        listener.close()
 
 
 async def test_a_stale_socket_file_is_replaced(tmp_path: Path, pods: list[str]) -> None:
