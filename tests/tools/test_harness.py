@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from prefix_sidecar_tools.harness import (
+    EPHEMERAL_RANGE,
+    LOWEST_PORT,
     SidecarProcess,
     child_env,
+    free_port,
     group_running,
     guarded,
     python_command,
@@ -192,3 +196,16 @@ async def test_a_sidecar_not_ready_in_time_is_stopped(tmp_path: Path) -> None:
         await sidecar.start()
     assert sidecar.process is not None and sidecar.process.returncode is not None
     assert not os.path.exists(sidecar.socket_path)
+
+
+@pytest.mark.skipif(not os.path.exists(EPHEMERAL_RANGE), reason="Linux's ephemeral range")
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    """Below the range no outgoing connection or `bind 0` of another process can take the port
+    between the pick and the bind (CI saw a vLLM pod lose its KV-event port that way)."""
+    with open(EPHEMERAL_RANGE) as file:
+        low = int(file.read().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(LOWEST_PORT <= port < low for port in ports), ports
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[-1]))

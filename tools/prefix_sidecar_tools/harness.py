@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -47,8 +48,44 @@ STDERR = "-"  # a log_path that means: the child writes to our stderr
 SERVE = ("-m", "prefix_sidecar.cli")
 
 
+# Ports are picked below the kernel's ephemeral range: a port the kernel picks (bind to 0)
+# comes from that range, where every outgoing connection and every other `bind 0` of the
+# processes started meanwhile draws too. CI saw a vLLM pod lose its KV-event port that way
+# (ZMQError: Address already in use). Below the range only another explicit pick can collide.
+LOWEST_PORT = 10_000
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the kernel's pick; a later bind may still race)."""
+    """A TCP port free on 127.0.0.1 right now, never handed out before by this process, and
+    outside the ephemeral range where it can be (a later bind may still race another pick)."""
+    low = _ephemeral_low()
+    if low - LOWEST_PORT < 1_000:
+        return _kernel_port()
+    for _ in range(200):
+        port = random.randrange(LOWEST_PORT, low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    return _kernel_port()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open(EPHEMERAL_RANGE) as file:
+            return int(file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return LOWEST_PORT  # not Linux: only the kernel's pick is safe to use
+
+
+def _kernel_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
