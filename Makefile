@@ -36,12 +36,20 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check prefix_sidecar tools tests setup.py
 	$(BIN)/mypy
 
-# The whole suite with the extension, real vLLM pods included (its venv is built first), then
-# again on the pure-Python twin (without the real engines: the llama.cpp and vLLM tests take
-# minutes and exercise the pods, not which build of the core is loaded).
+# The whole suite with the extension, then again on the pure-Python twin (without the pods and
+# the image: they take minutes and exercise the pods, not which build of the core is loaded).
+# Alone, one at a time: the tests with real pods or the image (each pod is pinned to a core)
+# and those that measure load or time (marker `timing`: a second worker beside them starved
+# an attack test's other caller in CI). The rest run on TEST_WORKERS pytest-xdist processes.
+TEST_WORKERS ?= 2
+ALONE := vllm or real_engine or image or timing
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
+TWIN := SIDECAR_NO_EXTENSIONS=1 $(PYTEST)
 test: lint vllm-venv
-	$(BIN)/python -m pytest -q -p no:cacheprovider
-	SIDECAR_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_engine and not vllm and not slow"
+	$(PYTEST) -m "$(ALONE)"
+	$(PYTEST) -n $(TEST_WORKERS) -m "not ($(ALONE))"
+	$(TWIN) -m "timing and not slow"
+	$(TWIN) -n $(TEST_WORKERS) -m "not ($(ALONE)) and not slow"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not real_engine and not vllm and not slow"

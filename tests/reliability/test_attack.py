@@ -15,6 +15,9 @@ import pytest
 
 from tests.cli import run_cli
 
+# Load or timing measured on a shared machine: `make test` runs these alone, one at a time.
+pytestmark = pytest.mark.timing
+
 pytest.importorskip("hpack", reason="prefix-sidecar attack needs h2: pip install '.[test]'")
 
 

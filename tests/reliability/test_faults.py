@@ -172,6 +172,7 @@ async def test_error_status_moves_to_next_pod(
     assert after.ok and after.attempts == 1 and after.backend == home, after
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("budget", ["deadline", "first_token_timeout"])
 async def test_stalled_pod_does_not_eat_the_deadline(fleet: EmulatorFleet, budget: str) -> None:
     """The home pod sends nothing for 4 s; the request moves on within its budget."""

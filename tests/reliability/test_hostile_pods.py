@@ -52,6 +52,7 @@ async def home_first(stub: Any, first: Any, second: Any) -> tuple[Any, Any]:
 # --- 1. a fast pod ---------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 async def test_a_fast_streaming_pod_does_not_freeze_other_callers() -> None:
     """8 callers read a pod that streams tiny events flat out; another caller's Route stays
     at p50 <= 100 ms and max <= 1 s (before the fix: 1.7 s to several seconds)."""

@@ -16,6 +16,9 @@ import pytest
 
 from tests.cli import run_cli
 
+# Load or timing measured on a shared machine: `make test` runs these alone, one at a time.
+pytestmark = pytest.mark.timing
+
 REPORT_KEYS = {
     "concurrency",
     "seconds",

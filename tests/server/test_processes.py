@@ -25,6 +25,7 @@ from .conftest import FAST, cli_sidecar, owner_ring, sidecar_config, wait_for, w
 SECRET = "sk-live-3f9a1c-never-log-me"
 
 
+@pytest.mark.timing
 async def test_sigterm_drains_the_stream_refuses_new_calls_and_exits_0(tmp_path: Path) -> None:
     # x20: 600 tokens take ~0.9 s, long enough to probe the sidecar while it drains.
     async with contextlib.AsyncExitStack() as stack:
@@ -120,6 +121,7 @@ async def test_two_sidecar_processes_route_10000_prompts_identically(tmp_path: P
     print(f"20,000 Route calls over two sidecar processes in {elapsed:.1f} s")
 
 
+@pytest.mark.timing
 async def test_a_stream_outlasting_the_grace_period_is_cut_and_the_pod_freed(
     tmp_path: Path,
 ) -> None:

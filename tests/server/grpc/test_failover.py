@@ -101,6 +101,7 @@ async def test_malformed_stream_before_first_token_moves_to_the_next_pod(
     assert (chunks[0].backend, chunks[0].attempts) == (successor(pods, text), 2)
 
 
+@pytest.mark.timing
 async def test_stall_past_the_first_token_budget_moves_to_the_next_pod(
     tmp_path: Path, pods: list[str]
 ) -> None:
@@ -151,6 +152,7 @@ async def test_stream_broken_after_first_token_is_unavailable_and_says_partial(
     assert others == [0, 0], "a stream that already sent text must not be replayed elsewhere"
 
 
+@pytest.mark.timing
 async def test_cancelled_call_aborts_the_pod_request_promptly(tmp_path: Path) -> None:
     # x20: 2000 tokens would take ~3 s to decode; the cancel must stop it at once.
     async with (
@@ -180,6 +182,7 @@ async def test_cancelled_call_aborts_the_pod_request_promptly(tmp_path: Path) ->
     assert backends.backends[0].in_flight == 0
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("stalled", [1, 2])
 async def test_short_deadline_on_stalled_pods_is_deadline_exceeded_quickly(
     stalled: int, tmp_path: Path

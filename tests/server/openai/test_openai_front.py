@@ -656,6 +656,7 @@ async def test_http_failovers_and_in_flight_are_counted_with_the_front_label(
         assert 'front="grpc"' not in sidecar.metrics.render().decode()
 
 
+@pytest.mark.timing
 async def test_stop_drains_the_http_front_with_the_grace_it_is_given(tmp_path: Path) -> None:
     pod = _streaming_pod("trickle")
     port = free_port()

@@ -8,8 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from prefix_sidecar_tools.bench.body import READERS, SHAPES, render
 from tests.cli import run_cli
+
+# Load or timing measured on a shared machine: `make test` runs these alone, one at a time.
+pytestmark = pytest.mark.timing
 
 
 def test_small_body_report_is_well_formed(tmp_path: Path) -> None:

@@ -24,6 +24,9 @@ from prefix_sidecar_tools.bench.fleet import (
 )
 from tests.cli import run_cli
 
+# Load or timing measured on a shared machine: `make test` runs these alone, one at a time.
+pytestmark = pytest.mark.timing
+
 
 def _bench(*args: str, timeout: float = 80) -> subprocess.CompletedProcess[str]:
     return run_cli("bench", "fleet", *args, timeout=timeout)

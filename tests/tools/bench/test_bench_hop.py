@@ -15,6 +15,9 @@ import pytest
 from prefix_sidecar_tools.bench.hop import FRAME_MODES, MODES, PATHS
 from tests.cli import run_cli
 
+# Load or timing measured on a shared machine: `make test` runs these alone, one at a time.
+pytestmark = pytest.mark.timing
+
 
 def test_quick_hop_report_is_well_formed(tmp_path: Path) -> None:
     report_path = tmp_path / "hop.json"

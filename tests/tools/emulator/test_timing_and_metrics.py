@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_sidecar_tools.emulator import EmulatorConfig, get_stats, run_emulator
@@ -63,6 +64,7 @@ async def test_cold_prefix_costs_prefill_warm_does_not(session: aiohttp.ClientSe
     assert metrics["vllm:time_to_first_token_seconds_bucket[5.0]"] == 2
 
 
+@pytest.mark.timing
 async def test_decode_rate_follows_decode_tps(session: aiohttp.ClientSession) -> None:
     config = EmulatorConfig(model="m", decode_tps=50.0, time_scale=10.0)
     async with run_emulator(config) as url:
