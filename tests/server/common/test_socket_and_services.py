@@ -56,18 +56,27 @@ async def test_socket_mode_is_configurable_and_the_socket_is_removed_on_stop(
     assert not os.path.exists(config.socket_path)
 
 
-def test_a_file_on_the_same_inode_bound_since_is_not_removed(tmp_path: Path) -> None:
-    """grpc unlinks the socket when the old sidecar stops listening, and the filesystem may
-    give that inode number to the socket a new sidecar binds next. A hard link puts the same
-    inode back at the path with a new change time, as such a reuse would look."""
-    path = str(tmp_path / "s.sock")
-    socket_file = SocketFile(path, 0o660, "")
+@contextlib.contextmanager
+def bound_socket_file(path: str, mode: int) -> Iterator[SocketFile]:
+    """A SocketFile bound and secured as a front does it, its listener closed after."""
+    socket_file = SocketFile(path, mode, "")
     listener = socket.socket(socket.AF_UNIX)
     try:
         with socket_file.creating():
             listener.bind(path)
             socket_file.bound()
         socket_file.secure()
+        yield socket_file
+    finally:
+        listener.close()
+
+
+def test_a_file_on_the_same_inode_bound_since_is_not_removed(tmp_path: Path) -> None:
+    """grpc unlinks the socket when the old sidecar stops listening, and the filesystem may
+    give that inode number to the socket a new sidecar binds next. A hard link puts the same
+    inode back at the path with a new change time, as such a reuse would look."""
+    path = str(tmp_path / "s.sock")
+    with bound_socket_file(path, 0o660) as socket_file:
         keep = str(tmp_path / "kept")
         os.link(path, keep)
         os.unlink(path)
@@ -75,23 +84,13 @@ def test_a_file_on_the_same_inode_bound_since_is_not_removed(tmp_path: Path) -> 
         assert os.lstat(path).st_ino == os.lstat(keep).st_ino
         socket_file.remove()
         assert os.path.exists(path), "removed a file this process did not bind"
-    finally:
-        listener.close()
 
 
 def test_the_socket_it_bound_is_removed_after_its_mode_is_set(tmp_path: Path) -> None:
     path = str(tmp_path / "s.sock")
-    socket_file = SocketFile(path, 0o600, "")
-    listener = socket.socket(socket.AF_UNIX)
-    try:
-        with socket_file.creating():
-            listener.bind(path)
-            socket_file.bound()
-        socket_file.secure()  # chmod moves the change time after bound() read it
+    with bound_socket_file(path, 0o600) as socket_file:  # chmod moves the change time
         socket_file.remove()
         assert not os.path.exists(path)
-    finally:
-        listener.close()
 
 
 async def test_a_stale_socket_file_is_replaced(tmp_path: Path, pods: list[str]) -> None:
