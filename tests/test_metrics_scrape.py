@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from prefix_sidecar.metrics import Metrics, start_metrics_server
+from prefix_sidecar_tools.harness import free_port
 
 PODS = 100
 NAMES = 1024
@@ -62,9 +62,7 @@ async def _measure() -> dict[str, float | int]:
     started = time.perf_counter()
     generate_latest(metrics.registry)
     inline_s = time.perf_counter() - started
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     runner = await start_metrics_server(metrics, "127.0.0.1", port)
     try:
         stop = asyncio.Event()

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import zipfile
@@ -21,6 +20,7 @@ import pytest
 
 from prefix_sidecar import cli
 from prefix_sidecar_tools import inject
+from prefix_sidecar_tools.harness import free_port
 
 from .conftest import ROOT
 
@@ -134,11 +134,6 @@ async def test_the_healthcheck_command_passes_on_livez_and_fails_without_it() ->
     """The HEALTHCHECK's command, run as the container runs it, against the real endpoints."""
     from prefix_sidecar.metrics import Metrics, start_metrics_server
     from prefix_sidecar.server.common.probes import Readiness, probe_routes
-
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
 
     async def healthcheck(port: int) -> tuple[int, str]:
         process = await asyncio.create_subprocess_exec(

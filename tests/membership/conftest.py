@@ -5,7 +5,6 @@ loop run for the test, its updates collected for the test to wait on."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
 from prefix_sidecar.membership.sources import Member, MembershipSource
+from prefix_sidecar_tools.harness import free_port
 
 
 class EditableResolver(BaseResolver):
@@ -127,9 +127,7 @@ async def backend() -> AsyncIterator[Backend]:
 @pytest.fixture
 def closed_port() -> int:
     """A port nothing listens on: connecting to it is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 class Updates:

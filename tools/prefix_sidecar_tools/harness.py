@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -77,6 +78,7 @@ def free_port() -> int:
     return _kernel_port()
 
 
+@functools.cache  # the range is set at boot; read it once per process
 def _ephemeral_low() -> int:
     try:
         with open(EPHEMERAL_RANGE) as file:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from prefix_sidecar.metrics import Metrics
+from prefix_sidecar_tools.harness import free_port
 from prefix_sidecar_tools.plan.from_metrics import MetricsError, fetch, hit_rates, parse
 from prefix_sidecar_tools.plan.scenario import Prefix, Scenario, Traffic
 from tests.cli import run_cli
@@ -38,9 +38,7 @@ class Server:
     def __init__(self, app: web.Application) -> None:
         self.app = app
         self.loop = asyncio.new_event_loop()
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
