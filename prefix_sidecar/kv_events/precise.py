@@ -28,7 +28,7 @@ from prefix_sidecar.kv_events.expected import ContentInflow, ExpectedBlocks
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.pick import Branch
-from prefix_sidecar.routing.precise import BlockSource, Move, to_cached, to_emptiest
+from prefix_sidecar.routing.precise import BlockSource, Move, to_cached, to_emptiest, to_quickest
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.local_tokenizer import LocalTokenizer
@@ -41,7 +41,7 @@ TOKENIZE_TIMEOUT_S = 0.5
 TOKENIZE_HEDGE_S = 0.05
 # What a chat template adds around each message, in bytes at most.
 TEMPLATE_BYTES_PER_MESSAGE = 64
-OUTCOMES = ("moved", "kept", "placed", "cold", "tokenize_error", "no_answer")
+OUTCOMES = ("moved", "kept", "placed", "cold", "quickest", "tokenize_error", "no_answer")
 
 
 @dataclasses.dataclass(eq=False)
@@ -103,7 +103,8 @@ class PreciseRouting:
     def _place(self, decision: Decision, tokens: int, held: dict[str, int]) -> Decision:
         """`decision` moved to the pod that holds (or is about to hold) the most of the
         prompt's `tokens` if one fits; a prompt no pod holds, to the emptiest pod if it
-        fits."""
+        fits; then to the pod whose first token would come first by a margin, its prefill
+        queue counted, if one fits."""
         router, table = self.router, self.router.pool.table
         move = Move(
             router.policy,
@@ -120,6 +121,9 @@ class PreciseRouting:
         else:
             pod = to_emptiest(move, self.inflow.of(table.members))
             outcome, branch = ("placed", Branch.EMPTIEST) if pod else ("cold", None)
+        backlog = router.pool.queues.backlog_tokens(table.members)
+        if (quick := to_quickest(move, pod or decision.backend, held, backlog)) is not None:
+            pod, outcome, branch = quick, "quickest", Branch.QUICKEST
         self.on_outcome(outcome)
         if pod is None or branch is None:
             return decision

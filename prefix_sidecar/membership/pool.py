@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from prefix_sidecar import _core
 from prefix_sidecar.config import DEFAULTS
+from prefix_sidecar.membership.prefill_queues import PrefillQueues
 from prefix_sidecar.membership.sources import Member
 from prefix_sidecar.routing.cost import DECODE_TOKENS, LOAD_UNITS, TOKENS, Prefill
 from prefix_sidecar.routing.table import RoutingTable
@@ -162,6 +163,7 @@ class BackendPool:
         self._fleet = FleetEstimate()
         self._read_reported = 0  # the fleet view's sums over the read pods: reported loads
         self._read_own = 0  # ... and own in-flight when they were read
+        self.queues = PrefillQueues()  # the pods' prefill queues, as the relay fills them
 
     def watch(self, watcher: Callable[[RoutingTable], None]) -> None:
         """Call `watcher` with every new routing table, right after it is swapped in (and the
@@ -223,8 +225,7 @@ class BackendPool:
             self._rebuild()
 
     def note_warm_prefix(self, url: str, prefix_id: str) -> None:
-        backend = self.backends.get(url)
-        if backend is not None:
+        if (backend := self.backends.get(url)) is not None:
             backend.warm_prefixes.add(prefix_id)
 
     def forget_prefix(self, prefix_id: str) -> None:
@@ -265,8 +266,7 @@ class BackendPool:
         """One of this sidecar's requests on `url` ended (never below zero); `chosen` as
         it was acquired, `prefill` what of its prefill still weighed (0 after its first
         token)."""
-        backend = self.backends.get(url)
-        if backend is not None and backend.in_flight > 0:
+        if (backend := self.backends.get(url)) is not None and backend.in_flight > 0:
             backend.in_flight -= 1
             if chosen and backend.chosen > 0:
                 backend.chosen -= 1

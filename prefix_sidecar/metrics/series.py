@@ -144,7 +144,8 @@ PRECISE_DECISIONS = Series(
     "Unregistered requests under precise routing, by outcome: moved (to the pod holding "
     "more of the prompt), kept (the organic pick holds the most, or the better pods are "
     "full), placed (no pod holds a block of it: sent to the pod sent the least new content "
-    "lately), cold (no pod holds a block of it, and the organic pick stands), "
+    "lately), cold (no pod holds a block of it, and the organic pick stands), quickest (to "
+    "the pod whose first token would come first, its prefill queue counted), "
     "tokenize_error and no_answer (the pod's /tokenize or the index failed: the organic "
     "pick stands)",
     ("outcome",),

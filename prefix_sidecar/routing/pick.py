@@ -23,6 +23,9 @@ class Branch(StrEnum):
     # Precise organic routing, a prompt no pod holds: the pod this sidecar has sent the
     # least new content lately, under its cap (routing/precise.py to_emptiest).
     EMPTIEST = "emptiest"
+    # Precise organic routing: the pod whose first token would come first, its prefill queue
+    # counted, when sooner by a margin and under its cap (routing/precise.py to_quickest).
+    QUICKEST = "quickest"
     # Load in tokens: every home over its cap, but the spill's pod would compute the prefix,
     # which weighs more than waiting on the least-loaded home (routing/cost.py stay_warm).
     STAYED = "stayed"

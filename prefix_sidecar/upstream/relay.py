@@ -134,6 +134,7 @@ class Relay:
             chosen = number > 1 or not forced_first
             uncached = pool.prefill_on(prefill, backend)
             pool.acquire(backend, chosen, uncached)
+            computes, sent_at = uncached, pool.queues.sent(backend, uncached)
             in_flight = metrics.child(metrics.in_flight, front, backend)
             in_flight.inc()
             sent_first = False
@@ -151,6 +152,7 @@ class Relay:
                 metrics.child(metrics.ttft, front, backend).observe(outcome.ttft_s)
                 sent_first = True
                 pool.prefilled(backend, uncached, prefill.prefix_id)
+                pool.queues.first_token(backend, computes, sent_at)
                 uncached = 0
                 for item in items:
                     yield item
@@ -179,6 +181,8 @@ class Relay:
             finally:
                 exchange.close()
                 pool.release(backend, chosen, uncached)
+                if not sent_first:
+                    pool.queues.dropped(backend)
                 in_flight.dec()
         outcome.status = "UNAVAILABLE"
         raise exchange.exhausted(outcome.errors, deadline_spent(time_remaining()))

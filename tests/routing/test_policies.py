@@ -42,6 +42,7 @@ def test_branch_values_are_the_wire_and_metric_words() -> None:
         "fallback",
         "cached",
         "emptiest",
+        "quickest",
         "stayed",
         "adapter",
         "ring_hit",

@@ -3,7 +3,14 @@ only under its cap, and never one holding no more than the organic pick."""
 
 from __future__ import annotations
 
-from prefix_sidecar.routing.precise import Move, request_text, to_cached, to_emptiest
+from prefix_sidecar.routing.precise import (
+    QUEUE_MARGIN_TOKENS,
+    Move,
+    request_text,
+    to_cached,
+    to_emptiest,
+    to_quickest,
+)
 from prefix_sidecar.routing.prefix_affinity import PrefixAffinity
 from prefix_sidecar.routing.random_pick import RandomPick
 
@@ -79,3 +86,25 @@ def test_a_cold_prompt_goes_to_the_pod_sent_the_least_new_content() -> None:
     assert place({A: 3000, B: 500, C: 500}) == D
     assert place({A: 3000, B: 500, C: 0, D: 500}) == C
     assert place({A: 3000, C: 0, D: 500}, loads={B: 40}) == C  # B over its cap: passed
+
+
+def test_a_pod_whose_first_token_comes_sooner_by_the_margin_takes_the_prompt() -> None:
+    """A 1,000-token prompt A holds 900 of: A's 100 to compute behind a queue of 2,000
+    tokens lose to B's 1,000 with none; behind 800 (900 against 1,000) A keeps it, and a
+    pod sooner by no more than QUEUE_MARGIN_TOKENS does not take it."""
+    pool = serving_pool([A, B, C, D], load_unit="tokens")
+    move = Move(PrefixAffinity(1.25, "tokens"), pool.table, 7, A, [A, B, C, D], 5120, 1000)
+    held = {A: 900}
+    busy = {A: 2000.0, B: 0.0, C: 500.0, D: 0.0}
+    assert to_quickest(move, A, held, busy) == B  # B and D tie: the decision's order
+    assert to_quickest(move, A, held, {A: 800.0}) is None
+    edge = 1000 - 100 + QUEUE_MARGIN_TOKENS
+    assert to_quickest(move, A, held, {A: edge - 1.0}) is None
+    assert to_quickest(move, A, held, {A: edge + 1.0}) == B
+
+
+def test_the_sooner_pod_must_fit_under_its_cap() -> None:
+    pool = serving_pool([A, B, C, D], load_unit="tokens")
+    pool.acquire(B, prefill=9000)
+    move = Move(PrefixAffinity(1.25, "tokens"), pool.table, 7, A, [A, B, C, D], 5120, 1000)
+    assert to_quickest(move, A, {A: 900}, {A: 3000.0, B: 0.0, C: 1500.0}) == D

@@ -13,7 +13,9 @@ queue before an LRU cache each); the routers:
   hold: the pods' events, each prefill's blocks at its end, and what it sent itself for
   EXPECT_S. Then as the sidecar: the organic pick under bounded load in tokens; a prompt some
   pod holds more of, to the pod holding most that fits; a prompt no pod holds, off its pick
-  to the pod sent the least new content when its pick was sent over `shed` times the mean.
+  to the pod sent the least new content when its pick was sent over `shed` times the mean;
+  then to the pod whose first token comes sooner by QUEUE_MARGIN_TOKENS, its prefill queue
+  as the sidecar's own sends built it (membership/prefill_queues.py on the model's clock).
   Loads are every request in flight on a pod (the fleet view, without its polling lag).
 
     python -m prefix_sidecar_tools.bench.organic_ttft_precise             (shed 0 and 1.5)
@@ -30,9 +32,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prefix_sidecar import _core
+from prefix_sidecar.membership.prefill_queues import PrefillQueues
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.cost import DECODE_TOKENS, ORGANIC_REQUEST_TOKENS, organic_prefill
 from prefix_sidecar.routing.organic import LOAD_CAP_FLOOR, OrganicRouter
+from prefix_sidecar.routing.precise import QUEUE_MARGIN_TOKENS
 from prefix_sidecar_tools.bench.organic_oracle import oracle
 from prefix_sidecar_tools.bench.organic_radix import CacheAwareRouter
 from prefix_sidecar_tools.bench.organic_replay import organic_keys, ring_of, sweep_parser
@@ -101,6 +105,33 @@ class PreciseSidecar:
     router: OrganicRouter
     inflow: list[tuple[float, float]]  # per member: (new tokens sent, as of when)
     expected: list[tuple[float, int, Sequence[int]]] = field(default_factory=list)
+    # The pods' prefill queues as this sidecar's sends fill them (membership/prefill_queues.py
+    # on the model's clock), and its requests without their first token: (when it comes,
+    # member, tokens it computes, when it was sent).
+    now: list[float] = field(default_factory=lambda: [0.0])
+    queues: PrefillQueues = field(init=False)
+    waiting: list[tuple[float, int, int, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.queues = PrefillQueues(clock=lambda: self.now[0])
+
+    def backlog(self, members: Sequence[str], at: float) -> list[float]:
+        """Per member, its prefill queue in tokens as this sidecar estimates it at `at`,
+        having seen the first tokens that came by then."""
+        self.waiting.sort()
+        while self.waiting and self.waiting[0][0] <= at:
+            self.now[0], member, tokens, sent_at = self.waiting.pop(0)
+            self.queues.first_token(members[member], tokens, sent_at)
+        self.now[0] = at
+        backlog = self.queues.backlog_tokens(members)
+        return [backlog[url] for url in members]
+
+    def send(
+        self, members: Sequence[str], member: int, tokens: int, at: float, first: float
+    ) -> None:
+        self.now[0] = at
+        sent_at = self.queues.sent(members[member], tokens)
+        self.waiting.append((first, member, tokens, sent_at))
 
     def fill(self, member: int, at: float) -> float:
         tokens, when = self.inflow[member]
@@ -186,9 +217,21 @@ def precise(
             emptier = side.emptier(decided, at, shed)
             moved = _first_fitting(ring, keys.family, emptier, loads, lambda m: tokens)
         chosen = decided if moved is None else moved
+        # then to the pod whose first token comes first by a margin: routing/precise.py
+        # to_quickest
+        backlog = side.backlog(ring.members, at)
+        cost = [backlog[m] + tokens - held[m] for m in range(members)]
+        sooner = sorted(
+            (m for m in range(members) if cost[m] < cost[chosen] - QUEUE_MARGIN_TOKENS),
+            key=cost.__getitem__,
+        )
+        quick = _first_fitting(ring, keys.family, sooner, loads, lambda m: tokens - held[m])
+        chosen = chosen if quick is None else quick
         side.inflow[chosen] = (side.fill(chosen, at) + tokens - held[chosen], at)
         side.expected.append((at + EXPECT_S, chosen, chain))
-        view.stored(pods.finish_at(chosen, at, chain, tokens), chosen, chain)
+        first = pods.finish_at(chosen, at, chain, tokens)
+        side.send(ring.members, chosen, tokens - held[chosen], at, first)
+        view.stored(first, chosen, chain)
         return chosen
 
     return choose

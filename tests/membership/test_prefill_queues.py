@@ -1,0 +1,78 @@
+"""membership/prefill_queues.py: the pods' prefill queues as this sidecar's sends fill them,
+and the pod's speed learned from the first tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefix_sidecar.membership import prefill_queues
+from prefix_sidecar.membership.prefill_queues import PrefillQueues
+
+POD, OTHER = "http://127.0.0.1:1", "http://127.0.0.1:2"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def served_one_at_a_time(queues: PrefillQueues, clock: Clock, sizes: list[int]) -> None:
+    """Each prompt sent to an idle POD, its first token 10 ms + 0.5 ms a token later."""
+    for tokens in sizes:
+        sent_at = queues.sent(POD, tokens)
+        clock.now += 0.010 + 0.0005 * tokens
+        queues.first_token(POD, tokens, sent_at)
+        clock.now += 1.0
+
+
+def test_the_pods_speed_is_learned_from_its_first_tokens() -> None:
+    clock = Clock()
+    queues = PrefillQueues(clock)
+    assert queues.rate.per_token_s == prefill_queues.PRIOR_PER_TOKEN_S
+    served_one_at_a_time(queues, clock, [100, 1000, 300, 2000, 50, 700])
+    assert queues.rate.per_token_s == pytest.approx(0.0005, rel=1e-6)
+    assert queues.rate.fixed_s == pytest.approx(0.010, rel=1e-6)
+
+
+def test_a_backlog_builds_with_each_send_and_empties_at_the_last_first_token() -> None:
+    clock = Clock()
+    queues = PrefillQueues(clock)
+    served_one_at_a_time(queues, clock, [100, 1000, 300, 2000])
+    first = queues.sent(POD, 1000)
+    queues.sent(POD, 1000)
+    backlog = queues.backlog_tokens([POD, OTHER])
+    assert backlog[OTHER] == 0.0
+    assert backlog[POD] == pytest.approx(2000 + 2 * 0.010 / 0.0005)  # each one's fixed part too
+    clock.now += 0.3  # 600 tokens' time
+    assert queues.backlog_tokens([POD])[POD] == pytest.approx(2040 - 600)
+    clock.now += 0.1
+    queues.first_token(POD, 1000, first)  # the first is done; the second still waits
+    assert queues.backlog_tokens([POD])[POD] > 0
+    queues.dropped(POD)  # the second failed: nothing of ours is queued there now
+    assert queues.backlog_tokens([POD])[POD] == 0.0
+
+
+def test_untrusted_timings_do_not_move_the_rate_out_of_its_bounds() -> None:
+    clock = Clock()
+    queues = PrefillQueues(clock)
+    rate = queues.rate
+    rate.learn(1000, -1.0)  # a first token before its send
+    rate.learn(1000, prefill_queues.MAX_SAMPLE_S + 1)  # a pod that stalled
+    rate.learn(-5, 0.1)
+    assert rate.samples == 0
+    for tokens, seconds in [(1, 50.0), (10**6, 1e-6), (2, 40.0), (10**6, 1e-6), (3, 30.0)]:
+        rate.learn(tokens, seconds)  # a slope below zero: clamped
+    low, high = prefill_queues.PER_TOKEN_S
+    assert low <= rate.per_token_s <= high
+    assert 0.0 <= rate.fixed_s <= prefill_queues.MAX_FIXED_S
+
+
+def test_pods_that_left_the_fleet_are_forgotten() -> None:
+    queues = PrefillQueues(Clock())
+    queues.sent(POD, 500)
+    queues.sent(OTHER, 500)
+    assert set(queues.backlog_tokens([OTHER])) == {OTHER}
+    assert queues.backlog_tokens([POD, OTHER])[POD] == 0.0  # nothing kept of it
