@@ -182,7 +182,7 @@ class Relay:
                 exchange.close()
                 pool.release(backend, chosen, uncached)
                 if not sent_first:
-                    pool.queues.dropped(backend)
+                    pool.queues.dropped(backend, computes)
                 in_flight.dec()
         outcome.status = "UNAVAILABLE"
         raise exchange.exhausted(outcome.errors, deadline_spent(time_remaining()))
