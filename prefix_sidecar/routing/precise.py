@@ -121,14 +121,14 @@ def to_emptiest(move: Move, inflow: Mapping[str, float]) -> str | None:
 
 
 # A pod whose first token would come sooner takes the prompt only when sooner by more than
-# this many tokens of the pod's time: a move loses the locality of the prompt's later turns.
-# In the TTFT model (`python -m prefix_sidecar_tools.bench.organic_ttft_precise --sheds 0`,
-# 6 seeds x 4 rings, raw / chat) one sidecar's p99 median went from 382 / 382 ms without
-# this step to 331 / 335 (SGLang's cache_aware 424 / 429), its worst from 447 / 447 to
-# 431 / 427, seed 0 from 339 / 339 to 310 / 310 (cache_aware 323 / 315), hit from 1.000 to
-# 0.998 / 0.999 of the ceiling; four sidecars', each seeing only its own requests, 380 / 419
-# to 379 / 419, worst 527 / 889 to 527 / 844. Margin 64: one sidecar's worst 496 / 415, four's
-# 527 / 1,010; 256: one sidecar's median 382 / 378, four's worst 527 / 1,637.
+# this many tokens of the pod's time: a move recomputes what the holder had cached.
+# `bench organic --policies precise,radix` (seed 0, time x6, four paths; alternated with the
+# commit before): one sidecar's TTFT p99 at or below SGLang's cache_aware in 22 of 24 cells
+# at 128 (6 runs), 13 of 16 at 256 (4 runs), 4 of 8 at 192, 2 of 8 without this step; hit
+# 0.989-1.000 of the ceiling at 128, 0.992-1.000 at 256, 1.000 without. In the TTFT model
+# (`python -m prefix_sidecar_tools.bench.organic_ttft_precise --sheds 0`, 6 seeds x 4 rings,
+# raw / chat) one sidecar's p99 median is 344 / 355 ms at 128, 403 / 386 at 256, 382 / 382
+# without (cache_aware 424 / 429). docs/kv-events.md has the runs.
 QUEUE_MARGIN_TOKENS = 128
 
 
