@@ -5,7 +5,9 @@ pick. The fleet's block map (fleet_blocks.py) is checked on its own too."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -138,23 +140,33 @@ async def cached_elsewhere(
     return cached
 
 
-async def test_a_busy_pick_is_not_waited_for_its_token_ids(tmp_path: Path) -> None:
-    """The organic pick's /tokenize stalls past the 0.5 s bound (a queueing pod, seen on real
-    vLLM): the next pod of the preference is asked beside it, and the prompt still goes to
-    the pod that holds it."""
-    async with EmulatorFleet(3, POD) as fleet, aiohttp.ClientSession() as session:
+@contextlib.asynccontextmanager
+async def precise_sidecar(
+    tmp_path: Path, pods: int, pod: EmulatorConfig = POD
+) -> AsyncIterator[tuple[EmulatorFleet, aiohttp.ClientSession, Sidecar, Any]]:
+    """`pods` emulated pods publishing KV events, a client session for them, and a sidecar
+    with precise routing following them (with its gRPC stub)."""
+    async with EmulatorFleet(pods, pod) as fleet, aiohttp.ClientSession() as session:
         settings = sidecar_config(
             tmp_path, fleet.urls, kv_events=True, unregistered_routing="precise"
         )
         async with running_sidecar(settings) as (sidecar, stub):
-            head = TEXT.format(n="busy")
-            cached = await cached_elsewhere(sidecar, fleet.urls, session, head, chat=False)
-            await set_faults(organic_pick(sidecar, False, head), tokenize_stall_seconds=5.0)
-            started = time.monotonic()
-            assert await send("grpc-complete", stub, session, "", head) == cached
-            elapsed = time.monotonic() - started
-            assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
-            assert counted(sidecar.metrics, PRECISE, outcome="tokenize_error") == 0
+            yield fleet, session, sidecar, stub
+
+
+async def test_a_busy_pick_is_not_waited_for_its_token_ids(tmp_path: Path) -> None:
+    """The organic pick's /tokenize stalls past the 0.5 s bound (a queueing pod, seen on real
+    vLLM): the next pod of the preference is asked beside it, and the prompt still goes to
+    the pod that holds it."""
+    async with precise_sidecar(tmp_path, 3) as (fleet, session, sidecar, stub):
+        head = TEXT.format(n="busy")
+        cached = await cached_elsewhere(sidecar, fleet.urls, session, head, chat=False)
+        await set_faults(organic_pick(sidecar, False, head), tokenize_stall_seconds=5.0)
+        started = time.monotonic()
+        assert await send("grpc-complete", stub, session, "", head) == cached
+        elapsed = time.monotonic() - started
+        assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
+        assert counted(sidecar.metrics, PRECISE, outcome="tokenize_error") == 0
     assert elapsed < 5.0  # the stalled pick was not waited for
 
 

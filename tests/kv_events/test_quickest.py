@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from prefix_sidecar.v1 import router_pb2
-from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet
-from tests.kv_events.test_precise import PRECISE, TEXT, cached_elsewhere, send
-from tests.server.conftest import running_sidecar, sidecar_config, wait_for
+from prefix_sidecar_tools.emulator import EmulatorConfig
+from tests.kv_events.test_precise import PRECISE, TEXT, cached_elsewhere, precise_sidecar, send
+from tests.server.conftest import wait_for
 from tests.upstream.test_pod_faults import counted
 
 SLOW = EmulatorConfig(block_size=16, kv_tokens=64 * 1024, kv_events="map", prefill_tps=2000.0)
@@ -30,31 +29,27 @@ async def test_a_busy_holder_loses_a_prompt_to_a_pod_whose_first_token_comes_soo
     """The pod holding a prompt is computing a 4,400-token prompt this sidecar sent it (2.2 s):
     the next request for the prompt goes to the idle pod, which computes it in ~0.13 s
     (branch quickest). The sidecar learned the pods' speed from its first requests."""
-    async with EmulatorFleet(2, SLOW) as fleet, aiohttp.ClientSession() as session:
-        settings = sidecar_config(
-            tmp_path, fleet.urls, kv_events=True, unregistered_routing="precise"
-        )
-        async with running_sidecar(settings) as (sidecar, stub):
-            head = TEXT.format(n="quick")
-            holder = await cached_elsewhere(sidecar, fleet.urls, session, head, chat=False)
-            idle = next(url for url in fleet.urls if url != holder)
-            queues = sidecar.pools.default.pool.queues
-            for n, size in enumerate((50, 200, 400, 800)):  # four first tokens: the speed
-                cold = router_pb2.CompleteRequest(input=f"{n} " + "warm up. " * size, max_tokens=1)
-                await _backend(stub.Complete(cold, timeout=30))
-            assert queues.rate.per_token_s > 2 * 1e-4  # 1 / 2,000 tokens/s, not the prior
+    async with precise_sidecar(tmp_path, 2, SLOW) as (fleet, session, sidecar, stub):
+        head = TEXT.format(n="quick")
+        holder = await cached_elsewhere(sidecar, fleet.urls, session, head, chat=False)
+        idle = next(url for url in fleet.urls if url != holder)
+        queues = sidecar.pools.default.pool.queues
+        for n, size in enumerate((50, 200, 400, 800)):  # four first tokens: the speed
+            cold = router_pb2.CompleteRequest(input=f"{n} " + "warm up. " * size, max_tokens=1)
+            await _backend(stub.Complete(cold, timeout=30))
+        assert queues.rate.per_token_s > 2 * 1e-4  # 1 / 2,000 tokens/s, not the prior
 
-            long = router_pb2.CompleteRequest(input=head + TAIL, max_tokens=1)
-            computing = asyncio.ensure_future(_backend(stub.Complete(long, timeout=30)))
-            await wait_for(lambda: queues.backlog_tokens(fleet.urls)[holder] > 0, 5)
-            assert await send("grpc-complete", stub, session, "", head) == idle
-            assert counted(sidecar.metrics, PRECISE, outcome="quickest") == 1
-            assert not computing.done()  # it was routed while the holder was busy
+        long = router_pb2.CompleteRequest(input=head + TAIL, max_tokens=1)
+        computing = asyncio.ensure_future(_backend(stub.Complete(long, timeout=30)))
+        await wait_for(lambda: queues.backlog_tokens(fleet.urls)[holder] > 0, 5)
+        assert await send("grpc-complete", stub, session, "", head) == idle
+        assert counted(sidecar.metrics, PRECISE, outcome="quickest") == 1
+        assert not computing.done()  # it was routed while the holder was busy
 
-            assert await computing == holder  # the long one went to the prompt's holder
-            assert queues.backlog_tokens(fleet.urls) == {holder: 0.0, idle: 0.0}
-            await send("grpc-complete", stub, session, "", head)
-            assert counted(sidecar.metrics, PRECISE, outcome="quickest") == 1  # no queue now
+        assert await computing == holder  # the long one went to the prompt's holder
+        assert queues.backlog_tokens(fleet.urls) == {holder: 0.0, idle: 0.0}
+        await send("grpc-complete", stub, session, "", head)
+        assert counted(sidecar.metrics, PRECISE, outcome="quickest") == 1  # no queue now
 
 
 async def _backend(call: object) -> str:
