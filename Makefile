@@ -40,16 +40,19 @@ lint: $(STAMP)
 # the image: they take minutes and exercise the pods, not which build of the core is loaded).
 # Alone, one at a time: the tests with real pods or the image (each pod is pinned to a core)
 # and those that measure load or time (marker `timing`: a second worker beside them starved
-# an attack test's other caller in CI). The rest run on TEST_WORKERS pytest-xdist processes.
+# an attack test's other caller in CI). The rest run on TEST_WORKERS pytest-xdist processes,
+# each test file on one of them: a file's tests may read what its earlier tests left in a
+# module fixture (CI72: test_fuzz's log check ran on the worker that had run no fuzz case).
 TEST_WORKERS ?= 2
+PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 ALONE := vllm or real_engine or image or timing
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
 TWIN := SIDECAR_NO_EXTENSIONS=1 $(PYTEST)
 test: lint vllm-venv
 	$(PYTEST) -m "$(ALONE)"
-	$(PYTEST) -n $(TEST_WORKERS) -m "not ($(ALONE))"
+	$(PYTEST) $(PARALLEL) -m "not ($(ALONE))"
 	$(TWIN) -m "timing and not slow"
-	$(TWIN) -n $(TEST_WORKERS) -m "not ($(ALONE)) and not slow"
+	$(TWIN) $(PARALLEL) -m "not ($(ALONE)) and not slow"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not real_engine and not vllm and not slow"
