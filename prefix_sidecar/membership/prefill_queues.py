@@ -93,19 +93,24 @@ class PrefillQueues:
             return
         self.rate.learn(tokens, now - max(sent_at, queue.last_first))
         queue.last_first = now
-        self._done(queue, max(tokens, 0), now)
+        self._done(pod, queue, max(tokens, 0), now)
 
     def dropped(self, pod: str, tokens: int) -> None:
         """A request sent to `pod` with `tokens` to compute ended without a first token."""
         queue = self._pods.get(pod)
         if queue is not None:
-            self._done(queue, max(tokens, 0), self.clock())
+            self._done(pod, queue, max(tokens, 0), self.clock())
 
-    def _done(self, queue: PodQueue, tokens: int, now: float) -> None:
+    def _done(self, pod: str, queue: PodQueue, tokens: int, now: float) -> None:
         """One request left the queue: what is still waiting is all it holds from now, so a
-        prediction that was off does not build up while the pod is never empty."""
+        prediction that was off does not build up while the pod is never empty. A pod with
+        none of ours waiting is forgotten (its queue is empty, and the next request's start
+        is its send): the map holds only pods with requests in flight, whatever the churn."""
         queue.waiting = max(queue.waiting - 1, 0)
-        queue.tokens = max(queue.tokens - tokens, 0) if queue.waiting else 0
+        if not queue.waiting:
+            del self._pods[pod]
+            return
+        queue.tokens = max(queue.tokens - tokens, 0)
         queue.free_at = now + self.rate.seconds(queue.tokens)
 
     def backlog_tokens(self, pods: Sequence[str]) -> dict[str, float]:

@@ -77,3 +77,19 @@ def test_pods_that_left_the_fleet_are_forgotten() -> None:
     queues.sent(OTHER, 500)
     assert set(queues.backlog_tokens([OTHER])) == {OTHER}
     assert queues.backlog_tokens([POD, OTHER])[POD] == 0.0  # nothing kept of it
+
+
+def test_only_pods_with_requests_in_flight_are_kept() -> None:
+    """Pods come and go (new addresses on every restart): a pod is kept while a request of
+    ours waits on it, so the map stays as small as the requests in flight."""
+    clock = Clock()
+    queues = PrefillQueues(clock)
+    for n in range(1000):
+        pod = f"http://10.0.{n // 250}.{n % 250}:8000"
+        sent_at = queues.sent(pod, 100)
+        clock.now += 0.01
+        if n % 2:
+            queues.first_token(pod, 100, sent_at)
+        else:
+            queues.dropped(pod, 100)
+    assert queues._pods == {}
