@@ -28,7 +28,14 @@ from prefix_sidecar.kv_events.expected import ContentInflow, ExpectedBlocks
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.pick import Branch
-from prefix_sidecar.routing.precise import BlockSource, Move, to_cached, to_emptiest, to_quickest
+from prefix_sidecar.routing.precise import (
+    BlockSource,
+    DiscardBudget,
+    Move,
+    to_cached,
+    to_emptiest,
+    to_quickest,
+)
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.local_tokenizer import LocalTokenizer
@@ -55,6 +62,7 @@ class PreciseRouting:
     expected: ExpectedBlocks = dataclasses.field(default_factory=ExpectedBlocks)
     inflow: ContentInflow = dataclasses.field(default_factory=ContentInflow)
     local: LocalTokenizer | None = None  # tokenizer_file: raw prompts' ids without a pod
+    discards: DiscardBudget = dataclasses.field(default_factory=DiscardBudget)
 
     @classmethod
     def install(
@@ -122,8 +130,11 @@ class PreciseRouting:
             pod = to_emptiest(move, self.inflow.of(table.members))
             outcome, branch = ("placed", Branch.EMPTIEST) if pod else ("cold", None)
         backlog = router.pool.queues.backlog_tokens(table.members)
-        if (quick := to_quickest(move, pod or decision.backend, held, backlog)) is not None:
+        current = pod or decision.backend
+        quick = to_quickest(move, current, held, backlog, self.discards.tokens)
+        if quick is not None:
             pod, outcome, branch = quick, "quickest", Branch.QUICKEST
+        self.discards.settle(held.get(current, 0), held.get(quick or current, 0))
         self.on_outcome(outcome)
         if pod is None or branch is None:
             return decision

@@ -145,7 +145,8 @@ PRECISE_DECISIONS = Series(
     "more of the prompt), kept (the organic pick holds the most, or the better pods are "
     "full), placed (no pod holds a block of it: sent to the pod sent the least new content "
     "lately), cold (no pod holds a block of it, and the organic pick stands), quickest (to "
-    "the pod whose first token would come first, its prefill queue counted), "
+    "the pod whose first token would come first, its prefill queue counted, discarding "
+    "cached tokens only within its budget), "
     "tokenize_error and no_answer (the pod's /tokenize or the index failed: the organic "
     "pick stands)",
     ("outcome",),

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from prefix_sidecar.kv_events.precise import PreciseRouting
+from prefix_sidecar.routing.precise import DISCARD_BURST_TOKENS
 from prefix_sidecar.v1 import router_pb2
 from prefix_sidecar_tools.emulator import EmulatorConfig
 from tests.kv_events.test_precise import PRECISE, TEXT, cached_elsewhere, precise_sidecar, send
@@ -28,7 +30,8 @@ async def test_a_busy_holder_loses_a_prompt_to_a_pod_whose_first_token_comes_soo
 ) -> None:
     """The pod holding a prompt is computing a 4,400-token prompt this sidecar sent it (2.2 s):
     the next request for the prompt goes to the idle pod, which computes it in ~0.13 s
-    (branch quickest). The sidecar learned the pods' speed from its first requests."""
+    (branch quickest). The sidecar learned the pods' speed from its first requests, and may
+    discard the holder's cached tokens (its DiscardBudget is full)."""
     async with precise_sidecar(tmp_path, 2, SLOW) as (fleet, session, sidecar, stub):
         head = TEXT.format(n="quick")
         holder = await cached_elsewhere(sidecar, fleet.urls, session, head, chat=False)
@@ -38,6 +41,10 @@ async def test_a_busy_holder_loses_a_prompt_to_a_pod_whose_first_token_comes_soo
             cold = router_pb2.CompleteRequest(input=f"{n} " + "warm up. " * size, max_tokens=1)
             await _backend(stub.Complete(cold, timeout=30))
         assert queues.rate.per_token_s > 2 * 1e-4  # 1 / 2,000 tokens/s, not the prior
+        routing = sidecar.pools.default.router.precise
+        assert isinstance(routing, PreciseRouting)
+        assert routing.discards.tokens < len(head) // 4  # it has kept too little to discard
+        routing.discards.tokens = DISCARD_BURST_TOKENS  # as after a long run of cached prompts
 
         long = router_pb2.CompleteRequest(input=head + TAIL, max_tokens=1)
         computing = asyncio.ensure_future(_backend(stub.Complete(long, timeout=30)))

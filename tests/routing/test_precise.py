@@ -4,7 +4,10 @@ only under its cap, and never one holding no more than the organic pick."""
 from __future__ import annotations
 
 from prefix_sidecar.routing.precise import (
+    DISCARD_BURST_TOKENS,
+    DISCARD_SHARE,
     QUEUE_MARGIN_TOKENS,
+    DiscardBudget,
     Move,
     request_text,
     to_cached,
@@ -108,3 +111,29 @@ def test_the_sooner_pod_must_fit_under_its_cap() -> None:
     pool.acquire(B, prefill=9000)
     move = Move(PrefixAffinity(1.25, "tokens"), pool.table, 7, A, [A, B, C, D], 5120, 1000)
     assert to_quickest(move, A, {A: 900}, {A: 3000.0, B: 0.0, C: 1500.0}) == D
+
+
+def test_a_move_may_discard_only_the_cached_tokens_the_budget_allows() -> None:
+    """A and C both hold 900 of the prompt, B none: with 899 tokens to discard the move goes
+    to C behind its queue (it discards nothing) rather than to B, which comes sooner; with
+    900 to B. A pod holding as much is always allowed."""
+    pool = serving_pool([A, B, C, D], load_unit="tokens")
+    move = Move(PrefixAffinity(1.25, "tokens"), pool.table, 7, A, [A, B, C, D], 5120, 1000)
+    held, busy = {A: 900, C: 900, D: 400}, {A: 3000.0, B: 0.0, C: 1500.0, D: 3000.0}
+    assert to_quickest(move, A, held, busy, allowance=0.0) == C
+    assert to_quickest(move, A, held, busy, allowance=899.0) == C
+    assert to_quickest(move, A, held, busy, allowance=900.0) == B
+    assert to_quickest(move, A, {A: 900}, {A: 3000.0}, allowance=0.0) is None
+
+
+def test_the_discard_budget_earns_a_share_of_what_is_kept_and_saves_up_a_burst() -> None:
+    budget = DiscardBudget()
+    assert budget.tokens == 0.0  # a new sidecar has kept nothing yet
+    for _ in range(100):
+        budget.settle(1000, 1000)  # stayed: 1,000 cached tokens kept
+    assert budget.tokens == 100 * DISCARD_SHARE * 1000
+    budget.settle(1000, 200)  # moved: 800 recomputed, 200 kept
+    assert budget.tokens == 100 * DISCARD_SHARE * 1000 - 800 + DISCARD_SHARE * 200
+    for _ in range(10_000):
+        budget.settle(100_000, 100_000)
+    assert budget.tokens == DISCARD_BURST_TOKENS

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prefix_sidecar import _core
 from prefix_sidecar.routing.cost import DECODE_TOKENS
+from prefix_sidecar.routing.precise import DISCARD_BURST_TOKENS
 from prefix_sidecar_tools.bench import organic_ttft_precise as precise_model
 from prefix_sidecar_tools.bench.organic_trace import OrganicRequest
 from prefix_sidecar_tools.bench.organic_ttft import PodModel
@@ -72,15 +73,17 @@ def test_the_sweep_compares_each_router_with_radix_on_the_same_traces() -> None:
 def test_a_precise_sidecar_leaves_a_holder_its_own_sends_have_queued() -> None:
     """The model runs the runtime's queue step (membership/prefill_queues.py on its clock): a
     repeat of a prompt leaves its holder while a long prompt this sidecar sent there just
-    before is still in prefill."""
-    choose = precise_model.precise(RING, chat=False, sidecars=1, shed=0.0, kv_tokens=12_000)
-    pods = precise_model.TokenPods(2, PODS)
-    chain, tokens = _chain(PROMPT)
-    holder = choose(_request(0, PROMPT), chain, tokens, 0.0, pods)
-    done = pods.serve(holder, 0.0, chain, tokens)
-    long = PROMPT + " and a long tail of rules." * 500  # ~3,100 tokens more, on the holder
-    long_chain, long_tokens = _chain(long)
-    at = done + 0.01
-    assert choose(_request(1, long), long_chain, long_tokens, at, pods) == holder
-    pods.serve(holder, at, long_chain, long_tokens)
-    assert choose(_request(2, PROMPT), chain, tokens, at + 0.01, pods) == 1 - holder
+    before is still in prefill, if its budget lets it discard what the holder has cached."""
+    for saved, leaves in ((DISCARD_BURST_TOKENS, True), (0.0, False)):
+        choose = precise_model.precise(RING, False, 1, 0.0, kv_tokens=12_000, saved=saved)
+        pods = precise_model.TokenPods(2, PODS)
+        chain, tokens = _chain(PROMPT)
+        holder = choose(_request(0, PROMPT), chain, tokens, 0.0, pods)
+        done = pods.serve(holder, 0.0, chain, tokens)
+        long = PROMPT + " and a long tail of rules." * 500  # ~3,100 tokens more, on the holder
+        long_chain, long_tokens = _chain(long)
+        at = done + 0.01
+        assert choose(_request(1, long), long_chain, long_tokens, at, pods) == holder
+        pods.serve(holder, at, long_chain, long_tokens)
+        repeat = choose(_request(2, PROMPT), chain, tokens, at + 0.01, pods)
+        assert repeat == (1 - holder if leaves else holder)

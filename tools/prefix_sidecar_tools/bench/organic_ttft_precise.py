@@ -36,7 +36,7 @@ from prefix_sidecar.membership.prefill_queues import PrefillQueues
 from prefix_sidecar.routing.anchors import AnchorTable
 from prefix_sidecar.routing.cost import DECODE_TOKENS, ORGANIC_REQUEST_TOKENS, organic_prefill
 from prefix_sidecar.routing.organic import LOAD_CAP_FLOOR, OrganicRouter
-from prefix_sidecar.routing.precise import QUEUE_MARGIN_TOKENS
+from prefix_sidecar.routing.precise import QUEUE_MARGIN_TOKENS, DiscardBudget
 from prefix_sidecar_tools.bench.organic_oracle import oracle
 from prefix_sidecar_tools.bench.organic_radix import CacheAwareRouter
 from prefix_sidecar_tools.bench.organic_replay import organic_keys, ring_of, sweep_parser
@@ -110,6 +110,7 @@ class PreciseSidecar:
     # member, tokens it computes, when it was sent).
     now: list[float] = field(default_factory=lambda: [0.0])
     queues: PrefillQueues = field(init=False)
+    discards: DiscardBudget = field(default_factory=DiscardBudget)
     waiting: list[tuple[float, int, int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -174,15 +175,23 @@ def _first_fitting(
 
 
 def precise(
-    ring: _core.HashTable, chat: bool, sidecars: int, shed: float, kv_tokens: int
+    ring: _core.HashTable,
+    chat: bool,
+    sidecars: int,
+    shed: float,
+    kv_tokens: int,
+    saved: float = 0.0,
 ) -> Chooser:
-    """K sidecars with precise routing, requests spread over them as bench organic does."""
+    """K sidecars with precise routing, requests spread over them as bench organic does,
+    each with `saved` cached tokens to discard at the start (its DiscardBudget)."""
     members = len(ring.members)
     view = EventView([PrefixCache(max(1, kv_tokens // BLOCK_SIZE)) for _ in range(members)])
     sides = [
         PreciseSidecar(OrganicRouter(AnchorTable()), [(0.0, 0.0)] * members)
         for _ in range(sidecars)
     ]
+    for side in sides:
+        side.discards.tokens = saved
 
     def choose(
         request: OrganicRequest, chain: Sequence[int], tokens: int, at: float, pods: Pods
@@ -221,12 +230,18 @@ def precise(
         # to_quickest
         backlog = side.backlog(ring.members, at)
         cost = [backlog[m] + tokens - held[m] for m in range(members)]
+        floor = held[chosen] - side.discards.tokens
         sooner = sorted(
-            (m for m in range(members) if cost[m] < cost[chosen] - QUEUE_MARGIN_TOKENS),
+            (
+                m
+                for m in range(members)
+                if cost[m] < cost[chosen] - QUEUE_MARGIN_TOKENS and held[m] >= floor
+            ),
             key=cost.__getitem__,
         )
         quick = _first_fitting(ring, keys.family, sooner, loads, lambda m: tokens - held[m])
-        chosen = chosen if quick is None else quick
+        chosen, was = (chosen if quick is None else quick), chosen
+        side.discards.settle(held[was], held[chosen])
         side.inflow[chosen] = (side.fill(chosen, at) + tokens - held[chosen], at)
         side.expected.append((at + EXPECT_S, chosen, chain))
         first = pods.finish_at(chosen, at, chain, tokens)
