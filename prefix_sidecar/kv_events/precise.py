@@ -131,7 +131,7 @@ class PreciseRouting:
             outcome, branch = ("placed", Branch.EMPTIEST) if pod else ("cold", None)
         backlog = router.pool.queues.backlog_tokens(table.members)
         current = pod or decision.backend
-        quick = to_quickest(move, current, held, backlog, self.discards.tokens)
+        quick = to_quickest(move, current, held, backlog, self.discards)
         if quick is not None:
             pod, outcome, branch = quick, "quickest", Branch.QUICKEST
         self.discards.settle(held.get(current, 0), held.get(quick or current, 0))

@@ -156,6 +156,11 @@ class DiscardBudget:
     def __init__(self) -> None:
         self.tokens = 0.0
 
+    def allows(self, was_held: int, held: int) -> bool:
+        """Whether a move from a pod holding `was_held` of the prompt's tokens to one
+        holding `held` discards no more than the budget holds."""
+        return was_held - held <= self.tokens
+
     def settle(self, was_held: int, held: int) -> None:
         """A request whose pod before the queue step held `was_held` of its tokens went to
         one holding `held`."""
@@ -168,20 +173,23 @@ def to_quickest(
     current: str,
     held: Mapping[str, int],
     backlog: Mapping[str, float],
-    allowance: float = float("inf"),
+    budget: DiscardBudget | None = None,
 ) -> str | None:
     """The pod on which the prompt's first token would come first, when sooner than on
-    `current` by over QUEUE_MARGIN_TOKENS, under its cap, and discarding at most `allowance`
-    of the tokens `current` holds (DiscardBudget); else None. A pod's time is its prefill
-    queue (`backlog`, this sidecar's estimate in tokens: membership/prefill_queues.py) plus
-    what it would compute of the prompt (`held`: tokens it holds)."""
+    `current` by over QUEUE_MARGIN_TOKENS, under its cap, and discarding no more of the
+    tokens `current` holds than `budget` allows (any, without one); else None. A pod's time
+    is its prefill queue (`backlog`, this sidecar's estimate in tokens:
+    membership/prefill_queues.py) plus what it would compute of the prompt (`held`: tokens
+    it holds)."""
 
     def cost(pod: str) -> float:
         return backlog.get(pod, 0.0) + max(move.tokens - held.get(pod, 0), 0)
 
-    limit, floor = cost(current) - QUEUE_MARGIN_TOKENS, held.get(current, 0) - allowance
-    rank = move.rank()
-    sooner = [pod for pod in move.table.index if cost(pod) < limit and held.get(pod, 0) >= floor]
+    def allowed(pod: str) -> bool:
+        return budget is None or budget.allows(held.get(current, 0), held.get(pod, 0))
+
+    limit, rank = cost(current) - QUEUE_MARGIN_TOKENS, move.rank()
+    sooner = [pod for pod in move.table.index if cost(pod) < limit and allowed(pod)]
     sooner.sort(key=lambda pod: (cost(pod), rank.get(pod, len(rank)), pod))
     return move.first_fitting(sooner, held)
 

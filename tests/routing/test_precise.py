@@ -120,10 +120,16 @@ def test_a_move_may_discard_only_the_cached_tokens_the_budget_allows() -> None:
     pool = serving_pool([A, B, C, D], load_unit="tokens")
     move = Move(PrefixAffinity(1.25, "tokens"), pool.table, 7, A, [A, B, C, D], 5120, 1000)
     held, busy = {A: 900, C: 900, D: 400}, {A: 3000.0, B: 0.0, C: 1500.0, D: 3000.0}
-    assert to_quickest(move, A, held, busy, allowance=0.0) == C
-    assert to_quickest(move, A, held, busy, allowance=899.0) == C
-    assert to_quickest(move, A, held, busy, allowance=900.0) == B
-    assert to_quickest(move, A, {A: 900}, {A: 3000.0}, allowance=0.0) is None
+    assert to_quickest(move, A, held, busy, saved(0.0)) == C
+    assert to_quickest(move, A, held, busy, saved(899.0)) == C
+    assert to_quickest(move, A, held, busy, saved(900.0)) == B
+    assert to_quickest(move, A, {A: 900}, {A: 3000.0}, saved(0.0)) is None
+
+
+def saved(tokens: float) -> DiscardBudget:
+    budget = DiscardBudget()
+    budget.tokens = tokens
+    return budget
 
 
 def test_the_discard_budget_earns_a_share_of_what_is_kept_and_saves_up_a_burst() -> None:

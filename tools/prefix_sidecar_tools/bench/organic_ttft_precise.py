@@ -230,12 +230,12 @@ def precise(
         # to_quickest
         backlog = side.backlog(ring.members, at)
         cost = [backlog[m] + tokens - held[m] for m in range(members)]
-        floor = held[chosen] - side.discards.tokens
+        allows = side.discards.allows
         sooner = sorted(
             (
                 m
                 for m in range(members)
-                if cost[m] < cost[chosen] - QUEUE_MARGIN_TOKENS and held[m] >= floor
+                if cost[m] < cost[chosen] - QUEUE_MARGIN_TOKENS and allows(held[chosen], held[m])
             ),
             key=cost.__getitem__,
         )
