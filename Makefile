@@ -36,8 +36,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check prefix_sidecar tools tests setup.py
 	$(BIN)/mypy
 
-# The whole suite with the extension, then again on the pure-Python twin (without the pods and
-# the image: they take minutes and exercise the pods, not which build of the core is loaded).
+# The whole suite with the extension, then again on the pure-Python twin (without the pods, the
+# image and the tests marked slow, such as the attack run: they take minutes and exercise the
+# pods, the container or grpc core, not which build of the core is loaded).
 # Alone, one at a time: the tests with real pods or the image (each pod is pinned to a core)
 # and those that measure load or time (marker `timing`: a second worker beside them starved
 # an attack test's other caller in CI). The rest run on TEST_WORKERS pytest-xdist processes,
