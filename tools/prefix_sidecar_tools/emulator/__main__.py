@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
+
+from aiohttp.http_exceptions import BadHttpMessage
 
 from prefix_sidecar_tools.emulator.app import run_emulator
 from prefix_sidecar_tools.emulator.config import (
@@ -55,6 +58,19 @@ async def serve(config: EmulatorConfig, host: str, port: int, exit_on_stdin_eof:
     return 0
 
 
+class _OneLineBadRequests(logging.Filter):
+    """A caller that does not speak HTTP/1.1 is logged in one line, not a traceback: SGLang's
+    router opens each worker with an HTTP/2 preface first, to see whether it speaks gRPC."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, BadHttpMessage):
+            reason = str(exc.message).strip().splitlines()[0][:80]  # not the bytes it quotes
+            record.msg, record.args = f"{record.getMessage()}: {reason}", ()
+            record.exc_info = None
+        return True
+
+
 class _EofWatcher(asyncio.Protocol):
     def __init__(self, stop: asyncio.Event) -> None:
         self.stop = stop
@@ -64,6 +80,7 @@ class _EofWatcher(asyncio.Protocol):
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
