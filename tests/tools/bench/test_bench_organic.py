@@ -32,11 +32,8 @@ from prefix_sidecar_tools.bench.organic_radix import (
 )
 from prefix_sidecar_tools.bench.organic_replay import POLICIES, against_report, replay
 from prefix_sidecar_tools.bench.organic_replay import ring_of as replay_ring
-from prefix_sidecar_tools.bench.organic_report import (
-    _organic_decision_lines,
-    evaluate_targets,
-    summarize,
-)
+from prefix_sidecar_tools.bench.organic_report import _organic_decision_lines, summarize
+from prefix_sidecar_tools.bench.organic_targets import evaluate_targets
 from prefix_sidecar_tools.bench.organic_trace import CLASSES, TraceParams, build_trace, router_of
 from prefix_sidecar_tools.emulator import EmulatorConfig
 from prefix_sidecar_tools.emulator.app import run_emulator
@@ -422,7 +419,7 @@ def _quick(
     return done, json.loads(report_path.read_text())
 
 
-def _check_run(run: dict, requests: int) -> None:
+def _check_run(run: dict, requests: int, decided_here: bool = True) -> None:
     assert run["requests"] == requests
     assert run["answered"] == requests, run["errors"]
     assert run["prompt_tokens_mismatched"] == 0  # the pods count tokens as the oracle does
@@ -432,7 +429,8 @@ def _check_run(run: dict, requests: int) -> None:
     assert 0 < run["ttft_ms"]["p50"] <= run["ttft_ms"]["p99"]
     assert sum(run["load"]["per_pod"].values()) == requests
     assert run["load"]["max_over_mean"] >= 1.0
-    assert run["decision_us"]["p50"] > 0
+    if decided_here:  # by the bench or a sidecar it can read; not by SGLang's router
+        assert run["decision_us"]["p50"] > 0
 
 
 def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
@@ -450,6 +448,23 @@ def test_quick_one_path_report_is_well_formed(tmp_path: Path) -> None:
     assert runs["window_x2"]["sidecars"] == 2
     assert 0 < report["ceiling"]["hit_rate"] < 1
     assert "radix" in done.stdout and "oracle ceiling" in done.stdout
+
+
+def test_sglang_runs_only_when_named_as_its_own_router_process(tmp_path: Path) -> None:
+    """`sglang`: SGLang's router (cache_aware, the radix baseline's tree), one process per
+    replica in front of the pods. The pods' counters and usage give its loads and hits; it
+    does not say which pod answered, so turns moved and decision times are unknown."""
+    pytest.importorskip("sglang_router", reason="bench organic's sglang runs: sglang-router")
+    assert "sglang" not in policy_names(2, True)
+    assert policy_names(2, True, ["sglang"])[-2:] == ["sglang", "sglang_x2"]
+    _, report = _quick(tmp_path, "http-chat", "sglang", timeout=180)
+    runs = report["paths"]["http-chat"]
+    assert set(runs) == {"sglang", "sglang_x2"}
+    for run in runs.values():
+        _check_run(run, report["trace"]["requests"], decided_here=False)
+        assert math.isnan(run["session_turns_moved"]) and math.isnan(run["decision_us"]["p50"])
+        assert run["sidecars"] == 0
+    assert runs["sglang"]["fraction"] >= 0.9  # one tree sees every prompt
 
 
 def test_hashed_and_wide_run_only_when_named(tmp_path: Path) -> None:

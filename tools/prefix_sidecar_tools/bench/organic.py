@@ -26,7 +26,9 @@ the OpenAI HTTP front's /v1/completions and /v1/chat/completions) under each pol
 - precise / precise_xK (only when --policies names it): unregistered_routing precise, each
   sidecar following every pod's KV events (the pods publish them in every run then);
 - indexed / indexed_xK (only when --policies names it): precise on the shared index, a
-  redis-server and a `kv-indexer` started for the run, the sidecars with kv_index_url.
+  redis-server and a `kv-indexer` started for the run, the sidecars with kv_index_url;
+- sglang / sglang_xK (only when --policies names it): SGLang's own router, cache_aware, a
+  process each (organic_sglang), with the radix baseline's tree size and eviction.
 With --pin-flows every request of a flow goes through one sidecar (radix replica) of the
 _xK runs instead of one drawn per request.
 Every run starts with the pods' caches emptied. The oracle (organic_oracle) gives the hit
@@ -68,13 +70,10 @@ from prefix_sidecar_tools.bench.organic_driver import (
 )
 from prefix_sidecar_tools.bench.organic_oracle import Ceiling, oracle
 from prefix_sidecar_tools.bench.organic_radix import CacheAwareRouter
-from prefix_sidecar_tools.bench.organic_report import (
-    evaluate_targets,
-    exact_decision_us,
-    render,
-    summarize,
-)
+from prefix_sidecar_tools.bench.organic_report import exact_decision_us, render, summarize
 from prefix_sidecar_tools.bench.organic_seeds import render_pooled, run_seeds, seed_list
+from prefix_sidecar_tools.bench.organic_sglang import sglang_senders
+from prefix_sidecar_tools.bench.organic_targets import evaluate_targets
 from prefix_sidecar_tools.bench.organic_trace import CLASSES, OrganicTrace, TraceParams, build_trace
 from prefix_sidecar_tools.emulator import EmulatorConfig, EmulatorFleet, reset_cache
 from prefix_sidecar_tools.redis_server import shared_index
@@ -88,8 +87,10 @@ from prefix_sidecar_tools.workload.driver import CHANNEL_OPTIONS
 
 SCHEME_SETTING = "unregistered_routing"  # the routing helper's flag; "window" = today's key
 RADIX_EVICTION_INTERVAL_S = 1.0  # real seconds; sgl-router's default is 120
-# The central router posts straight to the pods, so on an HTTP path it sends what it sends on
-# the gRPC path of the same body: that run is shown under both.
+# Central routers run only when named, after the sidecars: SGLang's own router.
+OPTIONAL_CENTRAL = ("sglang",)
+# The central routers take the same HTTP body on the gRPC path as on the HTTP path of the
+# same body: that run is shown under both.
 RADIX_TWIN = {"http-complete": "grpc-complete", "http-chat": "grpc-chat"}
 
 
@@ -134,6 +135,9 @@ def policy_names(sidecars: int, with_scheme: bool, optional: Collection[str] = (
         for name in OPTIONAL_POLICIES:
             if name in optional:
                 names += [name, f"{name}_x{sidecars}"]
+    for name in OPTIONAL_CENTRAL:
+        if name in optional:
+            names += [name, f"{name}_x{sidecars}"]
     return names
 
 
@@ -178,12 +182,32 @@ async def run_one(
     picks: dict[str, float] = {}  # the sidecars' bounded-load branches (home, spill, ...)
     failovers: dict[str, float] = {}  # attempts moved to the next pod, by reason
     precise: dict[str, float] = {}  # precise routing's outcomes
-    if name.startswith("radix"):
+    tree_chars = args.radix_tree_chars or 4 * args.kv_tokens
+    if name.startswith("sglang"):
+        replicas = int(name.partition("_x")[2] or 1)
+        async with sglang_senders(
+            session,
+            urls,
+            replicas,
+            tree_chars,
+            pod_config(args).model,
+            chat=chat,
+            max_tokens=args.max_tokens,
+            first_token_timeout_s=timeout_s,
+            pin_flows=args.pin_flows,
+        ) as send:
+            with sampler:
+                results = await replay(trace, send, args.time_scale)
+        for result in results:  # the router does not say which pod answered
+            result.backend = ""
+        decision = {"p50": math.nan, "p99": math.nan, "bucketed": False}
+        sidecars = 0
+    elif name.startswith("radix"):
         replicas = int(name.partition("_x")[2] or 1)
         routers = [
             CacheAwareRouter(
                 urls,
-                max_tree_chars=args.radix_tree_chars or 4 * args.kv_tokens,
+                max_tree_chars=tree_chars,
                 eviction_interval_s=RADIX_EVICTION_INTERVAL_S,
             )
             for _ in range(replicas)
@@ -292,7 +316,8 @@ async def run_bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 runs[path] = {}
                 for name in names:
                     twin = RADIX_TWIN.get(path)
-                    if name.startswith("radix") and twin in runs and name in runs[twin]:
+                    central = name.startswith(("radix", *OPTIONAL_CENTRAL))
+                    if central and twin in runs and name in runs[twin]:
                         # No sidecar, no front: the same run as on the twin path (same body).
                         runs[path][name] = {**runs[twin][name], "same_run_as": twin}
                         continue
@@ -490,7 +515,7 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated subset of round_robin, window, radix, sidecar (default all "
         "four), and, only when named: hashed (organic_balance_starts off), wide (home "
         "spread 3, sessions over the whole home set), unfollowed (organic_follow_sessions "
-        "off), requests (load_unit requests), precise, indexed",
+        "off), requests (load_unit requests), precise, indexed, sglang (SGLang's router)",
     )
     add(
         "--radix-tree-chars",
@@ -529,7 +554,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    policies = {"round_robin", "window", "radix", "sidecar", *OPTIONAL_POLICIES}
+    policies = {"round_robin", "window", "radix", "sidecar", *OPTIONAL_POLICIES, *OPTIONAL_CENTRAL}
     unknown = set((args.policies or "").split(",")) - policies - {""}
     if unknown:
         print(

@@ -248,7 +248,11 @@ def http_front_sender(
     max_tokens: int,
     first_token_timeout_s: float,
     pin_flows: bool = False,
+    model: str = "",
 ) -> Sender:
+    """Each request POSTed to one of the OpenAI fronts at `urls` (the sidecars' or SGLang
+    routers'), drawn as for the gRPC sidecars."""
+
     async def send(request: OrganicRequest, result: Result) -> None:
         result.sidecar = router_of(request, len(urls), pin_flows)
         await post_streamed(
@@ -259,6 +263,7 @@ def http_front_sender(
             chat=chat,
             max_tokens=max_tokens,
             first_token_timeout_s=first_token_timeout_s,
+            model=model,
         )
 
     return send
