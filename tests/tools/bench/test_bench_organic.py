@@ -533,8 +533,8 @@ def test_quick_every_path_and_policy(tmp_path: Path) -> None:
 def test_bad_arguments_are_refused() -> None:
     done = _bench("--paths", "grpc-nope", timeout=30)
     assert done.returncode == 2 and "--paths has grpc-nope" in done.stderr
-    done = _bench("--policies", "sglang", timeout=30)
-    assert done.returncode == 2 and "--policies has sglang" in done.stderr
+    done = _bench("--policies", "dynamo", timeout=30)
+    assert done.returncode == 2 and "--policies has dynamo" in done.stderr
     done = _bench("--tenant-rate", "0", "--fewshot-rate", "0", "--session-rate", "0", timeout=30)
     assert done.returncode == 2 and "at least one rate" in done.stderr
     done = _bench("--duration", "20", "--measure-after", "20", timeout=30)
