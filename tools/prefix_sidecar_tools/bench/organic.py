@@ -190,6 +190,7 @@ async def run_one(
             urls,
             replicas,
             tree_chars,
+            RADIX_EVICTION_INTERVAL_S,
             pod_config(args).model,
             chat=chat,
             max_tokens=args.max_tokens,

@@ -20,13 +20,13 @@ import aiohttp
 from prefix_sidecar_tools.bench.organic_driver import Sender, http_front_sender
 from prefix_sidecar_tools.vllm.sglang import SglangRouter, sglang_router_available
 
-EVICTION_INTERVAL_S = 1  # as organic.py's RADIX_EVICTION_INTERVAL_S
 
-
-def sglang_args(tree_chars: int) -> list[str]:
+def sglang_args(tree_chars: int, eviction_interval_s: float) -> list[str]:
+    """The radix baseline's tree size and eviction interval (whole seconds, at least 1: the
+    router takes an integer)."""
     return [
         "--max-tree-size", str(tree_chars),
-        "--eviction-interval-secs", str(EVICTION_INTERVAL_S),
+        "--eviction-interval-secs", str(max(round(eviction_interval_s), 1)),
     ]  # fmt: skip
 
 
@@ -36,6 +36,7 @@ async def sglang_senders(
     urls: list[str],
     replicas: int,
     tree_chars: int,
+    eviction_interval_s: float,
     model: str,
     **send: Any,
 ) -> AsyncIterator[Sender]:
@@ -48,7 +49,11 @@ async def sglang_senders(
     async with contextlib.AsyncExitStack() as stack:
         routers = [
             await stack.enter_async_context(
-                SglangRouter(urls, policy="cache_aware", extra_args=sglang_args(tree_chars))
+                SglangRouter(
+                    urls,
+                    policy="cache_aware",
+                    extra_args=sglang_args(tree_chars, eviction_interval_s),
+                )
             )
             for _ in range(replicas)
         ]
