@@ -65,7 +65,8 @@ class _OneLineBadRequests(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, BadHttpMessage):
-            reason = str(exc.message).strip().splitlines()[0][:80]  # not the bytes it quotes
+            lines = str(exc.message).strip().splitlines() or [type(exc).__name__]
+            reason = lines[0][:80]  # not the bytes it quotes
             record.msg, record.args = f"{record.getMessage()}: {reason}", ()
             record.exc_info = None
         return True
