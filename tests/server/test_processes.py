@@ -61,8 +61,17 @@ async def test_sigterm_drains_the_stream_refuses_new_calls_and_exits_0(tmp_path:
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert sidecar.process.returncode is None, "exited before the stream finished"
 
-        while (chunk := await stream.read()) is not grpc.aio.EOF:
-            chunks.append(chunk)
+        try:
+            while (chunk := await stream.read()) is not grpc.aio.EOF:
+                chunks.append(chunk)
+        except grpc.aio.AioRpcError as lost:  # say what the sidecar did, not only the stream
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(sidecar.process.wait(), 5.0)
+            pytest.fail(
+                f"the draining stream failed after {len(chunks)} chunks: {lost.code()} "
+                f"{lost.details()}; sidecar exit {sidecar.process.returncode}, log tail:\n"
+                + sidecar.log_text()[-3000:]
+            )
         code = await asyncio.wait_for(sidecar.process.wait(), 5.0)
         elapsed = time.perf_counter() - sent_at
 
