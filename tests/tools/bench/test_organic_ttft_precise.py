@@ -10,7 +10,6 @@ from prefix_sidecar_tools.bench import organic_ttft_precise as precise_model
 from prefix_sidecar_tools.bench.organic_trace import OrganicRequest
 from prefix_sidecar_tools.bench.organic_ttft import PodModel
 from prefix_sidecar_tools.emulator.config import BLOCK_SIZE
-from prefix_sidecar_tools.emulator.prefix_cache import PrefixCache
 from prefix_sidecar_tools.emulator.tokenizer import block_hashes, count_tokens
 
 PODS = PodModel()
@@ -38,20 +37,31 @@ def test_pods_weigh_each_request_in_flight_in_tokens_until_its_answer_ends() -> 
     assert pods.hit_tokens == cached and pods.prompt_tokens == 2 * tokens
 
 
-def test_the_pods_events_say_what_a_pod_holds_only_once_its_prefill_ended() -> None:
-    view = precise_model.EventView([PrefixCache(PODS.kv_tokens // BLOCK_SIZE) for _ in range(2)])
+def test_the_pods_events_say_what_a_pod_holds_once_its_prefill_ended_until_it_evicts() -> None:
+    pods = precise_model.TokenPods(2, PODS)
+    view = precise_model.EventView(pods.caches)
     chain, tokens = _chain(PROMPT)
+    pods.serve(1, 0.0, chain, tokens)
     view.stored(1.0, 1, chain)
     view.advance(0.5)
-    assert view.caches[1].hit_blocks(chain, tokens) == 0
+    assert view.blocks(1, chain, tokens) == 0
     view.advance(1.0)
-    assert view.caches[1].hit_blocks(chain, tokens) == len(chain)
+    whole = (tokens - 1) // BLOCK_SIZE
+    assert view.blocks(1, chain, tokens) == whole
+    assert view.blocks(0, chain, tokens) == 0
+    # The pod fills with other prompts and evicts this one: its BlockRemoved goes out as it
+    # evicts, so the view no longer credits the pod, though no new event was stored.
+    for n in range(PODS.kv_tokens // 1000 + 2):
+        other_chain, other_tokens = _chain(f"tenant {n}: " + "other rules. " * 400)
+        pods.serve(1, 2.0 + n, other_chain, other_tokens)
+    assert pods.caches[1].hit_blocks(chain, tokens) == 0
+    assert view.blocks(1, chain, tokens) == 0
 
 
 def test_a_precise_sidecar_follows_what_it_sent_then_sheds_cold_prompts_to_the_emptiest() -> None:
     """A repeat goes where this sidecar sent the prompt (credited before any event); with
     shed 0 a cold prompt goes to the pod sent the least new content, not to its hash pick."""
-    choose = precise_model.precise(RING, chat=False, sidecars=1, shed=0.0, kv_tokens=12_000)
+    choose = precise_model.precise(RING, chat=False, sidecars=1, shed=0.0)
     pods = precise_model.TokenPods(2, PODS)
     chain, tokens = _chain(PROMPT)
     first = choose(_request(0, PROMPT), chain, tokens, 0.0, pods)
@@ -75,7 +85,7 @@ def test_a_precise_sidecar_leaves_a_holder_its_own_sends_have_queued() -> None:
     repeat of a prompt leaves its holder while a long prompt this sidecar sent there just
     before is still in prefill, if its budget lets it discard what the holder has cached."""
     for saved, leaves in ((DISCARD_BURST_TOKENS, True), (0.0, False)):
-        choose = precise_model.precise(RING, False, 1, 0.0, kv_tokens=12_000, saved=saved)
+        choose = precise_model.precise(RING, False, 1, 0.0, saved=saved)
         pods = precise_model.TokenPods(2, PODS)
         chain, tokens = _chain(PROMPT)
         holder = choose(_request(0, PROMPT), chain, tokens, 0.0, pods)
