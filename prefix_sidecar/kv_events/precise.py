@@ -73,8 +73,9 @@ class PreciseRouting:
         config: Config,
         metrics: Metrics,
     ) -> None:
-        """Make this the router's precise step over `blocks`, counted in metrics."""
-        router.precise = cls(
+        """Make this the router's precise step over `blocks`, counted in metrics; its
+        credits end at the pods' first tokens (the relay tells the pool's queues)."""
+        step = cls(
             client,
             blocks,
             router,
@@ -82,6 +83,8 @@ class PreciseRouting:
             local=LocalTokenizer.load(config.tokenizer_file) if config.tokenizer_file else None,
             on_outcome=lambda outcome: metrics.child(metrics.precise_decisions, outcome).inc(),
         )
+        router.pool.queues.first_token_listeners.append(step.expected.prefilled)
+        router.precise = step
 
     async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
         """`decision` for an unregistered request whose text is `what` ({"prompt": ...} or

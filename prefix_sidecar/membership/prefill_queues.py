@@ -73,6 +73,9 @@ class PrefillQueues:
         self.clock = clock
         self.rate = PrefillRate()
         self._pods: dict[str, PodQueue] = {}
+        # told (pod, sent_at) of each first token: precise routing ends its credits there
+        # (kv_events/expected.py prefilled)
+        self.first_token_listeners: list[Callable[[str, float], None]] = []
 
     def sent(self, pod: str, tokens: int) -> float:
         """A request with `tokens` to compute was sent to `pod`; the time it was sent."""
@@ -87,6 +90,8 @@ class PrefillQueues:
     def first_token(self, pod: str, tokens: int, sent_at: float) -> None:
         """The request sent at `sent_at` with `tokens` to compute had its first token: learn
         the rate from it, and predict the pod's queue again from now."""
+        for listener in self.first_token_listeners:
+            listener(pod, sent_at)
         now = self.clock()
         queue = self._pods.get(pod)
         if queue is None:

@@ -83,3 +83,32 @@ def test_the_oldest_key_goes_at_a_cost_that_does_not_grow_with_the_pods() -> Non
     # Picking the oldest pod by pod held the loop 54 ms for this prompt at 200 pods.
     one, many = _expect_at_the_bound(1), _expect_at_the_bound(200)
     assert many < 3 * one, (one, many)
+
+
+def test_a_first_token_from_the_pod_ends_the_credits_sent_there_by_then() -> None:
+    """The pod has scheduled every request sent to it by then and its events hold their
+    blocks: a pod that then evicts the prompt is not credited with it for the rest of
+    EXPECT_S. A credit made later, or on another pod, still counts."""
+    clock = Clock()
+    blocks = ExpectedBlocks(clock)
+    keys = chain(PROMPT, BLOCK)
+    blocks.expect("a", keys)
+    blocks.expect("b", keys)
+    sent_at = clock.now
+    clock.now += 0.1
+    blocks.expect("a", chain(PROMPT[: 2 * BLOCK], BLOCK))  # sent after: its prefill is ahead
+    clock.now += 0.1
+    blocks.prefilled("a", sent_at)
+    assert blocks.matches(keys, BLOCK) == {"a": 2 * BLOCK, "b": 5 * BLOCK}
+    blocks.prefilled("a", sent_at - 1.0)  # an older request's first token, late: no change
+    blocks.prefilled("b", sent_at - 1.0)
+    assert blocks.matches(keys, BLOCK) == {"a": 2 * BLOCK, "b": 5 * BLOCK}
+    blocks.prefilled("a", clock.now)
+    assert blocks.matches(keys, BLOCK) == {"b": 5 * BLOCK}
+    clock.now += 0.1
+    blocks.expect("a", keys)  # sent again
+    assert blocks.matches(keys, BLOCK) == {"a": 5 * BLOCK, "b": 5 * BLOCK}
+    blocks.prefilled("c", clock.now)  # a pod with no credits keeps no mark
+    clock.now += EXPECT_S + 1.0
+    assert blocks.matches(keys, BLOCK) == {}
+    assert blocks._settled == {}  # marks go with their pods' last credits: bounded by them

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from prefix_sidecar.kv_events import precise
+from prefix_sidecar.kv_events import expected, precise
 from prefix_sidecar.kv_events.decode import BlockRemoved
 from prefix_sidecar.kv_events.fleet_blocks import FleetBlocks
 from prefix_sidecar.kv_events.precise import PreciseRouting
@@ -242,3 +242,34 @@ async def test_a_grpc_call_is_tokenized_under_the_model_it_names(tmp_path: Path)
             assert [c async for c in stub.Complete(request, timeout=10)]
             assert asked == [POD.model]
             assert counted(sidecar.metrics, PRECISE, outcome="tokenize_error") == 0
+
+
+async def test_a_pod_that_evicts_a_prompt_just_sent_there_is_no_longer_credited_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the pod's first token came, its events are the truth (kv_events/expected.py): a
+    prompt sent there and dropped at once (a cache reset) is not credited to it for the rest
+    of EXPECT_S, so a repeat goes to the pod that holds it, not back to recompute."""
+    monkeypatch.setattr(expected, "EXPECT_S", 60.0)  # the credit would outlast the test
+    async with precise_sidecar(tmp_path, 2) as (fleet, session, sidecar, stub):
+        kv_events = sidecar.pools.default.kv_events
+        assert kv_events is not None and kv_events.blocks is not None
+        blocks = kv_events.blocks
+        await wait_for(lambda: len(kv_events.subscriber.feeds) == 2, 5)
+        warm = {"model": POD.model, "prompt": TEXT.format(n="known"), "max_tokens": 1}
+        async with session.post(fleet.urls[0] + "/v1/completions", json=warm) as answer:
+            assert answer.status == 200  # a pod's blocks known: prompts are tokenized, credited
+        await wait_for(lambda: blocks.block_count(fleet.urls[0]) > 0, 5, "the pods' blocks")
+        head = TEXT.format(n="dropped")
+        sent = await send("grpc-complete", stub, session, "", head)
+        assert organic_pick(sidecar, False, head) == sent  # a repeat's own pick: back there
+        other = next(url for url in fleet.urls if url != sent)
+        body = {"model": POD.model, "prompt": head + " And then?", "max_tokens": 1}
+        async with session.post(other + "/v1/completions", json=body) as answer:
+            assert answer.status == 200
+        async with session.post(sent + "/reset_prefix_cache") as answer:
+            assert answer.status == 200
+        await wait_for(lambda: blocks.block_count(other) > 0, 5, "the other pod's blocks")
+        await wait_for(lambda: blocks.block_count(sent) == 0, 5, "the reset pod's removal")
+        assert await send("grpc-complete", stub, session, "", head) == other
+        assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1

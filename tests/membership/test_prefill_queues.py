@@ -93,3 +93,15 @@ def test_only_pods_with_requests_in_flight_are_kept() -> None:
         else:
             queues.dropped(pod, 100)
     assert queues._pods == {}
+
+
+def test_each_first_token_is_told_to_the_listeners_with_its_send_time() -> None:
+    clock = Clock()
+    queues = PrefillQueues(clock)
+    told: list[tuple[str, float]] = []
+    queues.first_token_listeners.append(lambda pod, sent_at: told.append((pod, sent_at)))
+    sent_at = queues.sent(POD, 100)
+    clock.now += 0.05
+    queues.first_token(POD, 100, sent_at)
+    queues.first_token(OTHER, 100, 99.0)  # a pod it holds no queue for: told all the same
+    assert told == [(POD, sent_at), (OTHER, 99.0)]
