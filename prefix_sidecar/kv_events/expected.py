@@ -60,9 +60,10 @@ class ExpectedBlocks:
             self._drop_first()
 
     def prefilled(self, pod: str, sent_at: float) -> None:
-        """A request of ours sent to `pod` at `sent_at` (this object's clock) had its first
-        token: the pod has scheduled every request we sent it by then, and its events hold
-        their blocks, so their credits end."""
+        """A request of ours sent to `pod` at `sent_at` had its first token: the pod has
+        scheduled every request we sent it by then, and its events hold their blocks, so
+        their credits end. `sent_at` is read on the pool's prefill queues' clock, which must
+        be this object's (both time.monotonic in a sidecar)."""
         if pod in self._until:
             self._settled[pod] = max(self._settled.get(pod, sent_at), sent_at)
 

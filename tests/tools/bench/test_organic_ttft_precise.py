@@ -39,7 +39,7 @@ def test_pods_weigh_each_request_in_flight_in_tokens_until_its_answer_ends() -> 
 
 def test_the_pods_events_say_what_a_pod_holds_once_its_prefill_ended_until_it_evicts() -> None:
     pods = precise_model.TokenPods(2, PODS)
-    view = precise_model.EventView(pods.caches)
+    view = pods.events
     chain, tokens = _chain(PROMPT)
     pods.serve(1, 0.0, chain, tokens)
     view.stored(1.0, 1, chain)

@@ -62,12 +62,14 @@ RADIX_EVICTION_S = 2.0
 
 class TokenPods(Pods):
     """The model's pods, each request in flight weighed in tokens as the sidecar's load unit
-    weighs it: what it computes there, plus DECODE_TOKENS, until its answer ends."""
+    weighs it: what it computes there, plus DECODE_TOKENS, until its answer ends. `events`:
+    what their KV events have said, the same for every sidecar."""
 
     def __init__(self, members: int, model: PodModel) -> None:
         super().__init__(members, model)
         self._weights: list[list[tuple[float, int]]] = [[] for _ in range(members)]
         self.hit_tokens = self.prompt_tokens = 0
+        self.events = EventView(self.caches)
 
     def serve(self, member: int, at: float, chain: Sequence[int], tokens: int) -> float:
         cached = self.caches[member].hit_blocks(chain, tokens) * BLOCK_SIZE
@@ -201,7 +203,7 @@ def precise(
 ) -> Chooser:
     """K sidecars with precise routing, requests spread over them as bench organic does,
     each with `saved` cached tokens to discard at the start (its DiscardBudget); all hear
-    the same events (one EventView of the pods they are run on)."""
+    the same events (the pods' `events`)."""
     members = len(ring.members)
     sides = [
         PreciseSidecar(OrganicRouter(AnchorTable()), [(0.0, 0.0)] * members)
@@ -209,15 +211,12 @@ def precise(
     ]
     for side in sides:
         side.discards.tokens = saved
-    views: list[EventView] = []
 
     def choose(
         request: OrganicRequest, chain: Sequence[int], tokens: int, at: float, pods: Pods
     ) -> int:
         assert isinstance(pods, TokenPods)
-        if not views or views[0].pods is not pods.caches:
-            views[:] = [EventView(pods.caches)]
-        view = views[0]
+        view = pods.events
         side = sides[router_of(request, sidecars, False)]
         view.advance(at)
         side.expected = [e for e in side.expected if e[0] > at]
