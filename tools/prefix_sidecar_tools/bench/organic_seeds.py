@@ -16,7 +16,9 @@ import argparse
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from prefix_sidecar_tools.bench.organic_targets import TARGET_PRECISE_FRACTION
 from prefix_sidecar_tools.percentile import percentile
+from prefix_sidecar_tools.report import target_lines
 
 POOLED_PERCENTILES = (50, 95, 99)
 
@@ -61,11 +63,42 @@ async def run_seeds(
     reports = []
     for seed in args.seeds:
         reports.append(await one_run(argparse.Namespace(**{**vars(args), "seed": seed})))
+    rows = pooled(reports)
     return {
         "seeds": {str(seed): report for seed, report in zip(args.seeds, reports, strict=True)},
-        "pooled": pooled(reports),
+        "pooled": rows,
+        "targets": pooled_targets(rows, reports[0]["params"]["sidecars"]),
         "wall_s": sum(report["wall_s"] for report in reports),
     }
+
+
+def pooled_targets(rows: dict[str, dict[str, dict[str, Any]]], k: int) -> list[dict[str, Any]]:
+    """Precise routing's targets over the seeds: every seed's hit, and one sidecar's TTFT p99
+    of the pooled requests against SGLang's router's (organic_targets has one trace's)."""
+    targets: list[dict[str, Any]] = []
+    for path, runs in rows.items():
+        for name in ("precise", f"precise_x{k}", "indexed", f"indexed_x{k}"):
+            if name in runs:
+                each = runs[name]["fraction_each"]
+                targets.append(
+                    {
+                        "name": f"{path} {name}: hit >= {TARGET_PRECISE_FRACTION} of the "
+                        "ceiling on every seed",
+                        "measured": " ".join(f"{fraction:.3f}" for fraction in each),
+                        "met": min(each) >= TARGET_PRECISE_FRACTION,
+                    }
+                )
+        if "precise" in runs and "sglang" in runs:
+            ours, theirs = runs["precise"]["p99"], runs["sglang"]["p99"]
+            targets.append(
+                {
+                    "name": f"{path} precise: TTFT p99 over the seeds no worse than SGLang's "
+                    "router (cache_aware)",
+                    "measured": f"{ours:,.0f} vs {theirs:,.0f} ms",
+                    "met": ours <= theirs,
+                }
+            )
+    return targets
 
 
 def render_pooled(report: dict[str, Any]) -> str:
@@ -85,5 +118,7 @@ def render_pooled(report: dict[str, Any]) -> str:
                 f"{path:<14}{name:<14}{row['requests']:>9}{row['p50']:>8,.0f}{row['p95']:>8,.0f}"
                 f"{row['p99']:>8,.0f}   {each} / {hits}"
             )
+    if report.get("targets"):
+        lines += ["", "targets (pooled over the seeds)", *target_lines(report["targets"])]
     lines.append(f"\nwall time {report['wall_s']:.0f} s")
     return "\n".join(lines)
