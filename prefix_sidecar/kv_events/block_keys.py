@@ -2,8 +2,9 @@
 
 key(i) = K(key(i-1) + the block's token ids, 8 bytes each), K the routing core's 64-bit
 MurmurHash3 (`_core.route_key`), the keys chained in one C call (`_core.chain_keys`), the
-first block's parent a root made of the LoRA name (as vLLM folds it into its own hash) and
-the block size. Not the engine's hashes: those depend on the pod's
+first block's parent a root made of the LoRA name and the cache salt (vLLM folds the name
+into every block's hash and the salt into the first's, so every later block chains from it)
+and the block size. Not the engine's hashes: those depend on the pod's
 --prefix-caching-hash-algo (sha256 over pickle by default: not reproducible outside vLLM's
 Python, and two pods set differently never agree), while the token ids are what the pod
 cached. As llm-d does, each stored block's engine hash is mapped to our key, so a
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from prefix_sidecar import _core
 from prefix_sidecar.kv_events.decode import BlockStored
+from prefix_sidecar.routing.scope import Scope, scope_bytes
 
 KEY_BYTES = 8  # a key is a uint64; in the shared index, its 8 little-endian bytes in hex
 TOKEN_BYTES = 8  # each id as a uint64: pods' vocabularies fit, and ids are checked < 2**32
@@ -42,22 +44,29 @@ def key_bytes(values: Sequence[int]) -> bytes:
 
 
 @functools.lru_cache(maxsize=64)
-def _root_block(lora_name: str | None, width: int) -> bytes:
-    """A first block of `width` bytes, made of the LoRA name, that the chain starts from."""
-    seed = hashlib.blake2b(b"root\0" + (lora_name or "").encode(), digest_size=16).digest()
+def _root_block(lora_name: str | None, width: int, salt: str | None = None) -> bytes:
+    """A first block of `width` bytes, made of the LoRA name and the cache salt, that the
+    chain starts from (an unsalted root is the name's alone, as before salts were keyed)."""
+    if salt:
+        scope = b"root-salted\0" + scope_bytes(Scope(lora_name or "", salt))
+    else:
+        scope = b"root\0" + (lora_name or "").encode()
+    seed = hashlib.blake2b(scope, digest_size=16).digest()
     return (seed * (width // len(seed) + 1))[:width]
 
 
-def root_key(lora_name: str | None, block_size: int) -> int:
+def root_key(lora_name: str | None, block_size: int, salt: str | None = None) -> int:
     """The parent of a chain's first block."""
-    return _core.route_key(bytes(8) + _root_block(lora_name, block_size * TOKEN_BYTES))
+    return _core.route_key(bytes(8) + _root_block(lora_name, block_size * TOKEN_BYTES, salt))
 
 
 def block_key(parent: int, tokens: Sequence[int]) -> int:
     return _core.route_key(key_bytes([parent, *tokens]))
 
 
-def chain(tokens: Sequence[int], block_size: int, lora_name: str | None = None) -> list[int]:
+def chain(
+    tokens: Sequence[int], block_size: int, lora_name: str | None = None, salt: str | None = None
+) -> list[int]:
     """The keys of `tokens`' whole blocks, in order: block_key's, in one pass in C. Keys are
     ints, not their bytes: for a 4,096-token prompt in 16-token blocks, the chain and the
     index query's arguments took 118 us as bytes objects and take 65 us (best of 5 here;
@@ -65,7 +74,7 @@ def chain(tokens: Sequence[int], block_size: int, lora_name: str | None = None) 
     width, count = block_size * TOKEN_BYTES, len(tokens) // block_size
     if count == 0:
         return []
-    data = _root_block(lora_name, width) + key_bytes(tokens[: count * block_size])
+    data = _root_block(lora_name, width, salt) + key_bytes(tokens[: count * block_size])
     return _core.chain_keys(data, width, count + 1)[1:]  # the root's key first
 
 
@@ -73,22 +82,39 @@ class PromptKeys:
     """A prompt's chain at each block size asked for, made once: a precise decision reads
     it three times (what this sidecar just sent, the fleet's blocks, then its own credit)."""
 
-    def __init__(self, tokens: Sequence[int], lora_name: str | None = None) -> None:
-        self.tokens, self.lora_name = tokens, lora_name
+    def __init__(
+        self, tokens: Sequence[int], lora_name: str | None = None, salt: str | None = None
+    ) -> None:
+        self.tokens, self.lora_name, self.salt = tokens, lora_name, salt
         self._chains: dict[int, list[int]] = {}
 
     def at(self, block_size: int) -> list[int]:
         keys = self._chains.get(block_size)
         if keys is None:
-            keys = self._chains[block_size] = chain(self.tokens, block_size, self.lora_name)
+            keys = chain(self.tokens, block_size, self.lora_name, self.salt)
+            self._chains[block_size] = keys
         return keys
 
 
-def _salted(event: BlockStored, index: int) -> bool:
-    """Block `index` was hashed with more than its LoRA name (a cache_salt, media): no
-    prompt's token ids alone give its key."""
+def _beyond_lora(event: BlockStored, index: int) -> tuple[object, ...]:
+    """What block `index` was hashed with besides its tokens and its LoRA name: vLLM's extra
+    keys are the name, then media hashes, then the cache salt on a prompt's first block."""
     extra = event.extra_keys[index] if event.extra_keys and index < len(event.extra_keys) else None
-    return bool(extra) and extra != (event.lora_name,)
+    items = tuple(extra or ())
+    if event.lora_name is not None and items[:1] == (event.lora_name,):
+        items = items[1:]
+    return items
+
+
+def _first_salt(event: BlockStored) -> tuple[bool, str | None]:
+    """(keyable, salt) of a prompt's first block: one string past the LoRA name is its cache
+    salt; more (media) and no prompt's token ids alone give its key."""
+    items = _beyond_lora(event, 0)
+    if not items:
+        return True, None
+    if len(items) == 1 and isinstance(items[0], str):
+        return True, items[0]
+    return False, None
 
 
 def stored_keys(
@@ -96,15 +122,20 @@ def stored_keys(
 ) -> Iterator[tuple[int, int]]:
     """(engine hash, our key) of each block `event` stored, in order, while they can be
     keyed: a parent we never keyed (`key_of` maps the pod's hashes to ours), a short block
-    or a salted one ends the run."""
-    size = event.block_size
-    if event.parent_block_hash is None:
-        key: int | None = root_key(event.lora_name, size)
+    or one hashed with more than its LoRA name (and, on a prompt's first block, its salt)
+    ends the run."""
+    size, parent = event.block_size, event.parent_block_hash
+    first = parent is None
+    if parent is None:
+        keyable, salt = _first_salt(event)
+        key: int | None = root_key(event.lora_name, size, salt) if keyable else None
     else:
-        key = key_of(event.parent_block_hash)
+        key = key_of(parent)
     for index, engine_hash in enumerate(event.block_hashes):
         tokens = event.token_ids[index * size : (index + 1) * size]
-        if key is None or len(tokens) != size or _salted(event, index):
+        if key is None or len(tokens) != size:
+            return
+        if not (first and index == 0) and _beyond_lora(event, index):
             return
         key = block_key(key, tokens)
         yield engine_hash, key

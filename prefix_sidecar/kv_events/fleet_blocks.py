@@ -35,10 +35,12 @@ class FleetBlocks:
         self._keys: dict[str, set[int]] = {}
         self._block_size: dict[str, int] = {}
 
-    def matches(self, tokens: Sequence[int], lora_name: str | None = None) -> dict[str, int]:
-        """Per pod, how many of `tokens`' whole blocks it holds from the first on (pods
-        holding none are absent)."""
-        return self._held(PromptKeys(tokens, lora_name).at)
+    def matches(
+        self, tokens: Sequence[int], lora_name: str | None = None, salt: str | None = None
+    ) -> dict[str, int]:
+        """Per pod, how many of `tokens`' whole blocks (of the adapter `lora_name`, under the
+        cache `salt`) it holds from the first on (pods holding none are absent)."""
+        return self._held(PromptKeys(tokens, lora_name, salt).at)
 
     def _held(self, keys_at: Callable[[int], Sequence[int]]) -> dict[str, int]:
         found: dict[str, int] = {}

@@ -37,6 +37,7 @@ from prefix_sidecar.routing.precise import (
     to_quickest,
 )
 from prefix_sidecar.routing.router import Router
+from prefix_sidecar.routing.scope import NO_SCOPE, Scope
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.local_tokenizer import LocalTokenizer
 from prefix_sidecar.upstream.tokenize import SPECIAL_TOKENS_SLACK, TokenizeError, tokens_of
@@ -86,9 +87,13 @@ class PreciseRouting:
         router.pool.queues.first_token_listeners.append(step.expected.prefilled)
         router.precise = step
 
-    async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
+    async def refine(
+        self, decision: Decision, what: dict[str, Any], model: str = "", scope: Scope = NO_SCOPE
+    ) -> Decision:
         """`decision` for an unregistered request whose text is `what` ({"prompt": ...} or
-        {"messages": [...]}), moved to the pod holding the longest prefix of it."""
+        {"messages": [...]}), moved to the pod holding the longest prefix of it. Its blocks
+        are keyed in `scope`, as the pods key them: by the LoRA adapter, and the first one by
+        the cache salt too (block_keys.py)."""
         sizes = await self.blocks.block_sizes() if decision.prefix is None else None
         if not sizes:
             return decision
@@ -98,7 +103,8 @@ class PreciseRouting:
             logger.debug("precise routing: /tokenize: %s", exc)
             self.on_outcome("tokenize_error")
             return decision
-        size, prompt = min(sizes), PromptKeys(tokens)
+        size = min(sizes)
+        prompt = PromptKeys(tokens, scope.adapter or None, scope.salt or None)
         held = self.expected.matches(prompt.at(size), size)  # what this sidecar just sent
         matches = await self.blocks.longest(prompt.at)
         if matches is None:

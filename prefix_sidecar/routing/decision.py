@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from prefix_sidecar import _core
 from prefix_sidecar.prefixes import PrefixEntry
 from prefix_sidecar.routing.pick import Branch
+from prefix_sidecar.routing.scope import NO_SCOPE, Scope
 from prefix_sidecar.routing.table import RoutingTable
 
 
@@ -38,8 +39,11 @@ class Decision:
 class PreciseStep(Protocol):
     """The request step that moves an organic decision (kv_events/precise.py)."""
 
-    async def refine(self, decision: Decision, what: dict[str, Any], model: str = "") -> Decision:
-        """`decision` for an unregistered request whose text is `what`, perhaps moved."""
+    async def refine(
+        self, decision: Decision, what: dict[str, Any], model: str = "", scope: Scope = NO_SCOPE
+    ) -> Decision:
+        """`decision` for an unregistered request whose text is `what`, in `scope` (its
+        adapter and cache salt), perhaps moved."""
 
 
 def serving_ring(table: RoutingTable) -> _core.HashTable:

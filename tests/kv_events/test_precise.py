@@ -21,6 +21,7 @@ from prefix_sidecar.kv_events.fleet_blocks import FleetBlocks
 from prefix_sidecar.kv_events.precise import PreciseRouting
 from prefix_sidecar.routing.decision import Decision
 from prefix_sidecar.routing.pick import Branch
+from prefix_sidecar.routing.scope import NO_SCOPE, Scope
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar.upstream.client import UpstreamClient
@@ -233,9 +234,11 @@ async def test_a_grpc_call_is_tokenized_under_the_model_it_names(tmp_path: Path)
             asked: list[str] = []
             refine = precise.refine
 
-            async def recorded(decision: Any, what: dict[str, Any], model: str = "") -> Any:
+            async def recorded(
+                decision: Any, what: dict[str, Any], model: str = "", scope: Scope = NO_SCOPE
+            ) -> Any:
                 asked.append(model)
-                return await refine(decision, what, model)
+                return await refine(decision, what, model, scope)
 
             precise.refine = recorded  # type: ignore[method-assign]
             request = router_pb2.CompleteRequest(input=TEXT, max_tokens=1, model=POD.model)

@@ -122,6 +122,30 @@ async def test_a_sidecar_knows_where_a_registered_prefix_lives_and_when_it_is_ev
     print(f"\nresident {known_after * 1e3:.0f} ms after RegisterPrefix returned; evicted after")
 
 
+async def test_a_salted_prompt_is_keyed_as_the_pod_keys_it(
+    kv_fleet: VllmFleet, tmp_path: Path
+) -> None:
+    """vLLM keys a prompt's first block by its cache_salt, and every later block chains from
+    it: the sidecar's keys from the pod's BlockStored events agree with those it makes from
+    the prompt's token ids under that salt (precise routing's), and under no salt or another
+    the same tokens match nothing."""
+    async with kv_sidecar(tmp_path, kv_fleet, unregistered_routing="precise") as (
+        sidecar,
+        _,
+        session,
+    ):
+        kv_events = sidecar.pools.default.kv_events
+        assert kv_events is not None and kv_events.blocks is not None
+        blocks, pod, tokens = kv_events.blocks, kv_fleet.urls[0], prompt(200)
+        await wait_for(lambda: len(kv_events.subscriber.feeds) == 1, 30, "the pod's feed")
+        body = {"model": kv_fleet.model, "prompt": tokens, "max_tokens": 1, "cache_salt": "t7"}
+        async with session.post(f"{pod}/v1/completions", json=body) as reply:
+            assert reply.status == 200, await reply.text()
+        whole = PROMPT_TOKENS // BLOCK
+        await wait_for(lambda: blocks.matches(tokens, salt="t7").get(pod) == whole, 30)
+        assert blocks.matches(tokens) == {} and blocks.matches(tokens, salt="t8") == {}
+
+
 @pytest.mark.timeout(900)  # a pod's restart takes minutes on this box when it is busy
 async def test_a_stopped_pod_is_unknown_at_once(kv_fleet: VllmFleet, tmp_path: Path) -> None:
     """The pod stops (a restart empties its cache): the sidecar takes it as unknown when its

@@ -55,6 +55,7 @@ class UpstreamPlan:
     # model the pod's body names ("": the pod's default), which tokenizes it.
     tokenize: dict[str, Any] | None = None
     model: str = ""
+    scope: Scope = NO_SCOPE  # its adapter and cache salt, which key its blocks
 
     @property
     def prefix_label(self) -> str:
@@ -190,14 +191,13 @@ class Planner:
         text: dict[str, Any],
         scope: Scope,
     ) -> UpstreamPlan:
-        """Route by the prompt when no prefix routed the call, then build the pod's body.
-        Precise routing keys blocks without the salt: a salted prompt is not moved."""
+        """Route by the prompt when no prefix routed the call, then build the pod's body."""
         decision, entry = by_prefix
         tokenize = None
         if decision is None:
             decision = self.decide(by_prompt)
             entry = decision.prefix
-            tokenize = text if entry is None and scope.empty else None
+            tokenize = text if entry is None else None
         params, model, extra = self._body_fields(rpc.name, request)
         if scope.salt:
             params["cache_salt"] = scope.salt
@@ -211,6 +211,7 @@ class Planner:
             raw_events=request.raw_events,
             tokenize=tokenize,
             model=model,
+            scope=scope,
         )
 
     async def refined(self, plan: UpstreamPlan) -> UpstreamPlan:
@@ -219,7 +220,7 @@ class Planner:
         if precise is None or plan.tokenize is None:
             return plan
         started = time.perf_counter_ns()
-        decision = await precise.refine(plan.decision, plan.tokenize, plan.model)
+        decision = await precise.refine(plan.decision, plan.tokenize, plan.model, plan.scope)
         spent = decision.decision_ns + time.perf_counter_ns() - started
         return dataclasses.replace(plan, decision=dataclasses.replace(decision, decision_ns=spent))
 

@@ -224,11 +224,12 @@ class OpenAIFront:
                 await asyncio.sleep(0)
             if entry is None:
                 decision, decision_ns = self._route(router, parsed, chat, scope, len(raw))
-                # Precise routing keys blocks without a salt: a salted prompt is not moved.
-                if router.precise is not None and decision.prefix is None and scope.empty:
+                if router.precise is not None and decision.prefix is None:
                     moving = time.perf_counter_ns()
                     what = request_text(chat, parsed.messages, parsed.route_text)
-                    decision = await router.precise.refine(decision, what, parsed.model or "")
+                    decision = await router.precise.refine(
+                        decision, what, parsed.model or "", scope
+                    )
                     decision_ns += time.perf_counter_ns() - moving
             else:
                 decision = router.for_prefix(entry, scope, tokens_of(len(raw)))
