@@ -85,37 +85,26 @@ def organic_pick(sidecar: Sidecar, chat: bool, head: str) -> str:
 
 @pytest.mark.parametrize("path", ["grpc-complete", "grpc-chat", "http-completions", "http-chat"])
 async def test_a_prompt_cached_elsewhere_goes_where_it_is_cached(tmp_path: Path, path: str) -> None:
-    async with EmulatorFleet(3, POD) as fleet, aiohttp.ClientSession() as session:
-        # the port asked once the pods (and their KV-event sockets) hold theirs: asked before,
-        # the kernel once gave it to one of them (address already in use, in CI)
-        port = free_port()
-        settings = sidecar_config(
-            tmp_path,
-            fleet.urls,
-            kv_events=True,
-            unregistered_routing="precise",
-            openai_listen=f"127.0.0.1:{port}",
-        )
-        async with running_sidecar(settings) as (sidecar, stub):
-            head = TEXT.format(n=path)
-            chat = path.endswith("chat")
-            cached = await cached_elsewhere(sidecar, fleet.urls, session, head, chat)
+    async with precise_sidecar(tmp_path, 3, front=True) as (fleet, session, sidecar, stub):
+        head = TEXT.format(n=path)
+        chat = path.endswith("chat")
+        cached = await cached_elsewhere(sidecar, fleet.urls, session, head, chat)
 
-            front = f"http://127.0.0.1:{port}"
-            assert await send(path, stub, session, front, head) == cached
-            assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
+        front = front_url(sidecar)
+        assert await send(path, stub, session, front, head) == cached
+        assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
 
-            # No pod holds a cold prompt: it stays on its organic pick, unless that pod was
-            # sent far more new content lately than the rest (here, the cold prompt just
-            # sent): then it goes to the emptiest pod.
-            heads = [f"{n:02d} cold starts. " * 40 for n in range(64)]  # no block alike
-            stays = next(h for h in heads if organic_pick(sidecar, chat, h) != cached)
-            pick = organic_pick(sidecar, chat, stays)
-            assert await send(path, stub, session, front, stays) == pick
-            assert counted(sidecar.metrics, PRECISE, outcome="cold") == 1
-            moves = next(h for h in heads if h != stays and organic_pick(sidecar, chat, h) == pick)
-            assert await send(path, stub, session, front, moves) not in (pick, cached)
-            assert counted(sidecar.metrics, PRECISE, outcome="placed") == 1
+        # No pod holds a cold prompt: it stays on its organic pick, unless that pod was
+        # sent far more new content lately than the rest (here, the cold prompt just
+        # sent): then it goes to the emptiest pod.
+        heads = [f"{n:02d} cold starts. " * 40 for n in range(64)]  # no block alike
+        stays = next(h for h in heads if organic_pick(sidecar, chat, h) != cached)
+        pick = organic_pick(sidecar, chat, stays)
+        assert await send(path, stub, session, front, stays) == pick
+        assert counted(sidecar.metrics, PRECISE, outcome="cold") == 1
+        moves = next(h for h in heads if h != stays and organic_pick(sidecar, chat, h) == pick)
+        assert await send(path, stub, session, front, moves) not in (pick, cached)
+        assert counted(sidecar.metrics, PRECISE, outcome="placed") == 1
 
 
 async def cached_elsewhere(
@@ -143,16 +132,24 @@ async def cached_elsewhere(
 
 @contextlib.asynccontextmanager
 async def precise_sidecar(
-    tmp_path: Path, pods: int, pod: EmulatorConfig = POD
+    tmp_path: Path, pods: int, pod: EmulatorConfig = POD, front: bool = False
 ) -> AsyncIterator[tuple[EmulatorFleet, aiohttp.ClientSession, Sidecar, Any]]:
     """`pods` emulated pods publishing KV events, a client session for them, and a sidecar
-    with precise routing following them (with its gRPC stub)."""
+    with precise routing following them (with its gRPC stub; `front`: and its HTTP front,
+    at front_url)."""
     async with EmulatorFleet(pods, pod) as fleet, aiohttp.ClientSession() as session:
+        # the port asked once the pods (and their KV-event sockets) hold theirs: asked before,
+        # the kernel once gave it to one of them (address already in use, in CI)
+        listen = {"openai_listen": f"127.0.0.1:{free_port()}"} if front else {}
         settings = sidecar_config(
-            tmp_path, fleet.urls, kv_events=True, unregistered_routing="precise"
+            tmp_path, fleet.urls, kv_events=True, unregistered_routing="precise", **listen
         )
         async with running_sidecar(settings) as (sidecar, stub):
             yield fleet, session, sidecar, stub
+
+
+def front_url(sidecar: Sidecar) -> str:
+    return f"http://{sidecar.config.openai_listen}"
 
 
 async def test_a_busy_pick_is_not_waited_for_its_token_ids(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ another salt no pod holds it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -17,10 +18,8 @@ from prefix_sidecar.routing.scope import Scope
 from prefix_sidecar.server.app import Sidecar
 from prefix_sidecar.upstream.byte_relay import BACKEND_HEADER
 from prefix_sidecar.v1 import router_pb2
-from prefix_sidecar_tools.emulator import EmulatorFleet
-from prefix_sidecar_tools.harness import free_port
-from tests.kv_events.test_precise import POD, PRECISE, TEXT
-from tests.server.conftest import running_sidecar, sidecar_config, wait_for
+from tests.kv_events.test_precise import POD, PRECISE, TEXT, front_url, precise_sidecar
+from tests.server.conftest import wait_for
 from tests.upstream.test_pod_faults import counted
 
 SIZE = 16
@@ -60,17 +59,16 @@ def organic_pick(sidecar: Sidecar, text: str, salt: str) -> str:
     return sidecar.pools.default.router.for_prompt(text, scope=Scope("", salt)).backend
 
 
-async def complete(path: str, stub: object, front: str, text: str, salt: str) -> str:
+async def complete(
+    path: str, stub: Any, session: aiohttp.ClientSession, front: str, text: str, salt: str
+) -> str:
     """`text` with `cache_salt` through the sidecar on `path`; the pod that served it."""
     if path == "grpc-complete":
         request = router_pb2.CompleteRequest(input=text, max_tokens=1, cache_salt=salt)
-        chunks = [c async for c in stub.Complete(request, timeout=10)]  # type: ignore[attr-defined]
+        chunks = [c async for c in stub.Complete(request, timeout=10)]
         return str(chunks[0].backend)
     body = {"model": POD.model, "prompt": text, "max_tokens": 1, "cache_salt": salt}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(front + "/v1/completions", json=body) as answer,
-    ):
+    async with session.post(front + "/v1/completions", json=body) as answer:
         assert answer.status == 200, await answer.text()
         return answer.headers[BACKEND_HEADER]
 
@@ -79,32 +77,23 @@ async def complete(path: str, stub: object, front: str, text: str, salt: str) ->
 async def test_a_salted_prompt_goes_where_it_is_cached_under_its_salt(
     tmp_path: Path, path: str
 ) -> None:
-    async with EmulatorFleet(3, POD) as fleet, aiohttp.ClientSession() as session:
-        port = free_port()
-        settings = sidecar_config(
-            tmp_path,
-            fleet.urls,
-            kv_events=True,
-            unregistered_routing="precise",
-            openai_listen=f"127.0.0.1:{port}",
-        )
-        async with running_sidecar(settings) as (sidecar, stub):
-            kv_events = sidecar.pools.default.kv_events
-            assert kv_events is not None and kv_events.blocks is not None
-            await wait_for(lambda: len(kv_events.subscriber.feeds) == len(fleet.urls), 5)
-            text = TEXT.format(n=path)
-            cached = next(url for url in fleet.urls if url != organic_pick(sidecar, text, "s1"))
-            body = {"model": POD.model, "prompt": text, "max_tokens": 1, "cache_salt": "s1"}
-            async with session.post(cached + "/v1/completions", json=body) as answer:
-                assert answer.status == 200
-            blocks = kv_events.blocks
-            await wait_for(lambda: blocks.block_count(cached) > 0, 5, "the pod's salted blocks")
+    async with precise_sidecar(tmp_path, 3, front=True) as (fleet, session, sidecar, stub):
+        kv_events = sidecar.pools.default.kv_events
+        assert kv_events is not None and kv_events.blocks is not None
+        await wait_for(lambda: len(kv_events.subscriber.feeds) == len(fleet.urls), 5)
+        text = TEXT.format(n=path)
+        cached = next(url for url in fleet.urls if url != organic_pick(sidecar, text, "s1"))
+        body = {"model": POD.model, "prompt": text, "max_tokens": 1, "cache_salt": "s1"}
+        async with session.post(cached + "/v1/completions", json=body) as answer:
+            assert answer.status == 200
+        blocks = kv_events.blocks
+        await wait_for(lambda: blocks.block_count(cached) > 0, 5, "the pod's salted blocks")
 
-            front = f"http://127.0.0.1:{port}"
-            assert await complete(path, stub, front, text, "s1") == cached
-            assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
-            # Under another salt the pod holds none of it: it is a cold prompt there.
-            await complete(path, stub, front, text, "s2")
-            assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
-            cold = counted(sidecar.metrics, PRECISE, outcome="cold")
-            assert cold + counted(sidecar.metrics, PRECISE, outcome="placed") == 1
+        front = front_url(sidecar)
+        assert await complete(path, stub, session, front, text, "s1") == cached
+        assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
+        # Under another salt the pod holds none of it: it is a cold prompt there.
+        await complete(path, stub, session, front, text, "s2")
+        assert counted(sidecar.metrics, PRECISE, outcome="moved") == 1
+        cold = counted(sidecar.metrics, PRECISE, outcome="cold")
+        assert cold + counted(sidecar.metrics, PRECISE, outcome="placed") == 1
