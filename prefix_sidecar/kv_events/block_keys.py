@@ -43,7 +43,13 @@ def key_bytes(values: Sequence[int]) -> bytes:
     return words.tobytes()
 
 
-@functools.lru_cache(maxsize=64)
+# Roots kept: a pod's events name its block size (up to 2**20 tokens, decode.py) and its
+# adapters' and salts' strings, so a root is at most 1 MB (a payload's 128 Ki token ids make
+# one full block at most) and a hostile publisher pins at most this many of them.
+ROOTS_KEPT = 16
+
+
+@functools.lru_cache(maxsize=ROOTS_KEPT)
 def _root_block(lora_name: str | None, width: int, salt: str | None = None) -> bytes:
     """A first block of `width` bytes, made of the LoRA name and the cache salt, that the
     chain starts from (an unsalted root is the name's alone, as before salts were keyed)."""
@@ -125,6 +131,8 @@ def stored_keys(
     or one hashed with more than its LoRA name (and, on a prompt's first block, its salt)
     ends the run."""
     size, parent = event.block_size, event.parent_block_hash
+    if len(event.token_ids) < size:
+        return  # no whole block to key: no root is made for a block size nothing fills
     first = parent is None
     if parent is None:
         keyable, salt = _first_salt(event)

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from prefix_sidecar.kv_events import block_keys
 from prefix_sidecar.kv_events.block_keys import chain, stored_keys
 from prefix_sidecar.kv_events.decode import BlockStored
 from prefix_sidecar.routing.scope import Scope
@@ -53,6 +54,16 @@ def test_what_no_prompts_token_ids_key_is_not_keyed() -> None:
     assert keyed(media) == []
     later = BlockStored((1, 2, 3), None, tuple(TOKENS), SIZE, extra_keys=(None, ("m",), None))
     assert keyed(later) == chain(TOKENS, SIZE)[:1]  # the run ends at the block it cannot key
+
+
+def test_a_block_size_no_event_fills_makes_no_root() -> None:
+    # A publisher's block size may be up to 2**20 tokens: a root that wide is 8 MB, and one
+    # per salt it names would pile up. An event with no whole block keys nothing, at once.
+    misses = block_keys._root_block.cache_info().misses
+    for salt in ("a", "b", "c"):
+        huge = BlockStored((1,), None, tuple(TOKENS), 1 << 20, extra_keys=((salt,),))
+        assert keyed(huge) == []
+    assert block_keys._root_block.cache_info().misses == misses
 
 
 def organic_pick(sidecar: Sidecar, text: str, salt: str) -> str:
