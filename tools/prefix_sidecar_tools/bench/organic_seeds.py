@@ -16,7 +16,11 @@ import argparse
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from prefix_sidecar_tools.bench.organic_targets import TARGET_PRECISE_FRACTION
+from prefix_sidecar_tools.bench.organic_targets import (
+    TARGET_PRECISE_FRACTION,
+    precise_policies,
+    sglang_p99_target,
+)
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.report import target_lines
 
@@ -77,7 +81,7 @@ def pooled_targets(rows: dict[str, dict[str, dict[str, Any]]], k: int) -> list[d
     of the pooled requests against SGLang's router's (organic_targets has one trace's)."""
     targets: list[dict[str, Any]] = []
     for path, runs in rows.items():
-        for name in ("precise", f"precise_x{k}", "indexed", f"indexed_x{k}"):
+        for name in precise_policies(k):
             if name in runs:
                 each = runs[name]["fraction_each"]
                 targets.append(
@@ -90,14 +94,7 @@ def pooled_targets(rows: dict[str, dict[str, dict[str, Any]]], k: int) -> list[d
                 )
         if "precise" in runs and "sglang" in runs:
             ours, theirs = runs["precise"]["p99"], runs["sglang"]["p99"]
-            targets.append(
-                {
-                    "name": f"{path} precise: TTFT p99 over the seeds no worse than SGLang's "
-                    "router (cache_aware)",
-                    "measured": f"{ours:,.0f} vs {theirs:,.0f} ms",
-                    "met": ours <= theirs,
-                }
-            )
+            targets.append(sglang_p99_target(path, ours, theirs, " over the seeds"))
     return targets
 
 
