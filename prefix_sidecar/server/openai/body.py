@@ -1,20 +1,13 @@
 """What the OpenAI HTTP front reads from a caller's body, and its errors in OpenAI's shape.
 
-The body goes to the pod as the caller wrote it (unknown fields, key order, numbers): this
-module only reads what routing needs - the model, the prompt or the first message, whether
-the answer streams - and never re-serializes anything.
-
-Decoding a whole 240 KB prompt (json.loads, ~0.4 ms) and escaping it again to match the
-registered prefixes (~0.7 ms) was most of the front's cost. So the prompt (or the first
-message's content) is matched where it lies in the body, as the caller escaped it, and cut
-out before json.loads parses and checks the rest whole (a few hundred bytes). Matching on
-the caller's bytes finds what Router.for_prompt finds when they are the canonical escape
-(`prefix_sidecar.upstream.body.escape`: what JSON.stringify and json.dumps(ensure_ascii=False)
-write) as far as the match reads; a registered prefix that matches proves its own bytes.
-Anything else - a \\u or \\/ escape there, a prompt in parts, a key in an unusual place -
-takes the whole json.loads, so the decision is the same either way. What is not read (the
-rest of a long prompt) is the pod's to validate, as vLLM does (400). A thread would not
-help: json.loads holds the GIL throughout, and from a thread it held the loop longer.
+The body goes to the pod as the caller wrote it: only what routing needs is read (model,
+prompt or first message, stream) and nothing is re-serialized. To avoid decoding a long
+prompt, the route string is matched against the registered prefixes where it lies, as the
+caller escaped it, then cut out so json.loads reads only the rest. That finds what
+Router.for_prompt finds while the bytes the match reads are the canonical escape
+(prefix_sidecar.upstream.body.escape); anything else (a \\u or \\/ escape there, content
+parts, a key in an unusual place) takes the whole json.loads, so the decision is the same
+either way. The unread rest of a long prompt is the pod's to validate (vLLM answers 400).
 """
 
 from __future__ import annotations
@@ -32,16 +25,14 @@ from prefix_sidecar.routing.scope import checked_salt
 
 # What of a caller's text may reach an error message.
 QUOTE_CHARS = 80
-# The deepest nesting read (json.loads stops at the interpreter's recursion limit, ~1,000
-# levels; prefix_sidecar.server.openai.body_steps, which reads large bodies, at this). vLLM
-# answers 400 as well.
+# The deepest nesting body_steps reads (json.loads stops at the recursion limit, ~1,000
+# levels); vLLM answers 400 as well.
 MAX_DEPTH = 900
 
 
 class FrontError(Exception):
-    """An HTTP error with OpenAI's body: {"error": {"message", "type", "param", "code"}};
-    the openai SDK maps the status to its exception (400 BadRequestError, 404 NotFoundError,
-    ...)."""
+    """An HTTP error with OpenAI's body, {"error": {"message", "type", "param", "code"}},
+    which the openai SDK maps by status to its exceptions (400 BadRequestError, ...)."""
 
     def __init__(
         self,
@@ -77,17 +68,15 @@ class FrontRequest:
     model: str | None
     route_text: str  # the prompt, or the first message's text; its head when `matched`
     stream: bool
-    # A chat's messages as (role, text), the first LEARN_MESSAGES + 1: what organic routing
-    # chains (routing contract 9d).
+    # A chat's first LEARN_MESSAGES + 1 messages as (role, text), for organic routing (9d).
     messages: tuple[tuple[str, str], ...] = ()
     # A chat's assistant messages, all of them (organic routing's session follow, 9h).
     answers: int | None = None
-    # A prompt's (mark, after) by its chat template, read in the body when `route_text` is
-    # only its head (9h). None: a prompt read whole, whose marks the router reads.
+    # A prompt's chat-template (mark, after), read in the body when `route_text` is only its
+    # head (9h); None: the prompt was read whole and the router finds them.
     marks: tuple[int, int] | None = None
-    # Whether the registered prefixes were already matched on the body's bytes: `prefix`
-    # is then the longest one the route text starts with (None: none does), and
-    # `route_text` at least its first `window` bytes (what the router reads of a prompt).
+    # The prefixes were matched on the body's bytes: `prefix` is the longest the route text
+    # starts with (None: none), `route_text` at least its first `window` bytes.
     matched: bool = False
     prefix: PrefixEntry | None = None
     cache_salt: str = ""  # vLLM's, as the caller sent it (routing contract 10)
@@ -116,11 +105,10 @@ def parse_request(
     turns: bool = True,
 ) -> FrontRequest:
     """Read the routing fields; FrontError 400 on a body that is not a JSON object or lacks
-    its prompt or messages. With `store`, a long route text is matched against its
-    prefixes where it lies in the body when it can be (FrontRequest.matched); `window` is
-    the router's route_window_bytes; `turns`: read a long prompt's chat-template turns
-    (the router follows conversations, 9h). One step of the loop: for bodies over
-    SYNC_BYTES, prefix_sidecar.server.openai.body_steps.read_request reads them in steps."""
+    its prompt or messages. With `store`, the route text is matched where it lies when it
+    can be (FrontRequest.matched); `window`: the router's route_window_bytes; `turns`: read
+    a long prompt's chat-template turns (9h). One loop step: body_steps.read_request steps
+    bodies over SYNC_BYTES."""
     cut = route_string_cut(raw, chat, store)
     return parse_around(raw, cut, chat=chat, window=window, turns=turns)
 
@@ -222,10 +210,9 @@ def route_string_span(raw: bytes, chat: bool) -> tuple[int, int] | None:
 
 
 def _route_string(raw: bytes, chat: bool) -> int | None:
-    """Where the prompt's (or the first message's content's) string starts in the body, by
-    a quick look for its key; None when it does not look like one. parse_request checks
-    the guess: the body parsed with that string cut out must read the mark as its route
-    text."""
+    """Where the prompt's (or first message content's) string starts, by a quick look for its
+    key; None if not found. A guess: the body parsed with it cut out must read the mark as
+    its route text (read_cut)."""
     at = _expect(raw, 0, _CHAT_HEAD if chat else _COMPLETION_HEAD)
     if chat and at is not None:
         at = _expect(raw, at, _CONTENT_HEAD)

@@ -1,18 +1,11 @@
 """A large body read in steps of the event loop, by ijson's C parser (yajl).
 
-json.loads is one C call: read with it, an 8 MiB body of 4M token ids held the loop ~1.3 s,
-one of 270k chat messages ~0.2 s (`prefix-sidecar bench body`), and every other caller
-(gRPC health checks included) waited; a thread would not help (json.loads holds the GIL).
-So a body over SYNC_BYTES goes to ijson's push parser SLICE bytes at a time, the loop given
-back after each slice, and the parser's events go to readers that keep only what routing
-reads: the model and stream, a prompt (of token ids, the head that routing reads, every id
-checked), a chat's first LEARN_MESSAGES + 1 messages and how many are the assistant's.
-body._read then checks that reduced body, so the decisions and the errors are those of a
-body read whole. Nothing else is built: the read adds ~1 MiB at most, and the collector has
-no growing tree to walk (it stays on).
-
-A body whose route string is most of it (a long prompt or system message) is read as
-body.py reads a small one: the string cut out where it lies, json.loads on the rest.
+json.loads is one C call holding the GIL (8 MiB of token ids held the loop ~1.3 s, `prefix-sidecar
+bench body`), so a body over SYNC_BYTES goes to ijson's push parser SLICE bytes per step. Its
+events go to readers that keep only what body._read checks (model, stream, cache_salt, a
+token-id prompt's head with every id checked, a chat's first LEARN_MESSAGES + 1 messages and
+its assistant count): decisions and errors match a whole read, and the read adds ~1 MiB at
+most. A body that is mostly its route string is read as body.py reads a small one.
 """
 
 from __future__ import annotations
@@ -44,12 +37,10 @@ from prefix_sidecar.server.openai.body import (
 SYNC_BYTES = 64 * 1024
 # Bytes parsed in one step of the loop: 16 KiB of one-digit token ids (8k events) is ~2 ms.
 SLICE = 16 * 1024
-# The C backend by name: without it ijson falls back to pure Python, many times slower, and
-# a missing build must fail at start, not slowly. Numbers are read as yajl reads them
-# (use_float): as exact Python numbers, an integer of over 4,300 digits (past the
-# interpreter's limit) puts a NULL in the event (ijson 3.6 does not check it) and crashes
-# the process. So in a large body an integer past 64 bits or a float past a double's range
-# is a 400, where json.loads reads it: no field that routing or sampling reads needs one.
+# The C backend by name: a missing build fails at start, not as a many-times-slower Python
+# fallback. use_float: as exact numbers, an integer past the interpreter's 4,300-digit limit
+# crashes the process (ijson 3.6 puts a NULL in the event). So a large body's integer past 64
+# bits or float past a double is a 400 (json.loads takes it): routing and sampling need none.
 _PARSER = ijson.get_backend("yajl2_c")
 _OPENS = frozenset(("start_map", "start_array"))
 _CLOSES = frozenset(("end_map", "end_array"))

@@ -1,17 +1,12 @@
 """The OpenAI-compatible HTTP front: /v1/completions, /v1/chat/completions, /v1/models, /health.
 
-A thin adapter beside the gRPC servicer: it reads what routing needs from the caller's
-body (prefix_sidecar.server.openai.body), asks the same router, and relays the caller's own
-bytes through the same attempt loop (prefix_sidecar.upstream.relay, via
-prefix_sidecar.upstream.byte_relay);
-errors take OpenAI's body and statuses, so the openai SDK raises its usual exceptions. It
-listens on `openai_listen`: loopback HOST:PORT in plain HTTP, any other address only with
-TLS (the config refuses it without), or a unix socket.
-
-The server under it is prefix_sidecar.server.openai.http1 (asyncio.Protocol, no HTTP library): four
-fixed paths need no router, no middleware and no per-request wrapper objects, and aiohttp's
-server frame cost ~0.19 ms more per 240 KB request (docs/benchmarks.md). Pod model lists
-come through the upstream client's bounded `fetch`, as health checks do.
+A thin adapter beside the gRPC servicer: it reads what routing needs from the body
+(body.py), asks the same router, and relays the caller's own bytes through the same attempt
+loop (prefix_sidecar.upstream.byte_relay); errors take OpenAI's shape, so the openai SDK
+raises its usual exceptions. `openai_listen`: loopback HOST:PORT in plain HTTP, any other
+address only with TLS (the config enforces it), or a unix socket. The server is http1 (no
+HTTP library: four fixed paths need none, and it saves ~0.19 ms per 240 KB request over
+aiohttp's, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -107,10 +102,8 @@ class OpenAIFront:
 
     async def start(self) -> None:
         listen = self.config.openai_listen
-        # A caller that leaves cancels its handler, which closes the pod's connection at
-        # once instead of at the next chunk. No access log: it would carry nothing a caller
-        # needs and cost a line per request (the request line is sidecar.requests'). Both
-        # fronts share the fds (server.common.connections): each gets a cap below them.
+        # No access log: sidecar.requests has the request line. Both fronts share the fds
+        # (server.common.connections), so each gets a cap below them.
         self._server = HTTP1Server(
             self._handle,
             max_body_bytes=self.config.max_message_bytes,
@@ -265,8 +258,7 @@ class OpenAIFront:
                 outcome.status = "CANCELLED"  # the caller left, or the handler failed
             raise
         finally:
-            # The same request line, counters and cost as a gRPC call: front=http, rpc=http_*
-            # (counted once the answer is out: nothing the pod's request waits for).
+            # Recorded as a gRPC call is (front=http, rpc=http_*); after the answer, off its path.
             self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(decision_ns / 1e9)
             prefix = decision.prefix.name if decision.prefix is not None else ""
             record_outcome(
@@ -291,11 +283,10 @@ class OpenAIFront:
     def _route(
         router: Router, parsed: FrontRequest, chat: bool, scope: Scope, size: int
     ) -> tuple[Decision, int]:
-        """The router's decision for the prompt, and its time in ns. A prompt matched where
-        it lies in the body routes as its prefix; without one, its head routes as the whole
-        prompt would (the route key reads only the route window, and no prefix matches a
-        head of a prompt that none matches). `size`: the body's bytes, what the request
-        weighs in load (cost.py)."""
+        """The router's decision and its time in ns. A prompt matched in the body routes on
+        its prefix; otherwise its head routes as the whole prompt would (the route key reads
+        only the route window; no prefix matches the head of a prompt none matches).
+        `size`: the body's bytes, the request's load weight (cost.py)."""
         prefix = parsed.prefix
         if parsed.matched and prefix is not None:
             decision = router.for_prefix(prefix, scope, tokens_of(size - prefix.size))

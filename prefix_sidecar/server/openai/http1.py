@@ -1,30 +1,14 @@
 """A small HTTP/1.1 server on asyncio.Protocol: the OpenAI front's (server.openai.front).
 
-The front needs little of HTTP: a request's head and whole body in, a whole answer or a
-stream out. This server reads the request straight from data_received, llhttp parsing it
-(httptools; prefix_sidecar.server.openai.http1_request adds the rules llhttp leaves out),
-and writes the answer straight to the transport; behind aiohttp's low-level server the same
-handler took ~0.19 ms more per 240 KB request (`bench hop --frame-ab` reruns that A/B).
-
-What it does per connection: one request at a time (a pipelined next request waits in a
-bounded buffer until the answer is out), keep-alive unless the caller or HTTP/1.0 says
-otherwise, Content-Length and chunked bodies, the handler run once the body is whole,
-`Expect: 100-continue` answered once the head is read and its Content-Length is within the
-limit, whole answers with Content-Length and streamed ones chunked (HTTP/1.0: delimited by
-the close), with the transport's backpressure (pause_writing/resume_writing). Bounded: the
-head's size and header count, the body's size (413 before reading it when Content-Length
-says so), a chunked body's bytes on the wire, chunk sizes and extensions included
-(MAX_WIRE_OVERHEAD), the time to send a head and a body, an idle keep-alive connection's
-time, how long a caller may read nothing of its answer, and the connections (over
-`max_connections` one is answered 503 and closed at once). One buffer holds what a
-connection sent and llhttp has not read, and one the body; a chunked body is read at most
-CHUNKED_STEP bytes per step of the loop. A caller that leaves cancels its request's
-handler. An error the server answers itself closes the connection, after reading and
-dropping (for at most LINGER_S) what the caller still sends, so its client reads the answer
-instead of a reset. While draining, every answer closes its connection.
-
-The connection is http1_connection.Connection (its reading half: http1_reading, where
-llhttp reads), its answers http1_answer, the request and llhttp's callbacks http1_request.
+llhttp (httptools) parses straight from data_received; answers go straight to the transport,
+with its backpressure. Per connection: one request at a time (a pipelined one waits in a
+bounded buffer), keep-alive, Content-Length or chunked bodies, the handler run once the body
+is whole and cancelled when the caller leaves. Bounded against callers: head size and header
+count, body size (413 early from Content-Length), a chunked body's wire bytes
+(MAX_WIRE_OVERHEAD), head, body, idle and write-stall times, and open connections (503 past
+`max_connections`). A self-answered error closes the connection after dropping what still
+comes for up to LINGER_S, so the client reads the answer, not a reset. Parts:
+http1_connection, http1_reading (where llhttp reads), http1_answer, http1_request.
 """
 
 from __future__ import annotations
@@ -58,10 +42,9 @@ ErrorBody = Callable[[int, str], bytes]
 
 @dataclass(eq=False)
 class HTTP1Server:
-    """The protocol factory for loop.create_server / create_unix_server, and the state its
-    connections share. `error_body(status, message)` writes the body of the errors the
-    server answers itself (the front's: OpenAI's shape). Over `max_connections` open
-    connections, a new one is answered 503 and closed at once (`refused_connections`)."""
+    """The protocol factory for loop.create_server / create_unix_server, and its connections'
+    shared state. `error_body(status, message)`: the body of errors the server answers
+    itself. Past `max_connections`, a new connection gets 503 and is closed at once."""
 
     handler: Handler
     _: KW_ONLY

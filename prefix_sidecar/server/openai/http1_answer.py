@@ -1,11 +1,8 @@
-"""The answers of the OpenAI front's server (prefix_sidecar.server.openai.http1): a whole
-`Response`, written at once with its Content-Length, or a `StreamedResponse`, written as it
-comes (chunked, or for an HTTP/1.0 caller delimited by the close), and the status line and
-headers both start with (`answer_head`).
+"""The OpenAI front server's answers (http1): a whole `Response` with its Content-Length, or a
+`StreamedResponse` written as it comes (chunked; for HTTP/1.0, ended by the close).
 
-A header value written to a caller must not end the header or smuggle another one: a value
-with a control character (a pod's Content-Type is passed on) is dropped, and so is a name
-that is not a token.
+A header whose value has a control character (a pod's Content-Type is passed on) or whose
+name is not a token is dropped, so no header can end the head or smuggle another.
 """
 
 from __future__ import annotations

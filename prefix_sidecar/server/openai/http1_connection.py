@@ -115,9 +115,8 @@ class Connection(Reading, asyncio.Protocol):
     # --- reading: http1_reading.Reading, but for the start of the handler ---
 
     def _start(self) -> None:
-        """The request is whole: run its handler. (Not before: a handler that waited for
-        the body would cost a task switch more; `Expect: 100-continue` is answered as soon
-        as the head is read and its Content-Length is within the limit.)"""
+        """The request is whole: run its handler (only now, saving a task switch;
+        `Expect: 100-continue` was answered at the head)."""
         request = self._request
         assert request is not None
         request.body = self._reader.body()

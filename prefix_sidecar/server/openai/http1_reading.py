@@ -1,12 +1,10 @@
-"""How the OpenAI front's server (prefix_sidecar.server.openai.http1) reads a request:
-the `Reading` half of its connection, llhttp parsing (http1_request.RequestReader).
+"""The `Reading` half of the OpenAI front server's connection (http1): what llhttp is fed.
 
-Where llhttp reads: the head from its first byte to its blank line (found here, so the
-request line is checked before llhttp reads it and a head is counted exactly), a
-Content-Length body to its last byte, a chunked body in steps, each ending at the latest
-after a CRLFCRLF (where alone a chunked message can end). So llhttp never reads past the
-message in hand, and each message starts at the start of a feed. A read that starts a
-request is read where it lies; only what is left over is buffered (one buffer).
+llhttp reads a head from its first byte to its blank line (found here first, so the request
+line is checked and the head's size counted exactly), a Content-Length body to its last byte,
+and a chunked body in steps, each ending at the latest after a CRLFCRLF (the only place a
+chunked message can end). So llhttp never reads past the message in hand and each message
+starts a feed. A read that starts a request is read where it lies; only the rest is buffered.
 """
 
 from __future__ import annotations
@@ -28,13 +26,12 @@ from prefix_sidecar.server.openai.http1_request import (
 MAX_HEAD_BYTES = 16 * 1024  # the request line and headers
 HEAD_TIMEOUT_S = 10.0  # from a request's first byte to its head's end
 BODY_TIMEOUT_S = 60.0  # from the head's end to the body's
-# A chunked body's wire bytes beyond its data: a quarter of the body limit (chunks of 28
-# bytes and more fit: "1c\r\n" + data + "\r\n"), and at least 64 KiB. In 2-byte chunks, 7
-# wire bytes carry 2 of data: such a body meets this bound long before the data limit.
+# A chunked body's wire bytes beyond its data: a quarter of the body limit, at least 64 KiB.
+# Chunks of 28+ bytes fit ("1c\r\n" + data + "\r\n"); tiny chunks hit it before the data limit.
 MAX_WIRE_OVERHEAD = 4
 MIN_WIRE_OVERHEAD = 64 * 1024
-# llhttp calls back once per chunk: 64 KiB of 2-byte chunks is ~9,400 calls, ~4 ms. A
-# chunked body is fed in steps of this many bytes, the loop serving others between them.
+# A chunked body's bytes fed per step of the loop: llhttp calls back once per chunk, and
+# 64 KiB of 2-byte chunks is ~9,400 calls, ~4 ms.
 CHUNKED_STEP = 64 * 1024
 MAX_FEEDS_PER_STEP = 256  # a body dense with CRLFCRLF is fed up to each of them
 

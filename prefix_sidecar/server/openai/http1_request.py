@@ -1,23 +1,14 @@
-"""One caller's requests as llhttp reads them (httptools.HttpRequestParser), for the OpenAI
-front's server (prefix_sidecar.server.openai.http1), with what llhttp leaves to its user.
+"""One connection's requests as llhttp (httptools) reads them, with the checks it leaves out.
 
-Everything here comes from a caller and is untrusted. llhttp (Node's parser, uvicorn's fast
-path) reads the framing strictly: header names are tokens right before their colon, no
-folded lines, no control character but tab in a value, one Content-Length of digits, never
-beside a Transfer-Encoding, chunk sizes of hex digits only, CRLF line ends, a chunk
-extension ended by CRLF. What it does not enforce, `RequestReader` does
-(tests/server/openai/test_http1.py covers each):
-- the request line: one space between its three parts, a method of at most 32 token
-  characters, a target of 1 to 8,192 visible ASCII characters, HTTP/1.1 or HTTP/1.0 only
-  (505: llhttp also takes 0.9 and 2.0), the target a path or an absolute http(s) URL;
-- at most MAX_HEADERS header lines (431), the head's size (the server's, 431), the trailers'
-  size (431);
-- Transfer-Encoding only `chunked` (501: llhttp takes `gzip, chunked`), and only on
-  HTTP/1.1; Expect only `100-continue` (417);
-- a value's trailing blanks dropped (llhttp keeps them), a repeated header's values joined.
-Sizes are counted here as the callbacks come: the body's bytes against the server's limit
-(413). Errors are HTTPError with the status to answer; their messages quote none of what
-the caller sent.
+All of it is untrusted. llhttp enforces the framing (token header names, no folding, no control
+character but tab in a value, one numeric Content-Length never beside Transfer-Encoding, hex
+chunk sizes, CRLF). `RequestReader` adds (each covered in tests/server/openai/test_http1.py):
+- the request line: single spaces, a method of <= 32 token chars, a target of 1-8,192 visible
+  ASCII chars (a path or absolute http(s) URL), HTTP/1.1 or 1.0 only (505);
+- <= MAX_HEADERS header lines and MAX_TRAILER_BYTES of trailers (431); body bytes (413);
+- Transfer-Encoding only `chunked`, only on HTTP/1.1 (501); Expect only `100-continue` (417);
+- values' trailing blanks dropped, a repeated header's values joined.
+Errors are HTTPError with the status to answer; their messages quote nothing the caller sent.
 """
 
 from __future__ import annotations

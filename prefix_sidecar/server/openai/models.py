@@ -1,13 +1,10 @@
 """GET /v1/models on the HTTP front: every pool's models, as the pods list them.
 
-Each pool's list is the one a serving pod of that pool gives (vLLM's entries: the model,
-its LoRA adapters with their parent, max_model_len), then any configured name the pod did
-not list (an alias) as a plain entry; a pool none of whose pods answered lists its
-configured names alone. A config without `pools` has one pool taking any model: its pod's
-answer is relayed as the pod wrote it.
-
-Pod answers are untrusted: each is read through the client's bounded fetch, and at most
-MAX_ENTRIES entries of each, with a string id, are kept.
+A pool lists what one of its serving pods lists (vLLM's entries: the model, its LoRA
+adapters, max_model_len), then each configured name the pod lacks (an alias); with no pod
+answering, its configured names alone. Without `pools` in the config the pod's answer is
+relayed as written. Pod answers are untrusted: read through the client's bounded fetch, at
+most MAX_ENTRIES entries with a string id kept.
 """
 
 from __future__ import annotations

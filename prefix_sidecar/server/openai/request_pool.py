@@ -1,12 +1,9 @@
-"""Which pool a caller's body goes to: the model it names, read before the body is, picks
-the pool whose registered prefixes the body's route string is then matched against
-(body.py). An unknown model is a 404 in OpenAI's shape (code model_not_found).
+"""Which pool a caller's body goes to: its model, peeked at first, picks the pool whose
+prefixes the body is then read with (body.py). An unknown model is a 404 (model_not_found).
 
-The route string (the prompt, or the first message's content) is found and cut out as
-body.py cuts it, and the rest of the body, a few hundred bytes, is parsed whole: a long
-prompt is scanned once for its closing quote, never decoded. A body that cannot be read that
-way (a prompt of token ids, an unusual escape) is read by the front whole, with no prefix
-store, and its model taken from that.
+The peek cuts out the route string as body.py does and parses only the small rest, so a long
+prompt is scanned for its closing quote, never decoded. A body that cannot be peeked at (a
+token-id prompt, an unusual escape) is read once with no prefix store to find its model.
 """
 
 from __future__ import annotations
@@ -56,8 +53,8 @@ def peek_model(raw: bytes, chat: bool) -> str | None:
 
 async def read_in_pool(pools: Pools, raw: bytes, chat: bool) -> tuple[ModelPool, FrontRequest]:
     """The request's pool, by its body's model, and what routing reads of the body. With
-    one pool the model is not looked at first; with several it is peeked at, or, when it
-    cannot be, the body is read once to find it and again with the pool's prefixes."""
+    several pools the model is peeked at, or when it cannot be, found by a read without
+    prefixes; the body is then read with the pool's."""
     pool = pools.default
     if len(pools) > 1:
         model = peek_model(raw, chat)

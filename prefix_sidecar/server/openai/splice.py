@@ -1,13 +1,10 @@
 """Edits of a caller's body on the OpenAI front: a registered prefix spliced in, an alias
 model name replaced by the pool's own.
 
-With `x-prefix-id` or `x-prefix-name`, the caller sends only the thin query; the sidecar
-puts the prefix's escaped bytes (PrefixEntry.json_bytes, kept once at registration) in
-front of the prompt, or as a system message before the caller's messages, exactly as the
-gRPC path does. Everything else in the body stays as written: the walk below finds where
-the top-level `prompt` or `messages` value starts and the prefix is inserted there, so no
-value is re-serialized. A thin body is small (the prefix is what is large), so walking it
-once more after the routing parse costs little.
+With `x-prefix-id` or `x-prefix-name` the caller sends only the thin query; the prefix's
+escaped bytes (PrefixEntry.json_bytes) go in front of the prompt, or as a system message
+before the messages, as on the gRPC path. Nothing is re-serialized: the walk below finds
+where the top-level value starts and inserts there. Thin bodies are small, so it is cheap.
 """
 
 from __future__ import annotations
