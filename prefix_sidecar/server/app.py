@@ -1,14 +1,9 @@
-"""Assemble and run one sidecar: its pools (server/model_pool.py), the gRPC server, the HTTP
-front, the metrics.
+"""Assemble and run one sidecar: its pools (server.model_pool, looked up by server.pools),
+the gRPC server (server.grpc.server), the HTTP front and the metrics.
 
-Shape after hypercorn's `serve(config, shutdown_trigger=...)`: the shutdown trigger is
-injectable, so tests stop a sidecar without signals. On shutdown, health turns NOT_SERVING
-first (probes and clients stop sending), new calls are refused, streams get `grace_s` to
-finish, then the upstream client closes.
-
-The parts come from their own modules: the gRPC server (server.grpc.server), each pool's
-store, ring, health, load signals, prewarm and relay (server.model_pool), the lookup of a
-request's pool by its model (server.pools).
+The shutdown trigger is injectable, as in hypercorn's `serve`, so tests stop a sidecar without
+signals. On shutdown /readyz turns 503, the fronts refuse new calls, health turns NOT_SERVING,
+open streams get `grace_s` to finish, then the pools' tasks and clients close.
 """
 
 from __future__ import annotations
@@ -84,8 +79,7 @@ class Sidecar(AsyncService):
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start everything; a start that fails half way (a metrics port in use, a bad TLS
-        file) releases what it opened - server, client, socket file, tasks - and raises."""
+        """Start everything; a failure half way releases what was opened, then raises."""
         try:
             await self._start()
         except BaseException:
@@ -141,10 +135,9 @@ class Sidecar(AsyncService):
         """Drain and release; safe after a partial start and when called again."""
         grace = self.config.grace_s if grace_s is None else grace_s
         self.readiness.drain()
-        # Both doors drain at once: the shutdown takes one grace period, not two. The gRPC
-        # server stops taking calls before health says NOT_SERVING (open calls such as that
-        # Watch still finish), so a caller who acts on NOT_SERVING gets UNAVAILABLE, never a
-        # call accepted and then cancelled by the stop.
+        # Both fronts drain at once: one grace period, not two. The gRPC server refuses new
+        # calls before health says NOT_SERVING (open calls, a health Watch too, finish), so a
+        # caller acting on NOT_SERVING gets UNAVAILABLE, never an accepted call then cancelled.
         stopping = [asyncio.ensure_future(self.server.stop(grace))] if self.server else []
         if self.openai is not None:
             stopping.append(asyncio.ensure_future(self.openai.stop(grace)))
@@ -162,14 +155,14 @@ class Sidecar(AsyncService):
         if self._metrics_runner is not None:
             runner, self._metrics_runner = self._metrics_runner, None
             await runner.cleanup()  # type: ignore[attr-defined]
-        # grpc unlinks the path when it stops listening, and a sidecar started since then may
-        # have bound it again (an overlapping restart): remove only the file this one bound.
+        # grpc unlinks the path on stop and an overlapping restart may have bound it again:
+        # remove only the file this sidecar bound.
         self.socket_file.remove()
         logger.info("prefix-sidecar stopped")
 
     def _table_changed(self) -> None:
-        """A pool's routing table changed (never while the pools are built: a table changes
-        with its members, from start on): readiness reads every pool's pods."""
+        """A pool's routing table changed (only from start on): refresh readiness from every
+        pool's pods."""
         self.readiness.observe(
             backend.state for pool in self.pools for backend in pool.pool.backends.values()
         )
@@ -205,8 +198,8 @@ async def serve(
     """Run a sidecar until the trigger fires (default: SIGTERM or SIGINT)."""
     sidecar = Sidecar(config, policy=policy)
     await sidecar.start()
-    # What start-up built (modules, descriptors, the prefixes) lives as long as the process:
-    # out of the collector's reach, a full collection no longer walks it on the loop.
+    # What start-up built (modules, descriptors, prefixes) lives as long as the process:
+    # frozen, a full collection does not walk it on the loop.
     gc.freeze()
     if ready is not None:
         ready(sidecar)

@@ -1,11 +1,10 @@
 """One pool of a sidecar: one model's pods and everything that routes to them.
 
-A pool (config `pools`, prefix_sidecar/config/pools.py) has its own prefix store, backend
-pool and ring, router, health checks, load signals, prewarm, warm-before-serve, prefix
-sizing, KV-event following and relay; its pod client keeps its own connection budget per
-pod. What it shares with the other pools is the sidecar's: the metrics, the fronts and the
-process. Built from the pool's own config (the top level with the pool's keys), so a pool
-routes exactly as a one-pool sidecar with its config would.
+A pool (config `pools`, prefix_sidecar/config/pools.py) owns its prefix store, backend pool
+and ring, router, health checks, load signals, prewarm, warm-before-serve, prefix sizing,
+KV-event following, relay, and a pod client with its own per-pod connection budget; it shares
+the sidecar's metrics, fronts and process. Built from its own config (the top level with the
+pool's keys), it routes exactly as a one-pool sidecar with that config would.
 """
 
 from __future__ import annotations
@@ -39,15 +38,14 @@ from prefix_sidecar.upstream.tokenize import PrefixSizer
 
 logger = logging.getLogger(__name__)
 
-# How long a registration waits for the pods to count its prefix before it prewarms: one
-# POST /tokenize of an 80k-token prefix took ~0.1 s on a vLLM CPU pod; the sizer's own
-# timeout per attempt is 10 s.
+# How long a registration waits for its prefix's count before it prewarms: the sizer's own
+# timeout per attempt (a /tokenize of an 80k-token prefix took ~0.1 s on a vLLM CPU pod).
 COUNT_WAIT_S = 10.0
 
 
 class ModelPool:
-    """The parts of one pool; `start` loads its prefixes and starts its tasks, `stop` ends
-    them (the sidecar stops the fronts first)."""
+    """The parts of one pool: `load_prefixes`, then `start` its tasks; to stop, `take_tasks`
+    (the caller cancels them), then `close`."""
 
     def __init__(
         self,
@@ -57,8 +55,8 @@ class ModelPool:
         policy: str | None = None,
         on_table: Callable[[], None] = lambda: None,
     ) -> None:
-        """`config`: the pool's own (config.pools.pool_configs); `on_table`: called after
-        every routing table change of this pool (the sidecar's readiness)."""
+        """`config`: the pool's own (config.pools.pool_configs); `on_table`: called after each
+        change of this pool's routing table (the sidecar's readiness)."""
         self.name = spec.name
         self.models = spec.models
         self.config = config
@@ -158,8 +156,8 @@ class ModelPool:
         )
 
     async def counted(self) -> None:
-        """Waits, at most COUNT_WAIT_S, until the registered prefixes are counted (or given
-        up on): a count moves homes, so a prewarm before it may warm the wrong pods."""
+        """Wait, at most COUNT_WAIT_S, until the registered prefixes are counted (or given up
+        on): a count moves homes, so a prewarm before it may warm the wrong pods."""
         if self.sizer is not None:
             await self.sizer.idle(COUNT_WAIT_S)
 
@@ -242,8 +240,8 @@ class ModelPool:
         self.pool.set_members(members)
         if self.signals is not None:
             self.signals.set_members(m.url for m in members)
-        # Pod IPs change on every rollout: drop every series of the pods that left (an
-        # in-flight gauge of a stream still running stays until it ends, see Metrics._drop).
+        # Pod IPs change on every rollout: drop the series of pods that left (a running
+        # stream's in-flight gauge stays until it ends, see Metrics._drop).
         self.metrics.forget_backends()
         self.health.set_members([m.url for m in members])
         self.adapters.set_members(m.url for m in members)
@@ -256,8 +254,8 @@ class ModelPool:
         )
 
     def _pods_kv_changed(self, kv_tokens: int | None) -> None:
-        """The pods' agreed KV size changed: with no configured budget (the override), the
-        budget is that size x HOME_KV_FRACTION (docs/load-signals.md)."""
+        """The pods' agreed KV size changed: unless a budget is configured, the home budget is
+        that size x HOME_KV_FRACTION (docs/load-signals.md)."""
         if self.config.home_kv_budget_tokens or not placement.HOME_KV_FRACTION:
             return
         budget = int(kv_tokens * placement.HOME_KV_FRACTION) if kv_tokens else 0
@@ -272,7 +270,7 @@ class ModelPool:
 
     def _table_changed(self, table: RoutingTable) -> None:
         if self.sizer is not None:
-            self.sizer.wake()  # a pod became healthy: prefixes not yet counted can be
+            self.sizer.wake()  # a pod may be healthy now: count what is still uncounted
         for backend in self.pool.backends.values():
             self.metrics.set_backend(backend.url, backend.state, backend.healthy)
         self._on_table()

@@ -1,11 +1,9 @@
 """Which pool a request's model goes to: the sidecar's pools, looked up by model name.
 
-A pool answers to the model names it is configured with (aliases included) and to the
-LoRA adapters its pods report (`ModelPool.adapters`, from their /v1/models). A request that
-names no model goes to the first pool, as a one-pool sidecar's always did; a config
-without `pools` has one pool that takes any model. A name nobody serves is refused
-(`UnknownModel`: NOT_FOUND on gRPC, a 404 on HTTP) with the names this sidecar knows, so a
-typo is fixed from the message.
+A pool answers to its configured model names (aliases included) and to the LoRA adapters its
+pods report (`ModelPool.adapters`, from /v1/models). No model: the first pool; a config
+without `pools` has one pool that takes any model. An unknown name raises `UnknownModel`
+(NOT_FOUND on gRPC, 404 on HTTP) listing the known names, so a typo is fixed from the message.
 """
 
 from __future__ import annotations

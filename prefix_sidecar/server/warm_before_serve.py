@@ -1,10 +1,10 @@
 """Warm before serve: a (re)joining pod is prewarmed with the prefixes it is home for, then
-admitted to the ring (config `warm_before_serve`); and a warm prefix whose homes move is
+admitted to the ring (config `warm_before_serve`); a warm prefix whose homes move is
 prewarmed on its new homes.
 
-One warm-up per pod: a pod that leaves and rejoins while it warms starts over, and the
-first warm-up is cancelled. A pod that cannot be warmed still serves, cold: losing capacity
-at peak is worse than one slow first request.
+One warm-up per pod: a pod that rejoins while it warms starts over (the first is cancelled).
+A pod that cannot be warmed still serves, cold: losing capacity at peak is worse than one
+slow first request.
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ from prefix_sidecar.routing.router import Router
 
 logger = logging.getLogger(__name__)
 
-# Seconds between NewHomeWarmup's own passes, besides those its triggers ask for: a home
-# that moved while the prefix's first prewarm ran is found by the next one. A pass reads
-# each registered prefix's home set once (~5 ms at max_prefixes 1,024), so it yields to
-# the loop every PREFIXES_PER_STEP prefixes.
+# Seconds between NewHomeWarmup's own passes: they find a home that moved during a prewarm.
 NEW_HOME_CHECK_S = 5.0
+# A pass reads every prefix's home set (~5 ms for 1,024): it yields to the loop this often.
 PREFIXES_PER_STEP = 256
 
 
@@ -74,15 +72,11 @@ class JoinerWarmup:
 class NewHomeWarmup:
     """Keeps a warm prefix warm on its homes when the placement moves them.
 
-    The placement changes after registration: the pods report their KV size (vLLM's
-    cache_config_info, read by the first /metrics polls), a pod counts the prefix's tokens,
-    a pod leaves. A prefix prewarmed on its first homes then routes to a pod that never saw
-    it: on a 2-pod vLLM fleet 3 of 8 registered prefixes were, each first request a cold
-    5k-16k-token prefill (`prefix-sidecar bench real --engine vllm`). Called after each
-    such change, this prewarms every prefix already warm somewhere on each serving home
-    that lacks it; joining pods are JoinerWarmup's. One pass at a time; a change during a
-    pass asks for another, and `run` makes one every NEW_HOME_CHECK_S. The sidecar calls
-    it only once it has started, from its event loop.
+    Homes move after registration: the pods report their KV size (vLLM's cache_config_info),
+    a pod counts the prefix's tokens, a pod leaves. Each call prewarms every prefix already
+    warm somewhere on each serving home that lacks it (joining pods are JoinerWarmup's).
+    One pass at a time: a call during a pass asks for another; `run` adds one every
+    NEW_HOME_CHECK_S. Call only from the event loop, once the sidecar has started.
     """
 
     prewarmer: Prewarmer
@@ -110,8 +104,8 @@ class NewHomeWarmup:
             self()
 
     async def settle(self) -> None:
-        """Asks for a pass and returns once none runs: every warm prefix is warm on its
-        serving homes, or its prewarm there failed."""
+        """Ask for a pass and return once none runs: every warm prefix is warm on its serving
+        homes, or its prewarm there failed."""
         self()
         while self._task is not None and not self._task.done():
             await asyncio.wait([self._task])

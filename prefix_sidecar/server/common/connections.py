@@ -1,18 +1,13 @@
 """Callers' connections and the process's file descriptors, shared by both fronts.
 
-Every connection holds an fd. A process whose fds run out can no longer accept, open a pod
-connection, or answer a health check: under systemd's default soft nofile of 1,024, 1,100
-idle HTTP connections made every gRPC call time out. So, at start:
-- the soft RLIMIT_NOFILE is raised to the hard limit (`raise_fd_limit`), as nginx's
-  worker_rlimit_nofile and most servers do: the soft limit is only a default;
-- each front gets a cap (`front_cap`) below what is left: at most 4,096 connections each
-  (the gRPC front's `grpc.max_allowed_incoming_connections`), and together no more than
-  three quarters of the fds, the last quarter (at least 64) kept for pod connections, the
-  metrics server, logs and files. A connection over its front's cap is
-  closed at once (the HTTP front answers it 503 first; grpc closes it in its core);
-- a failing accept (EMFILE, ENFILE, ENOBUFS) is logged at most once per LOG_EVERY_S, with
-  a count, not once per attempt: asyncio logs a traceback per failed accept, and 554k of
-  them (246 MB) were written in 15 s (`install_accept_log`).
+Every connection holds an fd, and a process out of fds can no longer accept, dial a pod or
+answer a health check. So, at start:
+- `raise_fd_limit` raises the soft RLIMIT_NOFILE to the hard limit, as most servers do;
+- `front_cap` caps each front at 4,096 connections, and all together at three quarters of
+  the fds: the last quarter (at least 64) is kept for pod connections, metrics, logs and
+  files. Over its cap a connection is closed at once (the HTTP front answers 503 first);
+- `install_accept_log` logs a failing accept (EMFILE, ENFILE, ENOBUFS) at most once per
+  LOG_EVERY_S with a count, where asyncio would log a traceback per attempt.
 """
 
 from __future__ import annotations
@@ -77,8 +72,8 @@ class AcceptLog:
         self._quiet = 0  # events since the last line
 
     def _line(self, level: int, message: str, *args: object) -> None:
-        """Log `message` with `args` and then the count of events quieted since the last
-        line, or only count this one when a line went out less than `every_s` ago."""
+        """Log `message` with `args` and the count quieted since the last line; within
+        LOG_EVERY_S of that line, only count."""
         now = time.monotonic()
         if now - self._last < LOG_EVERY_S:
             self._quiet += 1
@@ -106,7 +101,7 @@ class AcceptLog:
 
 def install_accept_log(loop: asyncio.AbstractEventLoop) -> AcceptLog:
     """Route asyncio's per-attempt "socket.accept() out of system resource" tracebacks
-    through an AcceptLog; every other context goes where it went before."""
+    through an AcceptLog; every other context goes to the previous handler."""
     previous = loop.get_exception_handler()
     installed = getattr(previous, "accept_log", None)
     if isinstance(installed, AcceptLog):

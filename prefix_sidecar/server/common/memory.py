@@ -1,10 +1,9 @@
 """Give memory freed after a burst back to the OS.
 
-An abusive burst (HTTP/2 rapid reset: thousands of calls queued in grpc core, each with its
-buffers) is freed when it ends, but glibc keeps the freed heap pages mapped, so the RSS a
-pod's memory limit counts stays at the burst's peak. `malloc_trim(0)` returns every whole
-free page of every arena. It runs in a thread (ctypes drops the GIL around the call, so the
-event loop goes on) every TRIM_INTERVAL_S, and only on glibc: elsewhere this is a no-op.
+After an abusive burst (HTTP/2 rapid reset) glibc keeps the freed heap pages mapped, so the
+RSS a pod's memory limit counts stays at the peak. `malloc_trim(0)` returns every whole free
+page of every arena; it runs every TRIM_INTERVAL_S in a thread (ctypes drops the GIL, so the
+loop goes on), and only on glibc: elsewhere this is a no-op.
 """
 
 from __future__ import annotations

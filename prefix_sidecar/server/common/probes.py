@@ -1,20 +1,12 @@
-"""Liveness and readiness over HTTP, on the metrics port, for Kubernetes' httpGet probes.
+"""Liveness and readiness over HTTP on the metrics port, for Kubernetes' httpGet probes
+(well under a millisecond each; an exec probe would start a Python process).
 
-An exec probe starts a Python process (~0.15 CPU-s each, ~20m CPU per pod at relaxed
-periods); an HTTP GET costs the sidecar well under a millisecond.
-
-- `/livez`: 200 while the event loop answers (the handler runs on it). A wedged loop times
-  the probe out and the kubelet restarts the container.
-- `/readyz`: 200 when this sidecar should get traffic, 503 (with the reason) otherwise:
-  - while no pod is serving (healthy and warm): the caller could get nothing done;
-  - at start, until warm-before-serve of the first members has finished (each pod's prewarm
-    done, failed or timed out) - the startup probe waits for it, so the app's first requests
-    find the prefixes warm;
-  - at start, while a start gate holds (kv_events: the pods' KV-event history read, so that
-    the first requests are routed on what the pods hold, not on half their history);
-  - while draining after SIGTERM.
-
-A pod that joins later warms without making the sidecar unready: the others still serve.
+- `/livez`: 200 while the event loop answers (the handler runs on it).
+- `/readyz`: 200 when this sidecar should get traffic, else 503 with the reason: no pod
+  serving (healthy and warm); at start, the first members' warm-before-serve not over (each
+  prewarm done, failed or timed out), or a start gate holding (kv_events: the pods' KV-event
+  history not yet read); draining after SIGTERM. A pod that joins later warms without making
+  the sidecar unready: the others still serve.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The TLS files of both TCP listeners, loaded so that a bad one is named.
 
-OpenSSL says "[SSL] PEM lib (_ssl.c:3900)" for a certificate that is not PEM, a key that
-is not a key, or a key of another certificate, and grpc says less: a start that fails on a
-TLS file names the file, its config field and what is wrong with it (ValueError, which
-`prefix-sidecar serve` prints and exits 1 on).
+OpenSSL says only "[SSL] PEM lib" for a bad certificate, a bad key or a mismatched pair, and
+grpc says less: here a bad TLS file raises ValueError naming the file, its config field and
+what is wrong (`prefix-sidecar serve` prints it and exits 2).
 """
 
 from __future__ import annotations

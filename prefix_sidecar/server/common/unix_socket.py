@@ -1,18 +1,15 @@
 """The unix socket callers dial: stale files replaced safely, permissions 0660 by default.
 
-A socket file left by a crashed sidecar would make bind() fail; deleting whatever is at the
-path would let a typo delete a real file or steal a live sidecar's socket. So: a socket
-nobody answers on is replaced, a live one or a non-socket is an error naming the path.
+A socket nobody answers on (a crashed sidecar's) is replaced; a live one or a non-socket is
+an error naming the path, so a typo cannot delete a real file or steal a live socket.
 
-In an overlapping restart the old sidecar stops accepting when SIGTERM arrives and the new one
-binds the path while the old one drains; so on exit a sidecar removes the path only if it is
-still the file it bound itself: same device, inode and change time. The inode alone is not
-enough: grpc unlinks the old file when it stops listening, and the filesystem may hand its
-freed inode number to the new sidecar's socket (CI saw an old sidecar delete the new one's).
+In an overlapping restart the new sidecar binds the path while the old one drains, so on exit
+a sidecar removes the path only if it is still the file it bound: same device, inode and
+change time (grpc unlinks the old file on stop, and its inode number may be reused).
 
-The directories it creates are 0750 whatever the umask, and a directory on the way that anyone
-may write without the sticky bit is refused: anyone could swap the socket (or a directory)
-for their own and read every prompt.
+Directories it creates are 0750 whatever the umask; a directory on the way that anyone may
+write without the sticky bit is refused: anyone could swap the socket (or a directory) for
+their own and read every prompt.
 """
 
 from __future__ import annotations

@@ -9,13 +9,12 @@ import grpc
 
 
 class EarlyHeaders:
-    """Send a stream's response headers (initial metadata) once a pod accepted the request,
-    while it works on the prompt.
+    """Send a stream's initial metadata once a pod accepted the request, while it prefills.
 
-    A grpc.aio client receives the headers and the first message in two steps, each a hop
-    through its completion-queue thread; with the headers already there when the first
-    chunk is written, that hop is off the time to first token. A task, so the relay is not
-    held up; not before a pod accepted, so a call no pod takes still ends trailers-only.
+    A grpc.aio client takes the headers and the first message in two completion-queue hops;
+    headers sent early take one hop off the time to first token. Sent from a task, so the
+    relay is not held up; never before a pod accepted, so a call no pod takes ends
+    trailers-only.
     """
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
@@ -32,9 +31,9 @@ class EarlyHeaders:
             self.pending = True
 
     async def settle(self) -> None:
-        """Wait for the headers before anything else goes out on the call: grpc sends
-        initial metadata once, and the first message or the status would add them again.
-        Their failure is the call's, which the next step on the call reports."""
+        """Wait for the headers before anything else goes out: otherwise the first message or
+        the status would send initial metadata again. A failure here is the call's, reported
+        by the call's next step."""
         if self.pending and self._task is not None:
             self.pending = False
             with contextlib.suppress(Exception):

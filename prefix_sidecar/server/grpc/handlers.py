@@ -1,9 +1,8 @@
 """Register the servicer with request decoding that cannot fail as INTERNAL.
 
-The generated `add_RouterServicer_to_server` decodes with `FromString`, and a request with
-invalid UTF-8 in a string field then dies inside grpc as INTERNAL "Exception deserializing
-request". Decoding here returns a marker instead, and the handler answers it with
-INVALID_ARGUMENT and the parser's reason: bad input gets the right status.
+With the generated `add_RouterServicer_to_server`, invalid UTF-8 in a string field dies inside
+grpc as INTERNAL "Exception deserializing request". Here decoding returns a marker, which the
+handler answers with INVALID_ARGUMENT and the parser's reason.
 """
 
 from __future__ import annotations
@@ -46,9 +45,8 @@ def _reject_message(request: Undecodable) -> str:
 
 
 def _reject_undecodable(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Answer an Undecodable request with INVALID_ARGUMENT before a coroutine method runs:
-    a unary method, or a streaming one that sends with context.write (the check then costs
-    one await at the start instead of a generator resume per message)."""
+    """Answer an Undecodable request with INVALID_ARGUMENT before a coroutine method runs
+    (unary, or streaming with context.write: one await, not a generator resume per message)."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Undecodable):

@@ -1,11 +1,9 @@
-"""From a checked request to a routing decision, and for Complete and Chat to the body the
-pod gets: one `Planner` answers every RPC's "which prefix, which pod, what is sent".
+"""From a checked request to a routing decision and, for Complete and Chat, the pod's body:
+one `Planner` answers every RPC's "which prefix, which pod, what is sent".
 
-Each step that can refuse raises RpcAbort with the status a client can branch on: an
-unknown prefix is NOT_FOUND, no pod to route to is UNAVAILABLE, a bad field is
-INVALID_ARGUMENT (from validation.py). The order is fixed: the prefix and the input are
-checked, the call is routed, and then the sampling fields and extra_json are checked as the
-body is built.
+A refusal raises RpcAbort with a status a client can branch on: unknown prefix NOT_FOUND, no
+pod UNAVAILABLE, bad field INVALID_ARGUMENT (validation.py). The order is fixed: prefix and
+input checked, call routed, then sampling fields and extra_json checked as the body is built.
 """
 
 from __future__ import annotations
@@ -51,8 +49,8 @@ class UpstreamPlan:
     chat: bool
     named: str = ""  # the prefix_name the caller sent, if any
     raw_events: bool = False  # the caller wants each pod event's JSON in Chunk.events
-    # Routed by the prompt: its text as /tokenize takes it, for precise routing, and the
-    # model the pod's body names ("": the pod's default), which tokenizes it.
+    # Routed by the prompt: its text as /tokenize takes it (precise routing) and the model
+    # the pod's body names ("": the pod's default), which tokenizes it.
     tokenize: dict[str, Any] | None = None
     model: str = ""
     scope: Scope = NO_SCOPE  # its adapter and cache salt, which key its blocks

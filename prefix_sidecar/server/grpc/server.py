@@ -1,9 +1,9 @@
 """The grpc.aio server of one sidecar: its limits against hostile callers, its services
 (Router, health, reflection) and its TCP listener with TLS.
 
-The limits are server options fixed at construction, each beside the measurement that chose
-it. The unix socket is bound by the sidecar itself, under the umask that keeps the file
-from ever being more open than `socket_mode` (prefix_sidecar.server.common.unix_socket).
+The limits are server options, each beside the measurement that chose it (docs/RELIABILITY.md).
+The sidecar binds the unix socket itself, under a umask that keeps the file never more open
+than `socket_mode` (prefix_sidecar.server.common.unix_socket).
 """
 
 from __future__ import annotations
@@ -27,35 +27,26 @@ def grpc_server(max_message_bytes: int) -> grpc.aio.Server:
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
             # Hostile-caller limits, measured with `prefix-sidecar attack`.
-            # HTTP/2 rapid reset: every HEADERS+RST_STREAM still becomes a call that
-            # waits in grpc core's pending queue (~30 KB each) until Python takes it;
-            # 100,000 pending let RSS grow to 2 GB. grpc counts a reset stream
-            # against max_concurrent_streams until its call is freed, so one connection
-            # holds at most 4,096 of them. Lower caps refuse a legitimate caller's
-            # streams (RST_STREAM REFUSED_STREAM, UNAVAILABLE to it): a 2,500-call burst
-            # on one channel must pass, and at 256 or 1,024 it did not.
+            # HTTP/2 rapid reset: each reset stream is still a call (~30 KB in core's pending
+            # queue) and counts here until freed. Not lower: a legitimate 2,500-call burst on
+            # one channel must pass (256 and 1,024 refused it with REFUSED_STREAM).
             ("grpc.max_concurrent_streams", 4096),
-            # 5,000 pending calls bound the queue at ~150 MB (soft = hard: nothing is
-            # shed at random below it). A call unrequested for 10 s is dropped in C,
-            # without costing Python. Not less: on a loaded 2-core box Python takes a
-            # legitimate 2,500-call burst in seconds, and at 1 s most of it was CANCELLED.
+            # The pending queue bounded at ~150 MB (soft = hard: nothing shed at random
+            # below); a call unrequested for 10 s is dropped in C. Not 1 s: a loaded 2-core
+            # box takes a legitimate 2,500-call burst in seconds.
             ("grpc.server.max_pending_requests", 5_000),
             ("grpc.server.max_pending_requests_hard_limit", 5_000),
             ("grpc.server_max_unrequested_time_in_server", 10),
-            # A caller's metadata: grpc's defaults, pinned (8 KiB soft, 16 KiB hard). A
-            # CONTINUATION flood is cut at the hard limit.
+            # grpc's metadata defaults, pinned: a CONTINUATION flood is cut at the hard limit.
             ("grpc.max_metadata_size", 8 * 1024),
             ("grpc.absolute_max_metadata_size", 16 * 1024),
-            # A connection that never sends its preface holds an fd for 120 s by
-            # default; a local caller needs milliseconds.
+            # A connection that never sends its preface holds an fd (120 s by default); a
+            # local caller needs milliseconds.
             ("grpc.server_handshake_timeout_ms", 20_000),
-            # Every connection holds an fd and ~40 KB of buffers: a local process opening
-            # them by the thousand must meet a bound before the fd limit (the image's
-            # nofile is 20,000). A sidecar's callers need a handful each.
-            # (server.common.connections: below the fds, shared with the HTTP front.)
+            # Each connection holds an fd and ~40 KB: capped below the fd limit, shared with
+            # the HTTP front (server.common.connections). Callers need a handful each.
             ("grpc.max_allowed_incoming_connections", connections.front_cap(fronts=2)),
-            # Connections with no call for 10 minutes are closed (clients reconnect);
-            # ping abuse keeps grpc's default of 2 strikes.
+            # Idle 10 minutes: closed (clients reconnect). Ping abuse: grpc's default 2 strikes.
             ("grpc.max_connection_idle_ms", 600_000),
         ]
     )

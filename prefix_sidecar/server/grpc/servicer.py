@@ -1,11 +1,9 @@
-"""The sidecar.v1.Router servicer: the RPCs. Each checks its request (validation.py) and
-routes it (plan.py); Complete and Chat then relay the pod's answer and record the outcome
-(stream.py); the prefix, prewarm and backend RPCs answer here.
+"""The sidecar.v1.Router servicer. Each RPC checks its request (validation.py) and routes it
+(plan.py); Complete and Chat relay the pod's answer (stream.py); the rest answer here.
 
-Every refusal carries a gRPC status a client can branch on and a message that says what
-to fix (docs/api.md lists them): code below raises RpcAbort, the RPC turns it into its
-status. Handlers never let an exception escape as UNKNOWN: an unexpected bug is logged and
-reported as INTERNAL, and the sidecar keeps serving.
+A refusal is an RpcAbort, turned into a gRPC status a client can branch on with a message that
+says what to fix (docs/api.md). No exception escapes as UNKNOWN: an unexpected bug is logged
+and answered INTERNAL, and the sidecar keeps serving.
 """
 
 from __future__ import annotations
@@ -96,9 +94,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         )
         if not request.prewarm:
             return self._prefix_message(pool, request.name, entry)
-        # Warm where the prefix will live: once counted (a count moves homes), and with the
-        # homes it moved warmed before the answer, so traffic sent on WARMED does not wait
-        # behind those prewarms.
+        # Warm where the prefix will live: after its count (a count moves homes), and settle
+        # moved homes before answering, so traffic sent on WARMED waits behind no prewarm.
         await pool.counted()
         reply = self._prefix_message(pool, request.name, entry)
         targets = pool.router.home_set(entry)
@@ -140,8 +137,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def ListPrefixes(
         self, request: router_pb2.ListPrefixesRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ListPrefixesReply:
-        # One item per pool and (name, version): a text registered under two names, or in
-        # two pools, is listed twice.
+        # One item per pool, name and version: a text under two names, or in two pools, is
+        # listed twice.
         return router_pb2.ListPrefixesReply(
             prefixes=[
                 self._prefix_message(pool, name, entry)

@@ -1,10 +1,9 @@
 """Complete and Chat on the wire: plan the call, relay the pod's stream to the caller with
 its trace headers, and record the outcome (request_log.py), whatever ends the call.
 
-A coroutine that sends with context.write, not an async generator: every generator layer
-between grpc and the relay is resumed for each chunk, the first token's included. A caller
-that leaves, or a server that stops, ends the call as a cancellation with the caller's
-status, never as an error of ours.
+A coroutine sending with context.write, not an async generator: each generator layer would be
+resumed per chunk, the first token's included. A caller that leaves or a server that stops
+ends the call as a cancellation with the caller's status, never as an error of ours.
 """
 
 from __future__ import annotations
@@ -94,8 +93,8 @@ async def stream_reply(
             # The call ended under us: the caller went away, or the server is stopping.
             outcome.status = caller.ended_status(context)
             if isinstance(exc, grpc.aio.InternalError):
-                # Core failed the write: a cancelled call, not an error of ours. grpc
-                # logs a cancel at DEBUG, a failed batch as ERROR with a traceback.
+                # Core failed the write: a cancelled call, not our error. grpc logs a
+                # cancel at DEBUG, a failed batch as ERROR with a traceback.
                 raise asyncio.CancelledError from None
             raise
         outcome.status = "INTERNAL"
