@@ -1,9 +1,8 @@
 """Upstream request bodies that splice a registered prefix in without copying it.
 
-A 60k-token prefix is ~240 KB of JSON. Joining it into a fresh body for every request made
-each in-flight request hold its own copy (~220 MB at 1,000 streams in `bench soak`); here a
-body is a few small parts around the prefix's one shared, pre-escaped bytes object, and the
-parts are written to the socket one after another with an exact Content-Length.
+A body is a few small parts around the prefix's one shared, pre-escaped bytes object, written
+to the socket in order with an exact Content-Length, so in-flight requests do not each hold a
+copy of the prefix (a 60k-token prefix is ~240 KB of JSON).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The HTTP front's side of the relay: the caller's body to a pod, the pod's bytes back.
 
-The attempt loop is the gRPC path's (prefix_sidecar.upstream.relay.Relay.attempts: the same
-failover rule, deadline, load counts and metrics, with front="http"); this module is what
-differs. The body goes as the caller wrote it; a 200 answer comes back byte for byte, read
-in the pieces the pod's socket gives (UpstreamClient.post). Only 200 is an answer: a 4xx
-other than 429 is the caller's request and goes back as the pod wrote it, without failover;
-any other status is the pod's fault and fails over (a 204 or 304 carries no completion, and
-no body is relayed with one).
-After the first byte, a broken pod stream ends with an SSE error event (vLLM's shape) and
-no [DONE], so no client takes a cut answer for a whole one; a whole JSON answer cannot carry
-an error, so its connection is closed before the body's end. A caller that leaves cancels
-the handler, which closes the pod's connection (vLLM aborts the request).
+The attempt loop is the gRPC path's (relay.Relay.attempts, front="http"); this module is what
+differs. The body goes as the caller wrote it; a 200 comes back byte for byte. A 4xx other than
+429 is the caller's and goes back as the pod wrote it, without failover; any other non-200
+fails over (a 204 or 304 carries no completion). After the first byte a broken stream ends with
+vLLM's SSE error event and no [DONE], so no client takes a cut answer for a whole one; a whole
+JSON answer cannot carry an error, so its connection is closed before the body's end. A caller
+that leaves cancels the handler, which closes the pod's connection (vLLM aborts the request).
 """
 
 from __future__ import annotations
@@ -136,9 +132,8 @@ class ByteExchange:
         )
 
     def finished(self) -> bool:
-        """The pod's answer is read to its end (its Content-Length): what was read last is
-        the whole rest, and the caller can get it with the answer's end in one write (a
-        whole answer with its Content-Length when it came in one piece)."""
+        """The pod's answer is read to its end: the last read is the whole rest, sent with the
+        answer's end in one write (with a Content-Length if it came in one piece)."""
         return self.answer is not None and self.answer.done
 
     def passed_headers(self) -> tuple[tuple[str, str], ...]:

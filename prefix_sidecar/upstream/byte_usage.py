@@ -1,11 +1,9 @@
-"""The token usage of an answer relayed as bytes, for the same token and cost metrics as
-the gRPC path.
+"""The token usage of an answer relayed as bytes, for the same metrics as the gRPC path.
 
-vLLM writes `usage` last: at the end of a whole JSON answer, and in the last event before
-[DONE] of a stream that asked for it (`stream_options.include_usage`). So only the answer's
-last bytes are kept (bounded, amortized O(bytes relayed)), and the last `"usage":` in them
-is decoded once, when the answer has ended. Inside a JSON string a quote is escaped, so
-generated text cannot fake the key.
+vLLM writes `usage` last (end of a whole JSON answer; last event before [DONE] of a stream with
+`stream_options.include_usage`), so only the last TAIL_BYTES are kept (amortized O(bytes
+relayed)) and the last `"usage":` in them is decoded once, at the end. Generated text cannot
+fake the key: inside a JSON string a quote is escaped.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """A caller that went away: how its call is labelled, and no pod request sent for it after.
 
-grpc.aio cancels a handler's task when its caller cancels, but it learns of the cancel
-through the completion queue, one event at a time. A request that waited for a pod
-connection (the per-pod limit, `per_backend_connections`) is woken when another request
-ends, often before its own cancel has been read: it was sent to a busy pod for nobody (after
-2,000 callers cancelled at once, 882 more requests reached the pod). So a request that had to
-wait asks grpc core once more, right before its connection is made or reused: a read on its
-call. Core answers in order, so a cancel it already knows is delivered first and the task is
-cancelled there. A request that never waited pays nothing.
+grpc.aio learns of a cancel through the completion queue, so a request woken from the per-pod
+connection wait (`per_backend_connections`) may run before its cancel is read and reach a busy
+pod for nobody. A request that waited therefore reads its call once, right before its
+connection is used: core answers in order, so a cancel it knows is delivered first and the
+task is cancelled there. A request that never waited pays nothing.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""The upstream client: the one way both fronts reach a pod, `post`, the gRPC front's SSE
-streams over it (`open`), and the short control exchanges (`fetch`: health checks, /metrics
-polls, /tokenize, /v1/models).
+"""The upstream client: `post`, the one way both fronts reach a pod; the gRPC front's SSE
+streams over it (`open`); short control exchanges (`fetch`: health, /metrics, /tokenize,
+/v1/models).
 
-One HTTP/1.1 client (prefix_sidecar.upstream.lean_http, llhttp under asyncio) carries
-`http://` and `https://` pods alike, one answer type (PodAnswer) and one connection budget
-per pod (`per_backend_connections`) whichever front sends. Errors are classified where they
-happen (prefix_sidecar.upstream.errors), because the caller's only question is "may I try
-the next pod?". Closing a stream closes its connection (not back to the pool), so a
-cancelled caller frees the vLLM slot at once instead of leaving the pod generating for
-nobody. A stream that ended with [DONE] keeps its connection: the few bytes that end the
-HTTP body are read in the background, so the next request skips a TCP connect (and the pod
-an accept).
-
-No redirect is ever followed: a member answering 3xx would otherwise make us re-send the
-whole prompt to a host nobody configured and label its answer with the member's name. A
-3xx is a failure of that pod (retryable, like a 5xx). Everything the pod says that reaches
-an error (its body, reason phrase, Location, an error event) is redacted, then clipped.
+One HTTP/1.1 client (prefix_sidecar.upstream.lean_http) for `http://` and `https://` pods, one
+connection budget per pod (`per_backend_connections`) whichever front sends. Closing an
+unfinished stream closes its connection, so vLLM frees the slot at once; a stream that ended
+with [DONE] keeps it (the body's last bytes are read in the background).
+No redirect is followed: a 3xx would re-send the prompt to a host nobody configured under the
+member's name, so it is a retryable failure of that pod. Whatever a pod says that reaches an
+error (body, reason phrase, Location, error event) is redacted, then clipped.
 """
 
 from __future__ import annotations
@@ -191,11 +184,10 @@ class UpstreamClient(AsyncService):
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
     ) -> Fetched:
-        """A short exchange with a pod's control endpoint, read whole within `timeout_s` and
-        at most `limit` body bytes (past them the rest is never read and `body` is None).
-        It sends exactly `headers`, does not wait for the request budget (a pod busy with
-        streams must not look dead to its health check) and raises UpstreamError as `post`
-        does (unreachable, broken, a 3xx), or when `timeout_s` passes."""
+        """A short control exchange read whole within `timeout_s` and `limit` body bytes (past
+        them the rest is never read and `body` is None). Sends exactly `headers`, skips the
+        request budget (a pod busy with streams must not look dead to its health check);
+        UpstreamError as `post` raises it, or when `timeout_s` passes."""
         try:
             async with asyncio.timeout(timeout_s):
                 answer = await self._send(

@@ -1,10 +1,9 @@
 """The gRPC front's side of the relay's attempt loop (relay.py): the pod's SSE decoded into
-deltas and sent as Chunks, each under the message limits; what ends a call, as a gRPC status.
+deltas and sent as Chunks; what ends a call, as a gRPC status.
 
-Every gRPC Chunk fits a client's default 4 MiB receive limit and the server's send limit: a
-longer text is split across chunks. An SSE event over the gRPC message limit before the
-first token is a pod failure (the next pod is tried). What pods said in their errors is
-clipped in total, so the status always fits in gRPC's metadata limits.
+Every Chunk fits a client's default 4 MiB receive limit and the server's send limit (longer
+text is split). An SSE event over the message limit before the first token is a pod failure
+(the next pod is tried). Pods' error words are clipped in total to fit gRPC metadata limits.
 """
 
 from __future__ import annotations

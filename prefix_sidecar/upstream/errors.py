@@ -15,9 +15,9 @@ MAX_ERROR_BYTES = 1024
 
 
 def retryable_status(status: int) -> bool:
-    """Whether another pod may succeed where this status failed. Only a 4xx other than 429
-    is the caller's request; 429 is an overloaded pod, and any other status that is not
-    the answer (200) is the pod's fault: a 5xx, a 3xx, a 2xx that carries no completion."""
+    """Whether another pod may succeed: False only for a 4xx other than 429 (the caller's
+    request); 429 is an overloaded pod, and any other non-200 is the pod's fault (a 5xx, a
+    3xx, a 2xx without a completion)."""
     return not 400 <= status < 500 or status == 429
 
 

@@ -1,19 +1,15 @@
-"""The pool of keep-alive connections to the pods, and their answers.
+"""The pool of keep-alive connections to the pods, and their answers (PodAnswer).
 
-Everything the sidecar sends to a pod goes through here (prefix_sidecar.upstream.client):
-aiohttp's client took 0.3-1.2 ms longer than a direct asyncio connection to the first byte
-of the same pod's answer to the same 240 KB body (docs/benchmarks.md, the HTTP front). Each
-connection parses its answers with llhttp (prefix_sidecar.upstream.pod_connection). An
-`https://` pod's connection is asyncio's TLS transport under the same protocol: its
-certificate is verified against `tls_context` (by default the system's trust store, as
-`ssl.create_default_context()` loads it, which honours SSL_CERT_FILE) and the pod's host name.
+Everything the sidecar sends to a pod goes through here (prefix_sidecar.upstream.client): a
+direct asyncio connection reaches the first byte sooner than aiohttp (docs/benchmarks.md).
+Answers are parsed by llhttp (prefix_sidecar.upstream.pod_connection); an `https://` pod uses
+asyncio's TLS transport, verified against `tls_context` (default: the system trust store,
+which honours SSL_CERT_FILE) and the pod's host name.
 
-A connection is reused only after an answer read to its end, that did not ask to close, and
-after which the pod sent nothing: a byte past the answer could be read as the next caller's
-answer, so that connection is closed and counted (`on_unasked`), as nginx does ("upstream
-sent more data than specified"). An idle one is dropped after IDLE_S (uvicorn, vLLM's
-server, closes idle connections at 5 s). A request on a reused connection that the pod had
-closed meanwhile is sent again once on a new one, as no answer of it was read.
+A connection is reused only after an answer read to its end, not asking to close, and followed
+by no byte: a byte past the answer could be read as the next caller's, so that connection is
+closed and counted (`on_unasked`), as nginx does. An idle one is dropped after IDLE_S. A
+request on a reused connection the pod had closed is sent once more on a new one.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from urllib.parse import urlsplit
 
 from prefix_sidecar.upstream.pod_connection import PodConnection, PodHTTPError
 
-IDLE_S = 4.0
+IDLE_S = 4.0  # under uvicorn's (vLLM's server) 5 s idle close
 
 
 class _Address(NamedTuple):

@@ -1,17 +1,11 @@
 """A raw prompt's token ids from the pods' own tokenizer file (`tokenizer_file`, a
-tokenizer.json read with `tokenizers`, the `tokenizer` extra), so that precise routing asks
-no pod's `POST /tokenize` for it. A chat still goes to a pod: only the pod renders its
-template as it will for the request.
+tokenizer.json read with `tokenizers`, the `tokenizer` extra), so precise routing need not ask
+a pod's `POST /tokenize`: a CPU pod answers it behind its prefills, serialised by its API
+server (docs/kv-events.md). A chat still goes to a pod, which alone renders its template.
 
-Why: a CPU pod answers /tokenize behind its prefills. On 2 real vLLM pods one run's 65
-precise decisions took p50 7.3 ms, p90 22, max 81 (docs/kv-events.md), and a pod's API
-server serialises them (ray #64642). A local encode of the same text took 0.3 ms at 255
-tokens, 2.8 at 2,454.
-
-Trust is earned: the first CHECKS prompts are tokenized by a pod too, and the pod's answer
-routes them. One disagreement (a file that is not the pods' model's, or other special
-tokens) and the file is not used again: a warning says so, and every prompt goes to the
-pods as without it.
+Trust is earned: the first CHECKS prompts are tokenized by a pod too, whose ids route them.
+One disagreement (another model's file, other special tokens) and the file is dropped with a
+warning: every prompt then goes to the pods as without it.
 """
 
 from __future__ import annotations
@@ -25,11 +19,8 @@ from prefix_sidecar.config.checks import ConfigError
 logger = logging.getLogger(__name__)
 
 CHECKS = 3
-# Encoded on the event loop up to this many UTF-8 bytes (3.2 KB took 1.0 ms, 25 KB 7.9; a
-# 5 KB prompt p50 1.6 ms inline against 2.0 through a thread, p99 6.3 against 10.3 with both
-# cores busy); above, in a thread by encode_batch, which lets go of the GIL: on a 100 KB
-# prompt a thread running encode held the loop 59 ms, encode_batch 2.9 ms (the tiny model's
-# tokenizer, this 2-core box).
+# Prompts up to this many UTF-8 bytes are encoded on the event loop (3.2 KB took 1.0 ms, 25 KB
+# 7.9); bigger ones in a thread via encode_batch, which releases the GIL (encode would not).
 INLINE_BYTES = 16 * 1024
 
 

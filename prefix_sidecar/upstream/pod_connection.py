@@ -1,19 +1,14 @@
-"""One keep-alive connection to an `http://` pod, its answers parsed by llhttp.
+"""One keep-alive connection to a pod: an asyncio.Protocol whose bytes all go to llhttp
+(`httptools.HttpResponseParser`, as uvicorn), so no line is split here.
 
-An asyncio.Protocol that hands every byte the pod sends to `httptools.HttpResponseParser`
-(llhttp, Node's parser, as uvicorn does), so no line is split here. llhttp already refuses
-a Content-Length that is not digits (`²`, `+5`) or that repeats, a Content-Length beside a
-Transfer-Encoding, a chunk size that is not bare hex (`0x1f`, `1_f`, blanks), a bare LF in a
-chunk extension, control characters in a header value and a status that is not three digits.
-
-What llhttp accepts and a pod may not send is refused here, as a PodHTTPError (a failure of
-that pod: the relay fails over): a status outside 100-599, a version other than 1.0 and 1.1,
-a Transfer-Encoding other than `chunked`, a protocol switch, more than MAX_INTERIM 1xx
-answers, headers (or trailers, or framing without a body byte) over MAX_HEAD bytes. Body
-bytes wait in a list for the reader; past HIGH_WATER the socket stops being read.
-
-A byte past the answer (a second, unasked answer, a 204's body), whenever it comes, marks
-the connection `unasked`: it is never reused (prefix_sidecar.upstream.lean_http counts it).
+llhttp refuses a bad Content-Length (not digits, repeated, beside Transfer-Encoding), a chunk
+size that is not bare hex, a bare LF in a chunk extension, control characters in a header
+value and a status that is not three digits. What it accepts and a pod may not send is a
+PodHTTPError here (the relay fails over): a status outside 100-599, a version other than 1.0
+and 1.1, a Transfer-Encoding other than `chunked`, a protocol switch, over MAX_INTERIM 1xx
+answers, framing without a body byte (headers, chunk lines, trailers) over MAX_HEAD bytes.
+Past HIGH_WATER buffered body bytes the socket stops being read. A byte past the answer, whenever
+it comes, marks the connection `unasked`: never reused (lean_http counts it).
 """
 
 from __future__ import annotations
@@ -76,9 +71,8 @@ class PodConnection(asyncio.Protocol):
         self._reset()
         assert self.transport is not None
         self.transport.resume_reading()  # a no-op unless a body had paused it
-        # Part by part: writelines joins them into one new buffer first, and for an 8 MiB
-        # body the join's page faults held the loop ~15 ms (tests/server/openai/
-        # test_hostile_callers.py); write() sends each from its own bytes.
+        # Part by part: writelines joins them into one new buffer first (an 8 MiB body's join
+        # held the loop ~15 ms); write() sends each from its own bytes.
         for part in request:
             self.transport.write(part)
 

@@ -1,18 +1,13 @@
 """The relay: one attempt loop for both fronts, failing over before the first token.
 
-Pods are tried in preference order. Before the first token nothing has reached the caller, so
-a pod's failure (prefix_sidecar.upstream.errors: anything but a 4xx other than 429) moves the
-request to the next pod; a 4xx is the caller's request: retrying cannot fix it. After the
-first token the text already sent stands and the answer ends saying it is partial: replaying
-the request elsewhere would duplicate text the caller has already shown. The pool's load
-counts, the pods' health, the deadline and the per-request metrics (front=grpc|http) are
-kept here, once.
-
-What is sent and what counts as the first token is each front's Exchange: the gRPC front
-decodes the pod's SSE into Chunks (delta_exchange.py), the HTTP front relays the pod's
-bytes (prefix_sidecar.upstream.byte_relay.ByteExchange). Each front also shapes the errors
-that end a call: a gRPC status, or an HTTP status and an SSE error event. What pods said
-in their errors is clipped per attempt here, and in total by each front.
+Pods are tried in preference order. Before the first token nothing reached the caller, so a
+pod's failure (prefix_sidecar.upstream.errors) moves the request on; a 4xx other than 429 is
+the caller's and no retry can fix it. After the first token the answer ends marked partial:
+replaying it elsewhere would duplicate text the caller has shown. Load counts, pod health, the
+deadline and per-request metrics (front=grpc|http) are kept here, once.
+Each front's Exchange says what is sent, what is the first token and how errors end a call
+(delta_exchange.DeltaExchange, byte_relay.ByteExchange). Pods' words are clipped per attempt
+here, in total by each front.
 """
 
 from __future__ import annotations
@@ -114,12 +109,11 @@ class Relay:
     ) -> AsyncGenerator[Item, None]:
         """Yield the items of the first pod that answers, trying `candidates` in order.
 
-        `front` labels the metrics (FRONT_GRPC or FRONT_HTTP); `outcome` gets the pod, the
-        attempts, the TTFT and the status. `first_timeout_s` replaces the first-token
-        timeout (a whole, unstreamed answer's first byte comes when it is done).
-        `forced_first`: the first candidate was the key's only home (Decision.forced); the
-        pool counts it apart from choices and failovers. `prefill`: what the request's
-        uncached prefill weighs on each pod until its first token (Prefill.of(decision)).
+        `front` labels the metrics; `outcome` gets the pod, attempts, TTFT and status.
+        `first_timeout_s` replaces the first-token timeout (an unstreamed answer's first byte
+        comes when it is done). `forced_first`: the first candidate was the key's only home
+        (Decision.forced), counted apart from choices and failovers. `prefill`: the request's
+        uncached prefill on each pod until its first token (Prefill.of(decision)).
         Raises the exchange's errors: broken, rejected or exhausted."""
         started = time.perf_counter()
         metrics, pool, health = self.metrics, self.pool, self.health
@@ -202,13 +196,10 @@ class Relay:
         forced_first: bool = False,
         prefill: Prefill = NO_PREFILL,
     ) -> AsyncGenerator[router_pb2.Chunk, None]:
-        """The gRPC front's chunks of the first pod that streams; `on_accepted` is called
-        when a pod first answers 200 (the caller can send its response headers then).
-        `headers` are added to every attempt's HTTP request (the caller's trace context).
-        `raw_events` adds each pod event's JSON text to the chunks.
-
-        Raises RpcAbort with the status the call must end with when no pod streams, or when
-        the stream breaks after the first token."""
+        """The gRPC front's chunks of the first pod that streams. `on_accepted` runs when a pod
+        first answers 200 (the caller may send its headers); `headers` go on every attempt
+        (the caller's trace context); `raw_events` adds each event's JSON text to the chunks.
+        RpcAbort with the call's final status when no pod streams or the stream breaks."""
         exchange = DeltaExchange(
             self.client,
             path,

@@ -1,19 +1,12 @@
 """Incremental Server-Sent Events parsing for OpenAI-style streams (`data: {json}`).
 
-Pure and I/O-free (hypercorn's habit): feed bytes as they arrive, get back the complete
-events in them, coalesced into one Delta (one gRPC message for the relay).
-
-A pod's bytes are untrusted, so the work is linear and bounded (h11's ReceiveBuffer):
-- Algorithm: a bytearray buffer scanned line by line; `_scan` remembers how far lines were
-  already split, so no byte is searched twice, and consumed bytes are cut from the front
-  once per feed (O(1) amortized in CPython). Text pieces are joined once per Delta.
-- Complexity: O(bytes) per stream. One feed() parses at most FEED_MAX_EVENTS events or
-  FEED_MAX_BYTES bytes; `backlog` then says more is buffered, and the caller gives the event
-  loop back before calling feed(b"") again. An incomplete event over MAX_EVENT_BYTES is a
-  protocol error; each text a pod sends that is not the completion itself is clipped.
-- With `raw`, each event's JSON text is also kept as the pod sent it (Delta.raw_events), for
-  callers that want tool calls, logprobs or several choices unchanged: the data lines are
-  already sliced out, so this adds one UTF-8 decode per event.
+Pure and I/O-free: feed bytes as they arrive, get the complete events coalesced into one Delta.
+A pod's bytes are untrusted, so work is O(bytes) per stream and bounded: `_scan` remembers how
+far lines were split (no byte searched twice) and consumed bytes are cut once per feed. One
+feed() parses at most FEED_MAX_EVENTS events or FEED_MAX_BYTES bytes, then sets `backlog`: the
+caller yields the event loop before feed(b""). An incomplete event over MAX_EVENT_BYTES is a
+protocol error; pod text other than the completion is clipped. With `raw`, each event's JSON
+text is also kept as sent (Delta.raw_events: tool calls, logprobs), one decode per event.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""A prefix's size in tokens, counted by a pod's own tokenizer (`POST /tokenize`).
+"""A prefix's size in tokens, counted once at registration by one pod's `POST /tokenize`.
 
-The KV budget (routing contract section 6) places prefixes by their KV size; guessed from
-bytes it can be off by 2x (CJK text is ~1.5 bytes per token, English ~4). Each prefix is
-counted once, at registration, by one pod, and the count is kept on the entry
-(`PrefixEntry.tokens`); without an answer the bytes estimate stays.
-
-Two response shapes are understood:
-- vLLM: `{"prompt": ...}` (or `{"model", "prompt"}`) -> `{"count", "tokens", "max_model_len"}`;
-- llama.cpp's server: `{"content": ...}` -> `{"tokens": [...]}` (it answers a vLLM-shaped
-  request with `{"tokens": []}`, which is why an empty answer tries the second shape).
-The answer is untrusted: bounded in bytes and time, no redirect, and a count must be
-between 1 and the prefix's byte length + 64 (a token covers at least one byte, plus special
-tokens); a large body is parsed off the event loop.
+The KV budget (routing contract section 6) places prefixes by KV size, which bytes can misjudge
+by 2x (CJK ~1.5 bytes a token, English ~4). The count is kept on `PrefixEntry.tokens`; without
+an answer the bytes estimate stays. vLLM's shape (`{"prompt"}` -> `{"count", "tokens", ...}`)
+is tried first, then llama.cpp's (`{"content"}` -> `{"tokens": [...]}`; it answers vLLM's with
+`{"tokens": []}`). The answer is untrusted: bounded in bytes and time, no redirect, a count in
+1..bytes + SPECIAL_TOKENS_SLACK (a token covers >= 1 byte); a large body is parsed off-loop.
 """
 
 from __future__ import annotations
@@ -144,11 +138,10 @@ async def tokens_of(
 
 
 class PrefixPass(WokenPass):
-    """Asks the first of `pods()` (the caller orders them) one thing about each registered
-    prefix, in one background task; `wake()` after a registration or a membership change. A
-    prefix is tried ATTEMPTS_PER_PREFIX times, then given up on; what was unregistered is
-    forgotten, so the state is bounded by the store: `learnt`, what each prefix's answer
-    left, by prefix id."""
+    """Asks the first of `pods()` one thing about each registered prefix, in one background
+    task; `wake()` after a registration or membership change. A prefix is tried
+    ATTEMPTS_PER_PREFIX times; unregistered ones are forgotten, so the state (`learnt`: each
+    prefix's answer, by id) is bounded by the store."""
 
     what = "answer"  # what a failure's log line says is missing
 
