@@ -1,21 +1,14 @@
-"""Our own key per KV block, chained, from the token ids the pods' BlockStored events carry.
+"""Our own chained key per KV block, from the token ids the pods' BlockStored events carry.
 
-key(i) = K(key(i-1) + the block's token ids, 8 bytes each), K the routing core's 64-bit
-MurmurHash3 (`_core.route_key`), the keys chained in one C call (`_core.chain_keys`), the
-first block's parent a root made of the LoRA name and the cache salt (vLLM folds the name
-into every block's hash and the salt into the first's, so every later block chains from it)
-and the block size. Not the engine's hashes: those depend on the pod's
---prefix-caching-hash-algo (sha256 over pickle by default: not reproducible outside vLLM's
-Python, and two pods set differently never agree), while the token ids are what the pod
-cached. As llm-d does, each stored block's engine hash is mapped to our key, so a
-BlockRemoved (hashes only) finds it.
-
-Why not a cryptographic hash: keying is most of a precise decision's CPU, and a BLAKE2b per
-block in Python cost 0.25 ms for 4,096 tokens in 16-token blocks and 2.3 ms for 32,768 in
-128-token blocks, against 0.09 and 0.56 ms chained in C. A key only steers routing: a
-prompt crafted to collide with another's keys can cost a cache miss, never content, as the
-pod's own hash decides what it reuses. 64 bits: ~8 million blocks in a fleet (docs/kv-events.md)
-collide by accident with odds of ~2e-6.
+key(i) = 64-bit MurmurHash3 (`_core.route_key`) of key(i-1) and the block's token ids, 8 bytes
+each, chained in C (`_core.chain_keys`); the first block's parent is a root of the LoRA name,
+the cache salt and the block size, as vLLM hashes the name into every block and the salt into
+the first. The engine's own hashes follow --prefix-caching-hash-algo (sha256 over pickle by
+default: not reproducible here), so each stored block's engine hash maps to our key, which a
+BlockRemoved (hashes only) then finds. Not cryptographic: keying is most of a precise
+decision's CPU, and a key only steers routing, so a crafted collision costs a cache miss,
+never content (the pod's own hash decides reuse); 64 bits: ~8 million fleet blocks collide
+by accident at odds of ~2e-6 (docs/kv-events.md).
 """
 
 from __future__ import annotations
@@ -43,16 +36,15 @@ def key_bytes(values: Sequence[int]) -> bytes:
     return words.tobytes()
 
 
-# Roots kept: a pod's events name its block size (up to 2**20 tokens, decode.py) and its
-# adapters' and salts' strings, so a root is at most 1 MB (a payload's 128 Ki token ids make
-# one full block at most) and a hostile publisher pins at most this many of them.
+# Roots cached, each <= 1 MB (one is made only for a block size an event fills, and a payload
+# holds <= 128 Ki token ids: decode.py): a hostile publisher pins at most this many.
 ROOTS_KEPT = 16
 
 
 @functools.lru_cache(maxsize=ROOTS_KEPT)
 def _root_block(lora_name: str | None, width: int, salt: str | None = None) -> bytes:
-    """A first block of `width` bytes, made of the LoRA name and the cache salt, that the
-    chain starts from (an unsalted root is the name's alone, as before salts were keyed)."""
+    """The `width`-byte first block a chain starts from, made of the LoRA name and the cache
+    salt (an unsalted root of the name alone)."""
     if salt:
         scope = b"root-salted\0" + scope_bytes(Scope(lora_name or "", salt))
     else:
@@ -73,10 +65,8 @@ def block_key(parent: int, tokens: Sequence[int]) -> int:
 def chain(
     tokens: Sequence[int], block_size: int, lora_name: str | None = None, salt: str | None = None
 ) -> list[int]:
-    """The keys of `tokens`' whole blocks, in order: block_key's, in one pass in C. Keys are
-    ints, not their bytes: for a 4,096-token prompt in 16-token blocks, the chain and the
-    index query's arguments took 118 us as bytes objects and take 65 us (best of 5 here;
-    the decision's budget is 1 ms)."""
+    """The keys of `tokens`' whole blocks, in order, as block_key makes them, in one C pass.
+    Ints, not bytes: 65 against 118 us for a 4,096-token prompt's chain and index query."""
     width, count = block_size * TOKEN_BYTES, len(tokens) // block_size
     if count == 0:
         return []

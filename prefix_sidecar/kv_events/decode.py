@@ -1,18 +1,13 @@
 """One vLLM KV-events message (topic, 8-byte big-endian seq, msgpack `[ts, events, dp_rank]`)
-into typed events, from vLLM's `vllm/distributed/kv_events.py`.
+into typed events, after vLLM's `vllm/distributed/kv_events.py`. Both event encodings are
+read: a map with a `"type"` key, defaults omitted (vLLM since mid-2026), and a positional
+array `[tag, field, ...]` in the struct's field order, trailing defaults omitted (older vLLM).
 
-Both encodings are read: since mid-2026 each event is a map with a `"type"` key (defaults
-omitted); before, a positional array `[tag, field, ...]` in the struct's field order with
-trailing defaults omitted. Consumers that read only one broke at the change.
-
-The bytes are untrusted, so the cost of one decode is bounded before msgpack runs. msgpack's
-cost is per object: ~20 ns for a scalar, 100-200 ns for a list or map with its later free
-(far more if thousands of them set off the collector, which is paused meanwhile). So a
-payload over MAX_PAYLOAD_BYTES is refused unread, and so is one with more than
-MAX_CONTAINER_BYTES bytes that could open a list or map (counted at C speed, an upper bound
-on its containers): 128 KiB of the worst case then decodes in a few ms, under the loop's
-10 ms step. A real batch is mostly token ids (an 8k-token prefill step is ~25 KiB, a few
-dozen containers). Anything malformed is a DecodeError, never another exception.
+The bytes are untrusted and msgpack's cost is per object, so a decode is bounded before it
+runs: a payload over MAX_PAYLOAD_BYTES, or with over MAX_CONTAINER_BYTES bytes that
+could open a list or map (counted at C speed), is refused unread, and the collector is paused
+meanwhile. The worst case then decodes in a few ms, under the loop's 10 ms step. Anything
+malformed is a DecodeError, never another exception.
 """
 
 from __future__ import annotations

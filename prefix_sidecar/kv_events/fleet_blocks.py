@@ -1,12 +1,11 @@
-"""Every block every followed pod holds, by our chained keys (block_keys.py): what precise
-organic routing reads to find the longest prefix of a prompt cached anywhere in the fleet.
+"""Every block each followed pod holds, by our chained keys (block_keys.py): what precise
+organic routing reads to find a prompt's longest cached prefix in the fleet.
 
-Per pod: engine hash -> our key, at most MAX_BLOCKS_PER_POD (the oldest forgotten past
-that: a pod whose cache is larger is credited with its latest blocks only), and the set of
-our keys. A lookup walks the prompt's chain pod by pod: O(pods x matched blocks).
-A pod that is unknown or followed from a point on (`resume`) is credited only with what it
-stored since: precise routing is a hint over the hash decision, so a missed credit costs
-a hit, never a wrong answer.
+Per pod: engine hash -> our key (at most MAX_BLOCKS_PER_POD, the oldest forgotten first, so a
+larger cache is credited with its latest blocks only) and the set of our keys; a lookup is
+O(pods x matched blocks). A pod unknown or followed from a point on (`resume`) is credited
+only with what it stored since: precise routing is a hint over the hash decision, so a
+missed credit costs a cache hit, never a wrong answer.
 """
 
 from __future__ import annotations

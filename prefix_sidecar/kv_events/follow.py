@@ -1,14 +1,12 @@
-"""kv_events=true in a running sidecar: the KV events of the pods in the registered
-prefixes' home sets feed the residency, the prefixes' token ids are kept current as
-prefixes and healthy pods change, and a home pod that lost a registered prefix is prewarmed
-with it again (reprewarm.py).
+"""kv_events=true in a running sidecar: the KV events of the registered prefixes' home pods
+feed the residency, the prefixes' token ids are kept current as prefixes and healthy pods
+change, and a home pod that lost a prefix is prewarmed with it again (reprewarm.py).
 
-Only home sets are followed: routing and re-prewarm read the residency of a prefix's homes
-alone, and a sidecar's subscriptions stay bounded by its prefixes x replicas, not by the
-fleet (a thousand-pod fleet would cost every sidecar a thousand sockets). They are worked
-out again when the prefixes or the target ring change (~5 ms at max_prefixes 1,024). With
-unregistered_routing precise every member is followed, into the fleet's block map too
-(fleet_blocks.py), which precise routing (precise.py) reads."""
+Only home sets are followed, so a sidecar's subscriptions are bounded by prefixes x
+replicas, not by the fleet; they are worked out again when the prefixes or the target ring
+change. With unregistered_routing precise (and no kv_index_url) every member is followed,
+into the fleet's block map too (fleet_blocks.py), which precise routing reads (precise.py).
+"""
 
 from __future__ import annotations
 

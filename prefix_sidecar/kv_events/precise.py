@@ -1,17 +1,13 @@
-"""Precise organic routing's request step: an unregistered prompt's token ids from a pod's
-`POST /tokenize`, its longest cached prefix per pod from the fleet's blocks (this sidecar's
-own, fleet_blocks.py, or the shared index's, kv_index/source.py), and the organic decision
-moved to the pod that holds more of it (routing/precise.py).
+"""Precise organic routing's request step: an unregistered prompt's token ids, its longest
+cached prefix per pod from the fleet's blocks (fleet_blocks.py, or the shared index:
+kv_index/source.py), and the organic decision moved to the pod holding the most
+(routing/precise.py).
 
-Token ids come from the pod the organic decision chose, which renders a chat with its own
-template, as it will for the request: exact for prompts and chats of any model, with no
-tokenizer file to keep in step with the pods. Its cost, measured on real vLLM (tiny model,
-this 2-core box): 1.7 ms at 255 tokens, 5.4 ms at 2,454, 39 ms at 19,371, one at a time;
-a local `tokenizers` encode of the same took 0.3, 2.8 and 27 ms, but renders no chat. A
-pick that has not answered within TOKENIZE_HEDGE_S is busy (on real vLLM, 4 pods on 2 cores,
-a queueing pod's /tokenize took over the 0.5 s bound and its request went cold): the next pod
-of the preference, same model, is asked beside it and the first answer wins. The call is
-bounded by TOKENIZE_TIMEOUT_S; with no answer the organic decision stands.
+Token ids come from the chosen pod's `POST /tokenize`, which renders a chat with its own
+template: exact for any model, with no tokenizer file to keep in step. A pick that has not
+answered within TOKENIZE_HEDGE_S is queueing, so the next pod of the preference is asked
+beside it and the first answer wins; with none within TOKENIZE_TIMEOUT_S the organic
+decision stands (docs/kv-events.md).
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ from prefix_sidecar.upstream.tokenize import SPECIAL_TOKENS_SLACK, TokenizeError
 logger = logging.getLogger(__name__)
 
 TOKENIZE_TIMEOUT_S = 0.5
-# Above the 39 ms a 19,371-token prompt took (above): a pick slower than this is queueing.
+# Above a 19,371-token prompt's /tokenize on real vLLM (39 ms): a pick slower is queueing.
 TOKENIZE_HEDGE_S = 0.05
 # What a chat template adds around each message, in bytes at most.
 TEMPLATE_BYTES_PER_MESSAGE = 64

@@ -46,9 +46,8 @@ class PrefixTokens(PrefixPass):
         super().forget(live)
 
     def done(self, entry: PrefixEntry) -> bool:
-        # A salted prefix's blocks are hashed with its salt, which the events do not key
-        # (block_keys.py): where it lives stays unknown, so it is neither routed around nor
-        # prewarmed again on an event.
+        # A salted prefix is not watched: the residency's chains are unsalted, so where it
+        # lives stays unknown; it is neither routed around nor prewarmed again on an event.
         return entry.id in self.learnt or bool(entry.scope.salt)
 
     async def ask(self, pod: str, entry: PrefixEntry) -> None:

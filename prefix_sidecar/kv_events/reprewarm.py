@@ -1,29 +1,13 @@
-"""Re-prewarm a home pod that lost a registered prefix (issue 29): the KV-event sink in front
-of the residency notes what a pod lost, and a second later prewarms each registered prefix
-the pod is home to and held but no longer holds.
+"""Re-prewarm a home pod that lost a registered prefix: a KV-event sink in front of the
+residency notes what each pod lost and, a debounce later (a reconnect's replay and a flood's
+evictions settle first), prewarms each prefix the pod is home to, held and no longer holds.
 
-A loss is judged a debounce after the event that may have caused it: a reconnect's reset is
-followed by its replayed history within milliseconds, and a flood evicts block by block.
-Each (prefix, pod) is prewarmed at most once per `reprewarm_interval_s` (30 s); a pod that
-keeps losing a prefix inside that is logged and counted once as `throttled` (it is too small
-for its homes), not refilled over and over at the expense of its traffic; once the interval
-has passed, its next loss event prewarms it again. Each check also says how many registered
-prefixes the pod holds (`resident`: None while its state is unknown).
-
-Reasons (the metric's `reason`): evicted (BlockRemoved), cleared (AllBlocksCleared),
-restarted (a reset to an empty cache of a pod that was known: its sequence restarted),
-unknown (the pod was unknown, typically a stopped publisher, and came back without it).
-Not sent: throttled (above), and no_room: the prefix does not fit on the pod beside the
-registered prefixes it holds, or the pod cannot hold every prefix it is home to, by the
-most blocks it was heard to hold (residency.py); its own traffic rebuilds it there, and the
-pod is too small for what is sent to it. Held back:
-busy, counted once, when the pod has more of this sidecar's requests in flight than its
-share (`busy`): a re-prewarm is a prefill of the whole prefix (seconds of a CPU pod) that
-the requests on the pod would wait behind. It is looked at again each debounce, and sent
-once the pod is back to its share, or after `reprewarm_interval_s` held, whatever the load.
-
-A check reads every registered prefix on one pod, O(prefixes x blocks), at most once per
-pod per debounce.
+A prewarm is a full prefill, so it is bounded: once per (prefix, pod) per
+`reprewarm_interval_s` (a loss sooner is `throttled`, counted once); never where it does not
+fit beside the registered prefixes the pod holds, or the pod cannot hold all it is home to,
+by its peak block count (`no_room`: residency.py); held back while the pod is over its share
+of our requests in flight (`busy`, for at most `reprewarm_interval_s`). All reasons:
+docs/kv-events.md. A check is O(prefixes x blocks), at most once per pod per debounce.
 """
 
 from __future__ import annotations
@@ -41,9 +25,8 @@ from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 logger = logging.getLogger(__name__)
 
 REPREWARM_DEBOUNCE_S = 1.0
-# A prefix prewarm is a full prefill on the pod (1-2 s for a few thousand tokens on CPU);
-# once per 30 s per prefix and pod bounds that to a few percent of a pod that keeps evicting.
-# The default of the reprewarm_interval_s setting.
+# reprewarm_interval_s's default: a prewarm is a full prefill (1-2 s for a few thousand tokens
+# on CPU), so once per 30 s per prefix and pod is a few percent of a pod that keeps evicting.
 REPREWARM_INTERVAL_S = 30.0
 REASONS = ("evicted", "cleared", "restarted", "unknown", "throttled", "no_room", "busy")
 
@@ -154,12 +137,9 @@ class ReprewarmSink:
         self._checks.pop(pod, None)
         reason = self._why.pop(pod, None)
         before = self._had.get(pod, {})
-        # A prefix warmed there that no check has seen held since was held: its prewarm and
-        # the flood that evicts it can fall between two checks, after a check that ran
-        # before the prewarm landed (both seen on real vLLM).
-        # A pod that has just become known (its first connect, or back without its history)
-        # is still replaying what it stored: a warmed prefix not heard yet is not lost yet
-        # (in CI, the check came before the replay and re-prewarmed a held prefix).
+        # A prefix warmed there that no check has seen held since counts as held: its
+        # prewarm and the flood that evicts it can both fall between two checks. Not on a pod
+        # just become known: it is still replaying, so a warmed prefix not heard is not lost.
         warmed = self.warmed_on(pod) if reason != "unknown" else set()
         seen_before = self._seen.get(pod, set())
         seen: set[str] = set()  # rebuilt from the store: an unregistered prefix leaves it
@@ -257,14 +237,9 @@ class ReprewarmSink:
 
     def _fits(self, pod: str, kept: list[str], prefix_id: str) -> bool:
         """Whether `prefix_id` fits on `pod` beside `kept`, the registered prefixes it holds
-        (then it joins them); the caller has checked that the pod can hold every prefix it
-        is home to. A prewarm that does not fit evicts a registered prefix that still
-        serves (a home's, or one that the bounded load spilled there), which is then lost
-        and prewarmed in turn: a prefill storm on pods already short of KV (2 real vLLM
-        pods, the mega-sale: re-prewarms in every check of the first seconds, the first
-        requests' TTFT 2-5 s). On a pod too small for its homes, a refill sent while some
-        are not held yet is lost to their prewarms or traffic within seconds, and the first
-        requests wait behind it (the same bench, one run in four)."""
+        (then it joins them); the caller has checked the pod can hold all it is home to. A
+        prewarm that does not fit evicts a registered prefix still serving, which is then
+        lost and prewarmed in turn: a prefill storm on pods already short of KV."""
         if not self._can_hold(pod, [*kept, prefix_id]):
             return False
         kept.append(prefix_id)

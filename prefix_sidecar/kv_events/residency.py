@@ -1,23 +1,12 @@
 """Which pods hold all of a registered prefix's whole blocks, from the pods' KV events.
 
-Blocks are known by our own chained keys (block_keys.py), each stored block's engine hash
-mapped to ours, so a BlockRemoved (hashes only) finds it.
-
-Kept per pod: the blocks on a registered prefix's chain, and the latest RECENT_BLOCKS others
-(a prefix's token ids come from /tokenize, often after its prewarm was already stored). So
-memory is (prefixes x blocks + RECENT_BLOCKS) x pods, never the size of the fleet's caches.
-Chains are made per block size the pods report (at most MAX_BLOCK_SIZES).
-
-Only the pod's own KV cache counts (decode.on_device): an offloaded copy (medium "CPU")
-is not a prefix a request reuses at once.
-
-Each pod's cached block count (stored less removed) is kept too, and its peak: vLLM evicts
-only when its cache is full, so once a pod has evicted, its peak is about its capacity
-(re-prewarm reads it: reprewarm.py).
-
-A pod followed only from some point on (`resume`: its replay buffer no longer held batch 0,
-or events were lost) says True for a prefix whose blocks it stored since, False for one
-with a block heard removed since, and None otherwise: it may hold blocks stored before.
+Blocks are our chained keys (block_keys.py). Per pod only the blocks on a registered prefix's
+chain and the latest RECENT_BLOCKS others are kept (a prefix's token ids often come after its
+prewarm was stored): memory is (prefixes x blocks + RECENT_BLOCKS) x pods, with chains at
+most MAX_BLOCK_SIZES block sizes. Only the pod's own tier counts (decode.on_device). Each
+pod's peak block count is kept: vLLM evicts only when full, so once a pod has evicted it is
+about its capacity (reprewarm.py). A pod followed from a point on (`resume`) says True for a
+prefix stored since, False for one with a block removed since, else None.
 """
 
 from __future__ import annotations
@@ -47,10 +36,8 @@ class Residency:
         self._held: dict[str, dict[int, int]] = {}  # pod -> our key -> engine hash
         self._engine: dict[str, dict[int, int]] = {}  # pod -> engine hash -> our key, oldest first
         self._block_size: dict[str, int] = {}  # pod -> the block size it reports
-        # Pods followed from a point on, their history before it lost (a long-running pod's
-        # replay buffer no longer holds batch 0, a gap, a batch that did not decode): what
-        # they store from then on is true, what they held before is not known. Per such pod,
-        # the blocks of registered prefixes heard removed since.
+        # Pods followed from a point on (`resume`: replay no longer held batch 0, a gap, a
+        # batch that did not decode): per pod, the registered prefixes' blocks removed since.
         self._removed: dict[str, set[int]] = {}
         self._cached: dict[str, int] = {}  # pod -> blocks it holds, as its events say
         self._peak: dict[str, int] = {}  # pod -> the most it held (kept over resets)

@@ -1,29 +1,14 @@
-"""Per pod, a ZMQ SUB socket on vLLM's KV events, its sequence checked, its gaps replayed.
-
-The pod's publisher is found from its `GET /kv_event_sources` (a `*` host read as the pod's
-own host). Every batch's sequence number is checked against the one expected:
-- on connect (also after a disconnect) the pod's history is asked from its replay ROUTER
-  at once, from 0: a pod that still holds it is known before its next batch (a restarted
-  pod's warm-up prewarm included; a cache hit publishes nothing, so an idle pod's next batch
-  may be far off), and a batch that comes both replayed and on the SUB socket counts once;
-- the first batch without that, or a number going backwards (the pod restarted): what the
-  pod held before is forgotten; the history is replayed from 0 where the pod offers replay
-  and still holds it, and the state is known (empty at seq 0), or else the pod is followed
-  from here on (`resume`: a pod past vLLM's 10,000-batch buffer is never replayable);
-- a gap (zmq dropped batches at a high-water mark, or a publisher skipped): replayed from
-  the pod's replay ROUTER when it offers one, at most once per REPLAY_INTERVAL_S, or else
-  `resume`;
-- a batch that does not decode: its events are lost, so `resume`;
-- no batch for QUIET_S: any batch past the last is asked from the replay ROUTER (the
-  history from 0, when the connect's replay went unanswered and no batch came since);
-- the publisher goes away (a restart?): unknown at once.
-The sink hears `reset(pod, known)` or `resume(pod)` for each of those and `apply(pod,
-events)` for the rest, in sequence order. Neither is ever "nothing changed".
-
-Bounded: zmq holds at most RCVHWM batches per pod and disconnects a peer whose frame is over
-the decoder's cap before reading it; a task handles at most STEP_MESSAGES batches or
-STEP_SECONDS of work before it yields to the loop, so a flood costs that pod's events (the
-drops show as gaps), never a loop stall. Each failure is logged once per pod and reason.
+"""Per pod, a ZMQ SUB socket on vLLM's KV events (found by `GET /kv_event_sources`), each
+batch's sequence number checked against the one expected. The sink hears, in order:
+- `reset(pod, known=True)` then the history from 0 off the pod's replay ROUTER on connect; on
+  a first batch without that, or a restart (seq backwards), the same if the pod still holds
+  batch 0, else `resume` (a pod past vLLM's 10,000-batch buffer is never replayable);
+- on a gap, the batches replayed (at most once per REPLAY_INTERVAL_S), else `resume`; on a
+  batch that does not decode, `resume`; after QUIET_S idle, any batch past the last replayed;
+- `reset(pod, known=False)` at once when the publisher goes away; `apply` for the rest.
+Bounded: zmq queues at most RCVHWM batches and drops a peer whose frame is over the decoder's
+cap unread; a task yields every STEP_MESSAGES batches or STEP_SECONDS, so a flood costs that
+pod's events (seen as gaps), never a loop stall. The full table: docs/kv-events.md.
 """
 
 from __future__ import annotations
@@ -68,14 +53,11 @@ REPLAY_TIMEOUT_S = 1.0  # for each message
 REPLAY_MAX_MESSAGES = 10_000  # vLLM's buffer_steps default
 REPLAY_MAX_BYTES = 16 * 1024 * 1024  # held until the whole range is there
 REPLAY_INTERVAL_S = 1.0
-# The longest a starting sidecar stays unready while it reads the pods' history: four pods'
-# 600 batches each took 0.9 s to replay here (tests' emulator in the same process), so
-# full 10,000-batch buffers (vLLM's) on many pods take longer than a start should wait;
-# past this the sidecar serves, and the history still coming is applied as it comes.
+# The longest a starting sidecar stays unready reading the pods' history (4 pods' 600 batches
+# took 0.9 s here); past it the sidecar serves and applies the rest as it comes.
 CATCH_UP_S = 10.0
-# Without a batch for this long, the replay ROUTER is asked for any batch past the last: a
-# connection a probe, so an idle pod costs one every 5 s; a batch lost at a burst's end is
-# found within that.
+# Idle this long, the replay ROUTER is asked for any batch past the last: one connection per
+# idle pod every 5 s, and a batch lost at a burst's end is found within that.
 QUIET_S = 5.0
 MAX_LAG_S = 3600.0
 SUB_OPTIONS = (

@@ -1,27 +1,15 @@
 """The shared block index's key layout in Redis (or Valkey), written by `prefix-sidecar
 kv-indexer` (writer.py) and read by sidecars (lookup.py).
 
-- `{ns}:b:<16 hex digits>`: a HASH per block, named by our chained block key
-  (kv_events/block_keys.py: token ids, not the engine's hash, so pods with any
-  --prefix-caching-hash-algo agree); one field per pod that holds it, `<pod URL>@<medium>`
-  (llm-d's `pod@tier`), its value the pod's generation when it was stored.
-- `{ns}:block_sizes`: a HASH, pod URL -> the block size its events report (a lookup keys the
-  prompt at each size in use).
-- `{ns}:pods`: a HASH, pod URL -> its current generation, a random 63-bit number drawn
-  whenever what the index held of that pod stops being true (the pod restarted, events were
-  lost, the indexer started). A block field whose value is not its pod's generation is void:
-  one HSET voids a pod's whole past, which then goes lazily, as the writer deletes what it
-  knows of and later stores overwrite the rest.
-
-A lookup is one round trip: a script (LONGEST_MATCH_LUA) reads the pods hash and the block
-keys on the prompt's chain (at most MAX_LOOKUP_BLOCKS of them, evenly spaced when the chain
-is longer) in Redis and answers, per pod, how many of the chain's blocks it holds from the
-first on. A pipeline of HGETALLs (llm-d's way, with HKEYS) costs the caller ~25 us a key to
-build and read; the script's reply is one pair per matching pod. The script is sent the
-blocks' keys as one argument (lookup_args), not one argument each: redis-py encodes each
-argument in Python, ~2 us apiece, half of a 256-block lookup's time. So the block keys are
-named inside the script, undeclared: the index lives on one primary (and its replicas), not
-on a Redis Cluster.
+- `{ns}:b:<16 hex digits>`: a HASH per block, named by our chained key (block_keys.py); a
+  field per pod and tier holding it, `<pod URL>@<medium>`, its value the pod's generation.
+- `{ns}:block_sizes`: a HASH, pod URL -> the block size its events report.
+- `{ns}:pods`: a HASH, pod URL -> its generation, a random 63-bit number drawn whenever what
+  the index held of the pod stops being true (restart, lost events, indexer start). A block
+  field whose value is not its pod's generation is void: one HSET voids a pod's whole past,
+  cleaned up lazily. A lookup is one round trip (LONGEST_MATCH_LUA); it names the block keys
+  inside the script, undeclared, so the index lives on one primary (and its replicas), not
+  on a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -79,8 +67,8 @@ def sampled(keys: list[int], limit: int = MAX_LOOKUP_BLOCKS) -> list[tuple[int, 
 
 def lookup_args(namespace: str, keys: list[int], most_fields: int) -> list[str]:
     """LONGEST_MATCH_LUA's ARGV for `keys`, a chain: its blocks' name prefix, the sampled
-    keys' hex run together, their block counts (empty when each is its position), the most
-    fields a block may have."""
+    keys' hex run together (one argument: redis-py encodes each in Python, ~2 us apiece),
+    their block counts (empty when each is its position), the most fields a block may have."""
     if len(keys) <= MAX_LOOKUP_BLOCKS:  # every key, each its position: no pairs to make
         return [block_prefix(namespace), key_bytes(keys).hex(), "", str(most_fields)]
     picks = sampled(keys)

@@ -1,11 +1,10 @@
 """A sidecar's query of the shared block index (layout.py): which pods hold how much of a
 chain of block keys, in one round trip (a script run in Redis) under a deadline.
 
-The answer is a hint, never a dependency: a query over its deadline, or Redis down, is
-answered None and the caller keeps its hash decision. After a failure to reach Redis the
-index is not asked again for DOWN_S, so a dead index costs a request nothing; a slow one
-costs at most the deadline. Outcomes, counted by the caller: hit (some pod holds the first
-block), miss, timeout, down.
+A hint, never a dependency: a query over its deadline, or Redis down, answers None and the
+caller keeps its hash decision; after a failure Redis is not asked again for DOWN_S, so a dead
+index costs a request nothing and a slow one the deadline at most. Outcomes, counted by the
+caller: hit (some pod holds the first block), miss, timeout, down.
 """
 
 from __future__ import annotations

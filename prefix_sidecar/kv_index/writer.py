@@ -1,13 +1,11 @@
 """The KV-event sink of `prefix-sidecar kv-indexer`: every pod's stored and removed blocks
 written to the shared index in Redis (layout.py), in pipelines, off the event path.
 
-Events become operations on a bounded queue, drained by one task in pipelines of
-PIPELINE_COMMANDS. What the indexer knows of each pod (engine hash and field -> our key,
-at most MAX_BLOCKS_PER_POD blocks, the oldest dropped from the index past that) is the
-truth it can always write again: when Redis goes away or the queue overflows, the queue is
-dropped and, once Redis answers, every pod gets a new generation and its blocks are
-written anew. Nothing is lost that could be written again; a stale field is never read
-as true (its generation is not the pod's).
+Events become operations on a bounded queue, drained by one task. What the indexer knows of
+each pod (at most MAX_BLOCKS_PER_POD blocks, the oldest dropped from the index past that) can
+always be written again: when Redis fails or the queue overflows, the queue is dropped and,
+once Redis answers, every pod gets a new generation and its blocks are written anew. A stale
+field is never read as true (its generation is not the pod's).
 """
 
 from __future__ import annotations
