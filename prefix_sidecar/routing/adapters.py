@@ -1,15 +1,9 @@
-"""A request for a LoRA adapter goes to a pod that holds it (issue 30).
+"""Send a LoRA adapter's request to a pod that holds the adapter.
 
-Pods load adapters at start (`--lora-modules`) or at run time (`/v1/load_lora_adapter`),
-and need not all hold the same ones; each pool learns which pod holds which from the pods'
-own /v1/models (membership/adapters.py). A request whose model is an adapter keeps its pick
-when that pod holds it, else takes the first pod of its preference order (its home set
-first) that holds it and fits under its bounded-load cap, else the first member from its
-key's start that does, else the least-loaded holder: a pod without the adapter would answer
-vLLM's 404, so a holder over its cap beats it. Its failover order puts the holders first.
-
-Complexity: one set lookup when the pick holds the adapter; otherwise the members in the
-key's order once, one policy pick per holder met, stopping at the first that fits.
+Pods need not hold the same adapters; the pool learns who holds what from the pods' own
+/v1/models (membership/adapters.py). A pod without the adapter answers vLLM's 404, so a
+holder over its cap still beats it. Complexity: one set lookup when the pick holds the
+adapter; else one pass over the key's members, one policy pick per holder until one fits.
 """
 
 from __future__ import annotations
@@ -35,11 +29,10 @@ class AdapterView(Protocol):
 def to_adapter_holder(
     policy: Policy, table: RoutingTable, decision: Decision, scope: Scope, view: AdapterView
 ) -> Decision:
-    """`decision` when its pod holds the request's adapter; else moved (branch ADAPTER) to
-    the first pod of its preference order (home set first) that holds it and fits under its
-    cap, else the first member from the key's start that does, else the least-loaded
-    holder; its failover order then the other holders in order, then the rest. With no
-    holder known, `decision` unchanged."""
+    """`decision` if its pod holds the adapter or no holder is known; else moved (branch
+    ADAPTER) to the first holder that fits its cap, in the decision's order (home set first)
+    then the key's ring order, else the least-loaded holder. Failover: the chosen pod, then
+    the decision's order with holders first."""
     adapter, key, order = scope.adapter, decision.route_key, decision.preference
     if view.holds(decision.backend, adapter):
         return decision
@@ -66,9 +59,9 @@ def to_adapter_holder(
 def holder_homes(
     ring: _core.HashTable, entry: PrefixEntry, replicas: int, view: AdapterView
 ) -> list[str]:
-    """A prefix registered for an adapter lives on the first `replicas` pods of its key's
-    preference order that hold the adapter (where `to_adapter_holder` sends its requests
-    while they fit): its prewarm goes there. No holder known: the ring's homes."""
+    """Where an adapter's registered prefix is prewarmed: the first `replicas` holders in
+    its key's preference order (where `to_adapter_holder` sends it while they fit), else the
+    ring's homes when no holder is known."""
     adapter = entry.scope.adapter
     order = ring.preference(entry.route_key, len(ring.members))
     held = [pod for pod in order if view.holds(pod, adapter)]

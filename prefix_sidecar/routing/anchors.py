@@ -1,33 +1,13 @@
-"""Learned anchors: where unregistered prompts branch, learnt from the traffic, bounded.
+"""Learned anchors: where unregistered prompts branch, learnt from traffic in bounded memory.
 
-A prompt is hashed in chained blocks (`_core.chain_keys`, routing contract 9a): block i's key
-depends on every byte before it, so two prompts share key i only if they share their first
-(i + 1) blocks, as in vLLM's prefix cache. The table remembers, for the first `learn_blocks`
-blocks of every prompt it sees, each block's first successor. When a new prompt follows a
-known block with a block never seen after it, that block is a branch point and gains one
-distinct successor. A block with at least MIN_FANOUT distinct successors is an anchor:
-a tenant's system prompt end (its sessions and one-shot questions branch there), a few-shot
-template's end (its queries branch there).
-
-The anchor of a prompt is the SHALLOWEST anchor on its path: where its family's requests
-first go separate ways. Deeper branches exist by chance (two questions that open with the
-same words share a block more) and a sidecar learns them or not depending on its sample, so
-routing on them would split sessions and make sidecars disagree; the shallowest is the
-structure every sidecar sees. (Each turn of a chat extends the previous one: no branch.)
-
-Family shares (the request share of each family, routing contract 9c) are counted here too.
-
-Bounds (docs/organic-routing.md): `seen` is two generations of at most `max_blocks` entries
-each (a full generation becomes the previous one, the older is dropped: LRU-like at
-generation granularity, and O(1): no pause on the request path); branch points are two
-generations of at most `max_blocks // 8` (a branch point's count is carried into the new
-generation when it branches again, so an anchor in use lives on); family counts are two
-generations of at most SHARE_WINDOW requests and `max_blocks // 8` families. About 100
-bytes per entry in CPython: the defaults (32,768) bound the table near 8 MB.
-
-K sidecars that see the same traffic statistics learn the same anchors: a branch point is a
-property of the traffic (where prompts diverge), found by each sidecar from its own sample;
-with MIN_FANOUT 2 a sidecar needs two distinct continuations of a block to see it.
+Prompts are hashed in chained blocks (`_core.chain_keys`, contract 9a), so prompts share key
+i only if they share their first i + 1 blocks. The table records each block's first
+successor; a block seen with MIN_FANOUT distinct successors is an anchor (a system prompt's
+or few-shot template's end). A prompt's anchor is the SHALLOWEST on its path: deeper
+branches are chance and sample-dependent, so routing on them would split sessions and make
+sidecars disagree. It also counts family shares (contract 9c).
+Bounds (docs/organic-routing.md "Bounded state"): every map keeps two generations, a full
+one replacing the older in O(1) (no pause on the request path); ~8 MB at the defaults.
 """
 
 from __future__ import annotations
@@ -36,12 +16,12 @@ from __future__ import annotations
 BLOCK_BYTES = 64  # vLLM's 16-token block at ~4 bytes per token (the emulator's exactly)
 LEARN_BLOCKS = 128  # anchors are learnt in the first 8 KB of a prompt
 MIN_FANOUT = 2
-# Block keys remembered per generation: a memory bound (with the maps it sizes, at most
-# 82,176 entries, ~8 MB: docs/organic-routing.md "Bounded state"), not a tuned value.
+# Block keys per generation: a memory bound, not a tuned value (with the maps it sizes at
+# most 82,176 entries, ~8 MB: docs/organic-routing.md "Bounded state").
 MAX_BLOCKS = 32_768
 SHARE_WINDOW = 4_096
-# Shares count as if at least this many requests were seen: a sidecar that just started has
-# seen too little to spread anyone (its first request would otherwise be a family at 100 %).
+# Shares count as if at least this many requests were seen, so a fresh sidecar's first
+# request is not a family at 100 %.
 SHARE_FLOOR = 100
 
 

@@ -1,25 +1,12 @@
-"""Where a raw prompt's assistant turns are, read from the chat template it was rendered
-with (routing contract 9h): what lets session follow tell a raw conversation's very next
-request, as a chat's assistant messages do.
+"""Find a raw prompt's assistant turns from the chat template it was rendered with, so
+session follow (routing contract 9h) can tell a raw conversation's very next request.
 
-Callers of /v1/completions (and of the Complete RPC) often render the model's chat
-template themselves and send the conversation as one string. Such a prompt says where its
-turns are: each assistant turn opens with the template's assistant header. The template is
-recognised by how the prompt starts (after whitespace, an optional BOS, whitespace): a
-rendered conversation starts with its template's first turn header, so a header of
-another template quoted inside a message cannot change which one is read.
-
-A conversation's next request is the previous one plus an answer and a new question: its
-last assistant header is new, and the one before it is the previous request's last (a
-trailing generation prompt - the header of the answer being asked for - is then the
-header of the answer the next request carries; without one, the answers' own headers line
-up the same way). So each request leaves the offset of its last assistant header (its
-MARK) and names the offset of the one before (AFTER): a request whose AFTER is the mark
-the same session's previous request left is its very next one. Only the end is read: two
-`rfind`s over at most the prompt's last TAIL characters, not the whole prompt.
-
-A prompt that starts with none of these is not a rendered conversation as far as routing
-can tell: NO_MARK, never followed (routing as before).
+The template is the one whose first-turn header the prompt starts with (after whitespace
+and an optional BOS), so a header quoted inside a message cannot change which is read. A
+next request appends an answer and a question, so its second-to-last assistant header is
+the previous request's last: each request leaves its last header's offset (MARK) and names
+the one before (AFTER). Only the last TAIL characters are searched (two `rfind`s). A prompt
+of no known template is NOT_FOLLOWED.
 """
 
 from __future__ import annotations
@@ -47,10 +34,9 @@ _BOS_BYTES = tuple(b.encode() for b in BOS)
 _SPACE = re.compile(r"[ \t\r\n]*")
 _SPACE_ESCAPED = re.compile(rb"(?:[ \t\r\n]|\\[ntr])*")
 NOT_FOLLOWED = (NO_MARK, NO_MARK)
-# Headers are looked for in the prompt's last 8,192 characters (escaped bytes in a JSON
-# body): what a decision reads is bounded (~2 us per look), and an exchange - an answer
-# and the next question, ~2,000 tokens - longer than that is not followed (its request goes
-# to its session's pod, as without follow).
+# Headers are searched in the prompt's last 8,192 characters (escaped bytes in a JSON body):
+# bounds the read per decision (~2 us); an exchange (answer and next question) longer than
+# that is not followed, and goes to its session's pod.
 TAIL = 8_192
 
 
@@ -92,10 +78,9 @@ def turn_marks(prompt: str) -> tuple[int, int]:
 
 
 def turn_marks_escaped(body: bytes, start: int, end: int) -> tuple[int, int]:
-    """The same, on a prompt as it lies in a JSON body, body[start:end] (its UTF-8,
-    JSON-escaped), in offsets of the escaped bytes from `start`: the headers hold no
-    character a canonical JSON escape changes. A body that escapes '<' or '/' anyway
-    (\\u003c, \\/) reads as no template, or as no answers. The offsets are of the escaped
-    body, not of the text: a conversation that goes back and forth between the HTTP front
-    and the Complete RPC is not followed across them."""
+    """`turn_marks` on a prompt as it lies JSON-escaped in body[start:end], in offsets of the
+    escaped bytes from `start` (the headers hold no character canonical JSON escapes; a body
+    escaping '<' or '/' anyway, \\u003c or \\/, reads as no template or no answers). Escaped
+    offsets are not text offsets: a conversation alternating between the HTTP front and the
+    Complete RPC is not followed across them."""
     return _marks(body, _SPACE_ESCAPED, _TEMPLATES_BYTES, _BOS_BYTES, start, end)

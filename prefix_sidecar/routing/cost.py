@@ -1,22 +1,13 @@
 """What a request weighs in bounded load (config `load_unit`).
 
-With `load_unit: requests` every request in flight weighs 1, as the routing contract's pick
-always counted. A cold 16k-token prefill and a cached 100-token query then weigh the same,
-though the first holds the pod's prefill for a second and every request behind it waits
-(the peers weigh load in prefill tokens: llm-d's token-load scorer, Dynamo's active prefill
-tokens, SGLang gateway's least_load over queued tokens).
-
-With `load_unit: tokens` (the default) a request weighs its uncached prefill tokens until its
-first token, plus DECODE_TOKENS for as long as it runs. Its prefill is estimated from what
-the sidecar knows: a registered prefix warm on the pod costs only the query; a cold one all
-of it (upstream/relay.py counts the prefix on a pod not warm with it); an organic later turn
-on its session's pod only its newest turn; a flow's start its prompt past its family's head;
-any other prompt all of it. Bytes become tokens at BYTES_PER_TOKEN, the placement's. A
-registered prefix's spill to a pod that would compute the prefix weighs that too: waiting
-on a warm home wins while it weighs less (`stay_warm`).
-
-The cap's floor is counted in thin requests in both units (`floor_units`): below that many a
-pod always fits, so a prefix stays on its warm home at low traffic.
+`requests`: each in-flight request weighs 1 (routing contract v1). `tokens` (the default):
+its uncached prefill tokens until its first token, plus DECODE_TOKENS while it runs, since a
+cold long prefill holds the pod far longer than a cached query (as llm-d, Dynamo and SGLang
+gateway weigh load). Prefill is estimated at BYTES_PER_TOKEN: a registered prefix warm on
+the pod, the query only; cold, the prefix too (upstream/relay.py); an organic later turn,
+its newest turn; a start, its prompt past its family's head; anything else, all of it.
+The cap's floor is counted in thin requests in both units (`floor_units`), so a prefix
+stays on its warm home at low traffic.
 """
 
 from __future__ import annotations
@@ -33,23 +24,18 @@ from prefix_sidecar.routing.placement import BYTES_PER_TOKEN
 from prefix_sidecar.routing.table import RoutingTable
 
 TOKENS, REQUESTS = LOAD_UNITS
-# What a running request weighs besides its prefill, in tokens: a decode step costs the pod
-# one token per request in its batch, for the hundreds of steps of an answer, and holds a
-# batch slot and its KV. 128 tokens (one vLLM block) makes a pod with eight streams in decode
-# weigh as much as a 1,024-token prefill in flight.
+# A running request's weight besides its prefill, in tokens: each decode step costs a token
+# per batched request, and it holds a batch slot and KV. 128 (one vLLM block): eight decoding
+# streams weigh a 1,024-token prefill.
 DECODE_TOKENS = 128
-# The floor under every pod's cap, in thin requests (routing contract v1, pick's min_cap). A
-# vLLM pod batches dozens of requests, so below ~8 in flight spilling a prefix to a cold pod
-# costs a full prefill for nothing; at low traffic the proportional cap alone is 1-2 streams.
+# The floor under every pod's cap in thin requests (contract v1 min_cap): a vLLM pod batches
+# dozens, so spilling to a cold pod below ~8 in flight buys a full prefill for nothing.
 REQUEST_CAP_FLOOR = 8
 # An organic later turn on its session's pod: its history is cached there, its newest turn
 # (a question and the last answer) is not; a chat turn is a few hundred tokens.
 LATER_TURN_TOKENS = 512
-# What one organic request of the floor weighs in tokens: a later turn on its session's pod.
-# Weighed as a registered thin query (DECODE_TOKENS), the floor was 1,024 tokens, one cold
-# 750-token system prompt in flight: `bench organic` (seed 0, grpc-chat) then spilled 80 of
-# 548 requests off their warm pods, hit 0.860 of the ceiling and TTFT p99 1,428 ms, against
-# 0.992 and 499 ms counting requests; with this weight 0.990 and 539 ms, same run.
+# One organic request of the floor, in tokens: a later turn on its session's pod.
+# bench organic: TTFT p99 539 ms, against 1,428 ms weighing it as a thin query.
 ORGANIC_REQUEST_TOKENS = LATER_TURN_TOKENS + DECODE_TOKENS
 # Bounds one request's estimate (a 4 MiB prefix is ~1M tokens): loads stay far below int64.
 MAX_REQUEST_TOKENS = 1 << 22
@@ -73,10 +59,9 @@ def stay_warm(
     cold: int,
     holds: Callable[[str], bool],
 ) -> tuple[str, Branch]:
-    """A registered prefix's pick spilled past its home set (every home over its cap) to
-    `backend`: if that pod does not hold the prefix, it would compute its `cold` tokens
-    first, so the least-loaded home takes the request instead (branch STAYED) while waiting
-    there weighs no more than that. The cap's pick weighs the request as on a warm home."""
+    """For a registered prefix's pick spilled past its home set to `backend`: if `backend`
+    lacks the prefix (it would compute `cold` tokens first), the least-loaded home instead
+    (branch STAYED) while its load is at most `backend`'s plus `cold`."""
     index, loads = table.index, table.loads
     here = index.get(backend)
     members = [index[home] for home in homes if home in index]
@@ -112,7 +97,7 @@ def organic_floor(unit: str, requests: int) -> int:
 class Prefill:
     """What a request's prefill weighs on a pod it may try (membership/pool.py `prefill_on`)."""
 
-    tokens: int = 0  # on a pod that holds its prefix (routing/cost.py)
+    tokens: int = 0  # on a pod that holds its prefix
     cold: int = 0  # more on one that does not: the prefix's own tokens
     prefix_id: str = ""
     homes: tuple[str, ...] = ()  # its prefix's home set: warmed before they serve

@@ -1,38 +1,13 @@
-"""Organic routing: the two keys of an unregistered prompt or chat (routing contract 9).
+"""Organic routing: the FAMILY and SESSION keys of an unregistered prompt or chat (routing
+contract 9; docs/organic-routing.md).
 
-Every unregistered request gets a FAMILY key (what a tenant's or a template's requests
-share) and a SESSION key (what one conversation keeps across its turns, and what differs
-between conversations of one family):
-
-- a chat (messages): its messages are chained like blocks (`message_keys`); family = the
-  first message's key; session = the key of the message after the anchor: the first learnt
-  branch (a few-shot template's last example, whose queries differ), else the last leading
-  system message (structure: a session keeps its first user message across turns).
-- a raw prompt: its chained block keys (`_core.chain_keys`); family = the first block's
-  key; session = the chain key two blocks past the prompt's learnt anchor (the branch
-  point where the family's prompts diverge, `AnchorTable`), or its last block's if it is
-  shorter: it covers 65 bytes or more past the branch, the same at every turn. With no
-  anchor learnt yet the session key is the family's: a new family stays on one pod until
-  it branches.
-
-The family's share of recent requests sizes its home set: `home_size` pods, the first of
-preference(family) (contract 9c), so a hot tenant spreads over several pods and a rare one
-keeps one. Its sessions live on the first `home_size(share, N, SESSION_SPREAD)` of them, a
-narrower set (9f): the session picks its pod among those by consistent hashing restricted
-to that set (`session_home` of the ring or the Maglev table, 9b), so a session's turns land
-on one pod, and the same pod in every sidecar. The narrow set's size crosses a boundary at
-shares SPREAD / SESSION_SPREAD times as large as the home set's, where sidecars' share
-estimates are relatively closer: fewer sessions move when two sidecars count a family's
-share a little differently. The bounded-load pick (`pick_among` over that one
-pod, 4b) spills a session in its own key's preference order, so a spilled session keeps
-spilling to one pod.
-
-A request that STARTS a flow (`OrganicKeys.start`: the chat ends at the message after its
-anchor; a whole raw prompt ends within START_BLOCKS blocks past its anchor, too short to
-hold an answer and a second question) has no history to find, only its family's head: the
-router sends it to the least-loaded pod of the home set (`StartBalancer`, contract 9f),
-which evens out the pods where the hash placement leaves them uneven. Past the session set
-it asks for a margin that grows with the head, which such a pod may have evicted.
+Family: what a tenant's or template's requests share (a chat's first message, a prompt's
+first block). Session: what one conversation keeps across turns, keyed just past the
+family's learnt anchor (`AnchorTable`); a chat without one uses its leading system
+messages, a prompt without one the family key (one pod until it branches). The family's
+share sizes its home set (9c) and a narrower session set (9f), in which `session_home` puts
+each session on one pod, the same in every sidecar. A request that STARTS a flow has only
+the family's head to find, so it may go to the least-counted pod of the home set (9f).
 """
 
 from __future__ import annotations
@@ -49,25 +24,19 @@ from prefix_sidecar.routing.start_balance import FAR_MARGIN, FAR_MARGIN_PER_KB, 
 
 # Every sidecar of a fleet must use the same spreads and floor, as a session's later turns
 # must reach the same pod; they are constants, not settings, so that they cannot disagree.
-# Pods per "fair share" of traffic a family's home set gets (9c) and its sessions live on
-# (9f), narrower: starts even the home set out, and a narrow set's size is estimated alike
-# by more sidecars. Chosen in docs/benchmarks.md "Organic routing: session sets": in the
-# offline replay (6 seeds x 12 rings) four sidecars' hit went 0.972 -> 0.982 of the ceiling
-# against the earlier single set at spread 3 (`wide` in bench organic).
+# Pods per fair share of traffic in a family's home set (9c) and its narrower session set
+# (9f), whose size more sidecars estimate alike. docs/benchmarks.md "Organic routing: session
+# sets": four sidecars' hit 0.982 of the ceiling, against 0.972 with one set at spread 3.
 HOME_SPREAD = 4.0
 SESSION_SPREAD = 1.5
-# The floor under every pod's cap (min_cap) for organic picks. Organic requests are small
-# next to a registered fat prefix: a spill costs a session's history at most, while a hot
-# pod's queue costs every request behind it; 8, as registered prefixes' floor (cost.py
-# REQUEST_CAP_FLOOR). With load in tokens each weighs a later turn (ORGANIC_REQUEST_TOKENS).
+# Organic picks' cap floor (min_cap), as cost.py REQUEST_CAP_FLOOR: an organic spill costs
+# at most a session's history. In tokens each weighs ORGANIC_REQUEST_TOKENS.
 LOAD_CAP_FLOOR = 8
-# A flow's start goes to the least-loaded pod of its home set (9f): in docs/benchmarks.md
-# "Organic routing: balanced starts" (five bench organic runs against `hashed`, off, on the
-# same pods) one sidecar's max/mean went 1.39 -> 1.21 and four's 1.42 -> 1.32, hit held.
+# A flow's start goes to the least-counted pod of its home set (9f); docs/benchmarks.md
+# "Organic routing: balanced starts": one sidecar's max/mean 1.21, against 1.39 off.
 BALANCE_STARTS = True
-# A conversation's next request goes where this sidecar sent its previous one (9h): in
-# docs/benchmarks.md "Session follow" (offline replay), one sidecar's max/mean 1.22 -> 1.14
-# cold and 1.16 -> 1.09 steady, session turns moved 0.05 -> 0.00; four unchanged.
+# A conversation's next request goes where this sidecar sent its previous one (9h);
+# docs/benchmarks.md "Session follow": one sidecar's max/mean 1.14 cold, against 1.22 off.
 FOLLOW_SESSIONS = True
 LEARN_MESSAGES = 32  # a chat's anchors are learnt in its first 32 messages
 SESSION_BLOCKS = 2  # a prompt's session key is the chain key 2 blocks past its anchor
@@ -84,8 +53,7 @@ class OrganicKeys(NamedTuple):
     session: int
     share: float  # the family's share of this sidecar's recent unregistered requests
     anchor: int  # the anchor's depth in blocks (a prompt) or messages (a chat); -1: none
-    # Whether the request starts a flow (no history past its anchor): it may go to any pod
-    # of its family's home set (contract 9f).
+    # Starts a flow (no history past its anchor): may go to any pod of its home set (9f).
     start: bool = False
     # The family's head (through the anchor) in bytes (a chat: characters): what a start
     # sent past the session set may have to recompute. 0: no anchor.
@@ -197,9 +165,8 @@ class OrganicRouter:
 
     def for_prompt(self, data: bytes, marks: tuple[int, int] = NOT_FOLLOWED) -> OrganicKeys | None:
         """The prompt's keys, or None when it is shorter than one block (it then routes on
-        its window key, as before). `data` is the prompt's UTF-8, cut at HEAD_BYTES: a
-        shorter one is the whole prompt. `marks`: the whole prompt's (mark, after) by its
-        chat template (`chat_templates.turn_marks`; 9h)."""
+        its window key). `data` is the prompt's UTF-8, cut at HEAD_BYTES (shorter: the whole
+        prompt). `marks`: the whole prompt's (mark, after) (`chat_templates.turn_marks`)."""
         # Most anchors sit in the first 4 KB: hash those first, the rest only when needed
         # (the result is the same as hashing LEARN_BLOCKS + 1 blocks at once).
         chain = _core.chain_keys(data, BLOCK_BYTES, FIRST_BLOCKS)

@@ -47,9 +47,8 @@ class Pick(NamedTuple):
     # The budgeted home set (member indexes into the table, preference order, routing
     # contract section 6), used instead of the ring's first R owners; None without a budget.
     homes: tuple[int, ...] | None
-    # The floor under the caps for this pick (min_cap), in the pool's load unit
-    # (routing/cost.py floor_units), None: the policy's. Organic routing passes its own
-    # (routing/organic.py LOAD_CAP_FLOOR organic requests).
+    # The caps' floor (min_cap) in the pool's load unit (routing/cost.py floor_units);
+    # None: the policy's. Organic routing passes its own (routing/organic.py).
     min_cap: int | None = None
     # The request's uncached prefill tokens, estimated (routing/cost.py): with load counted
     # in tokens, what it adds to a pod's load with the decode term.

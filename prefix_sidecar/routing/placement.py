@@ -1,24 +1,12 @@
-"""Budgeted home placement: the pods each registered prefix calls home.
+"""Budgeted home placement: the pods each registered prefix calls home (routing contract
+section 6). Bounded load caps in-flight requests, not KV bytes; this caps homed KV too.
 
-The ring alone makes a prefix's home the first R distinct owners of its route key. With the
-bounded-load pick that bounds in-flight requests, but not KV bytes: in `bench fleet` it
-made one pod home to 144k prefix tokens on a 150k-token KV cache, so requests there waited
-for KV (TTFT p99 10-17 s) while every one of them still hit the cache.
-
-With a budget B (prefix KV tokens per unit of pod weight), prefixes are placed largest
-first (first-fit decreasing; ties by route key, then id). Each takes the first R pods of its
-preference order that still have room; only when fewer than R have room does it take the
-least-filled of the others (earlier in preference order on ties), over budget, because a
-prefix must live somewhere. "Room" is also bounded by a balance factor f over the fair share
-of all homed tokens when asked (bounded loads, applied to placement): in `bench fleet` the
-budget alone still let the ring leave one pod home to 12k tokens and ~4 % of the traffic
-while three others ran at their bounded-load cap and spilled, cold, onto it. The result
-depends only on the ring and the registered set, so sidecars with the same prefixes and pods
-agree without talking. Routing contract section 6.
-
-Complexity: O(P log P + P x N) per placement, run once per membership or registration
-change, off the request path (10,000 prefixes on 100 pods: well under a second), then one
-dict lookup per request.
+With a budget B (prefix KV tokens per unit of pod weight), prefixes are placed largest first
+(ties: route key, then id), each on the first R pods of its preference order with room, else
+over budget on the least-filled others (a prefix must live somewhere); an optional balance
+factor f also caps each pod at f times its fair share. The result depends only on the ring
+and the registered set, so sidecars agree without talking. Complexity: O(P log P + P x N)
+per membership or registration change, off the request path; one dict lookup per request.
 """
 
 from __future__ import annotations
@@ -35,9 +23,8 @@ from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
 # English with a BPE tokenizer (the emulator's exactly). A parameter of the placement like B
 # (routing contract section 6): sidecars that size alike place alike.
 BYTES_PER_TOKEN = 4.0
-# The balance factor f, 0 = off. In bench fleet 1.1 helped (docs/benchmarks.md "Fleet
-# results"), but in the demo it packed the small prefixes onto one pod ("Demo results":
-# p99 146-976 ms in four runs, against 102-131 ms in four of five without): off.
+# The balance factor f, 0 = off: 1.1 helped in bench fleet but packed the demo's small
+# prefixes onto one pod (docs/benchmarks.md "Fleet results", "Demo results").
 HOME_BALANCE_FACTOR = 0.0
 # With no home_kv_budget_tokens, the budget is this share of the pods' smallest reported KV
 # (docs/load-signals.md section 4): the other half is for the in-flight requests' tokens.
@@ -114,13 +101,10 @@ def _place(
 
 @dataclass(eq=False)
 class HomePlacer:
-    """The sidecar's placement, built when the ring or the registered set changes.
-
-    `rebuild` places the registered set on the rings it is given; the router calls it from
-    the pool's and the store's watchers, so a request only looks its prefix up. A ring or a
-    registered set it was not told of is placed on first use, as a safety net.
-    `budget_tokens` 0 turns it off (homes are the ring's first R owners, contract v1).
-    `replicas_of` is the router's: the replica count a registered prefix asks for.
+    """The sidecar's placement, rebuilt (`rebuild`) from the pool's and store's watchers so
+    a request only looks its prefix up; an unseen ring or registered set is placed on first
+    use. `budget_tokens` 0 turns it off (homes: the ring's first R owners, contract v1).
+    `replicas_of`: the replica count a registered prefix asks for (the router's).
     """
 
     store: PrefixStore

@@ -1,10 +1,8 @@
-"""The policy interface and its one registry, SGLang-router style: one policy per module, one
-shape, one factory.
+"""The policy interface and its registry: one policy per module, one shape, one factory.
 
-A policy picks a pod from the current routing table for a `Pick` and says which `Branch`
-decided, so tests can assert the branch and metrics can label by it. Policies other than
-`prefix_affinity` exist as baselines for the benchmarks (same sidecar, same trace, only the
-pick differs), not as recommendations.
+A policy picks a pod for a `Pick` and names the `Branch` that decided (tests assert it,
+metrics label by it). Policies other than `prefix_affinity` are benchmark baselines (same
+sidecar and trace, only the pick differs), not recommendations.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ class Policy(Protocol):
 
 
 def ignores_key(policy: Policy) -> bool:
-    """Whether the policy picks without looking at the Pick's key (a baseline such as
-    round_robin): such a policy needs no organic keys, and counting organic "decisions"
-    it never made would mislead the metrics."""
+    """Whether the policy ignores the Pick's key (a baseline such as round_robin): it then
+    gets no organic keys, and no organic decisions are counted for it."""
     return bool(getattr(policy, "ignores_key", False))
 
 

@@ -1,22 +1,12 @@
-"""prefix_affinity: the sidecar's policy - bounded-load pick over a prefix's home set.
+"""prefix_affinity: the sidecar's policy, a bounded-load pick over a prefix's home set.
 
-Algorithm: routing contract v1, step 5 (`Ring.pick`): the least-loaded of the first R
-distinct owners of the key, spilling clockwise when it is above
-max(min_cap, ceil(c * (L+u) * w / W)), u the request's cost; the floor `min_cap` keeps a
-prefix on its warm home pod while few requests are in flight. Loads, the cost and the floor
-are in the pool's load unit (config load_unit, routing/cost.py): requests, or tokens. With a
-KV budget (config `home_kv_budget_tokens`) the home set is the budgeted placement's (`Pick.homes`,
-contract section 6) instead of the first R owners, and `Ring.pick_among` does the same pick
-over it.
-
-Bounded load belongs to this policy alone, so it holds the two parameters; the baselines
-never see them. (Envoy wraps any hashing picker in bounded load; here the contract defines
-one hashing picker, the ring's replica set, and the core does the set and the spill walk in
-one call, so the wrapper and the picker are one class.)
-
-Complexity: the pool keeps the loads' total (`RoutingTable.total`), so a pick reads only the
-home set's loads when a home fits, O(R), and walks on only when it spills; it does not grow
-with the fleet. `select_bytes` hashes the prompt's bytes and picks in one core call.
+Routing contract v1 step 5 (`Ring.pick`): the least-loaded of the key's first R distinct
+owners, spilling clockwise when it is above max(min_cap, ceil(c * (L+u) * w / W)), u the
+request's cost; `min_cap` keeps a prefix on its warm home at low traffic. All in the pool's
+load unit (routing/cost.py). With a KV budget the home set is the placement's (`Pick.homes`,
+contract section 6; `Ring.pick_among`). Only this policy has bounded load's parameters.
+Complexity: O(R) when a home fits (the pool keeps the loads' total), walking on only on a
+spill; `select_bytes` hashes the prompt and picks in one core call.
 """
 
 from __future__ import annotations

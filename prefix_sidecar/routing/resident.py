@@ -1,17 +1,10 @@
-"""Routing on residency (kv_events=true, issue 29): a registered prefix's picked pod is
-known to have lost it (vLLM evicted it, the pod restarted), so another home that holds it
-takes the request, as long as it fits under its bounded-load cap.
+"""Routing on residency (kv_events on): a registered prefix's pick known to have lost the
+prefix (evicted, pod restarted) yields to another home that holds it and fits its cap.
 
-Algorithm: if `holds(picked)` is False, the first pod of the home set, in the home set's own
-order, with `holds(pod)` True and a HOME answer from the policy for a one-pod home set (under
-its cap). Sidecars that heard the same events pick the same pod. Unknown (None) keeps the
-hash's pick, as does a prefix no home holds any more: it must be rebuilt somewhere, and its
-hash home is where every sidecar sends it.
-
-Complexity: one `holds` (O(blocks of the prefix)) per request; only when the pick lost the
-prefix, up to R more and a policy pick each.
-
-The residency is passed in (`ResidencyView`): routing never imports kv_events.
+Unknown residency (None) keeps the hash pick, as does a prefix no home holds: it must be
+rebuilt, and its hash home is where every sidecar sends it. Residency is passed in
+(`ResidencyView`) so routing never imports kv_events. Complexity: one `holds` (O(prefix
+blocks)) per request; up to R more, each with a policy pick, only when the pick lost it.
 """
 
 from __future__ import annotations
@@ -40,8 +33,9 @@ def to_resident(
     picked: str,
     residency: ResidencyView,
 ) -> str:
-    """`picked`, or the first pod of `home_set` that holds the prefix and fits, when `picked`
-    is known not to hold it."""
+    """`picked`, unless known not to hold the prefix: then the first other pod of `home_set`
+    (in its order) that holds it and gets HOME as a one-pod home set (fits its cap).
+    Sidecars that heard the same events pick the same pod."""
     holds = residency.holds
     if holds(picked, prefix_id) is not False:
         return picked

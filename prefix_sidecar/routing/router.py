@@ -1,21 +1,12 @@
-"""The router: a prefix, an inline prefix text or a raw prompt -> route key -> pod.
+"""The router: a prefix, inline prefix text, raw prompt or chat -> route key -> `Decision`.
 
-Route keys follow routing contract v1: a prefix routes on key(its UTF-8 bytes); a raw
-prompt that starts with a registered prefix routes as that prefix. An unregistered prompt
-or chat routes by organic keys (contract section 9, `OrganicRouter`: a family's home set
-sized by its share, a session's pod inside it), or with `unregistered_routing: window` on
-key(first ROUTE_WINDOW_BYTES bytes) - a chat on its first message.
-The failover order is the chosen pod, then the rest of its home set, then the rest of the
-key's preference order. A registered prefix's home set is the ring's first R owners, or,
-with a KV budget, the budgeted placement's (`HomePlacer`, routing contract section 6), which
-is rebuilt when the pool swaps its ring or the store's registered set changes.
-
-An unregistered prompt's window is hashed and picked in one core call (`pick_bytes`) when the
-policy has that path (prefix_affinity); the table may be the ring or the Maglev table (config
-`hash_table`, contract section 8), and the pick reads the pool's running loads total.
-
-Every setting is required (`Router.from_config` passes the config's fields and the routing
-modules' constants, routing/router_settings.py), so each has one default.
+Routing contract v1: a prefix routes on key(its UTF-8); a prompt starting with a registered
+prefix routes as that prefix; other prompts and chats by organic keys (contract 9,
+`OrganicRouter`) or, with `unregistered_routing: window`, on key(first ROUTE_WINDOW_BYTES)
+(a chat: its first message). A registered prefix's home set is the ring's first R owners or,
+with a KV budget, the placement's (`HomePlacer`, contract section 6). Failover: the chosen
+pod, the rest of its home set, then the key's preference order. Every setting is required
+(`Router.from_config`, routing/router_settings.py), so each has one default.
 """
 
 from __future__ import annotations

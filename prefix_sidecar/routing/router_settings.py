@@ -12,9 +12,8 @@ from prefix_sidecar.config import Config
 from prefix_sidecar.routing import anchors, organic, placement
 
 # Routing contract v1's window W: an unregistered prompt routes on key(its first W bytes)
-# with `unregistered_routing: window`, as does a prompt shorter than one organic block. A
-# parameter of the contract like vnodes: every client of a fleet must use the same, so it
-# is no setting; 4 KB holds a chat's system prompt and first question.
+# with `unregistered_routing: window`, or when shorter than one organic block. Fleet-wide
+# like vnodes, so not a setting; 4 KB holds a chat's system prompt and first question.
 ROUTE_WINDOW_BYTES = 4096
 
 

@@ -1,16 +1,11 @@
 """A request's scope: the LoRA adapter it names and its cache salt (routing contract 10).
 
-vLLM keys a block's hash by the adapter (every block) and by `cache_salt` (the first block,
-which every later block chains from), so a prefix cached under one scope is a miss under
-any other. A route key is therefore scoped too: the unscoped key stays as it is (an empty
-scope changes nothing, so routing without adapters or salts is contract sections 1-9 as
-written), and a scoped one is key() of the scope's bytes and the unscoped key, so every
-sidecar agrees on a scoped prefix's home set without talking, and an adapter and the base
-model never share a home by accident.
-
-Which pods hold an adapter is routing/adapters.py's.
-
-Complexity: one key() of at most ~1 KB per scoped request.
+vLLM hashes blocks by adapter (every block) and `cache_salt` (the first, which later blocks
+chain from), so a prefix cached under one scope misses under any other. Route keys are
+scoped to match: an empty scope leaves the key unchanged (contract sections 1-9 as
+written); a scoped key is key(scope bytes || key), so every sidecar agrees on a scoped home
+set and an adapter never shares a home with the base model by accident. Which pods hold an
+adapter: routing/adapters.py. Complexity: one key() of at most ~1 KB per scoped request.
 """
 
 from __future__ import annotations
@@ -20,8 +15,8 @@ from typing import NamedTuple
 
 from prefix_sidecar import _core
 
-# A salt is the caller's: bounded like any text of theirs that reaches a key. vLLM sets no
-# limit; a tenant id or a random token is tens of bytes.
+# Caller-controlled, so bounded like any caller text that reaches a key (vLLM sets no
+# limit; a tenant id or random token is tens of bytes).
 MAX_SALT_BYTES = 1024
 
 

@@ -1,23 +1,13 @@
-"""Session follow: a conversation's next request goes where this sidecar sent its previous
-one (routing contract 9h).
+"""Session follow: a conversation's very next request goes where this sidecar sent its
+previous one (routing contract 9h).
 
-The session's pod (9b, 9f) is what every sidecar computes alike without talking. A sidecar
-that sent a conversation's previous request knows better where its history is now: the
-conversation's start may have gone to a less-loaded pod of its home set (9f), or bounded
-load may have spilled a turn. When the same sidecar gets the very next request of that
-conversation - the request right after the one it remembers, so no other sidecar sent
-one in between - it sends it where the previous one went, and the
-request finds its whole history there. Any other request goes to the session's pod, as
-every sidecar would send it: the agreement between sidecars is unchanged, a sidecar only
-uses what it saw itself.
-
-What tells the very next request is a MARK each request leaves and the AFTER each names:
-a chat leaves its number of assistant messages and names one fewer; a raw prompt in a
-known chat template leaves the offset of its last assistant header and names the offset of
-the one before it (`chat_templates`). A request whose AFTER is the mark the session's last
-request through this sidecar left is that request's very next one. A raw prompt of no
-known template has neither, and keeps the session's pod. Bounded: an LRU of `capacity`
-conversations (default 16,384: about 2.9 MB measured), O(1) per decision.
+Every sidecar computes the session's pod (9b, 9f) alike, but the previous request may have
+gone elsewhere (a balanced start, a spilled turn), and its history with it. Each request
+leaves a MARK and names an AFTER (a chat: its assistant-message count and one fewer; a raw
+prompt: the offsets of its last two assistant headers, `chat_templates`). Only a request
+whose AFTER is the mark its session's last request through this sidecar left is followed;
+any other goes to the session's pod, so agreement between sidecars is unchanged.
+Bounded: an LRU of `capacity` sessions (default 16,384, ~2.9 MB), O(1) per decision.
 """
 
 from __future__ import annotations

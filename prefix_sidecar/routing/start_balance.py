@@ -1,25 +1,12 @@
-"""Balancing the requests that start a flow (routing contract 9f, "starts").
+"""Balance the requests that start a flow over the family's home set (routing contract 9f).
 
-A home set is a hash placement: with few families the pods get uneven sums of traffic, and
-a session's later turns must land where its first one did, so they cannot be moved. A
-request that STARTS a flow - a one-shot question, a session's first turn, a few-shot query -
-has no history on any pod, only its family's head, which is warm on every pod of the home
-set. Such a request can go to any pod of the home set at no cost in hit rate, so it goes
-to the one this sidecar has sent the fewest organic requests lately. Its session's second
-turn goes to the session's home as every later turn does (it recomputes the first user
-message, tens of tokens, when the start went elsewhere), and every sidecar finds that
-home alike: no sidecar needs to know where another sent a start.
-
-A family's sessions live on the first pods of its home set (its session set, contract 9f),
-where the family's requests keep its head warm; a pod past them sees the family only when a
-start is sent there, so it may never have computed the head, or have evicted it since. A start goes
-there only when that pod is counted lower by a margin that grows with the head it may have
-to recompute (`far_margin`): balance is bought where it is cheap in hit rate.
-
-The counts are this sidecar's own: each sidecar evens out the requests it sends, so K
-sidecars even out the sum. They decay (half-life ~139 decisions), so they follow the
-traffic of the last few hundred requests, not of the whole uptime. Bounded: one float per
-member of the ring, rebuilt when the membership changes.
+A start (a one-shot question, a session's first turn, a few-shot query) has no history on
+any pod, only its family's head, so it goes to the pod this sidecar has sent the fewest
+organic requests lately; later turns still go to the session's home, computed alike by
+every sidecar. Past the session set the head may be cold, so a start goes there only by a
+margin that grows with the head (`far_margin`). Counts are this sidecar's own (K sidecars
+each even out theirs) and decay (half-life ~139 decisions). Bounded: one float per ring
+member, carried over for the pods that stay when membership changes.
 """
 
 from __future__ import annotations
