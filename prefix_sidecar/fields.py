@@ -1,11 +1,9 @@
 """One table per config: each dataclass field declares its default, help, flag and check.
 
 `setting()` stores that declaration in the field's metadata, so the dataclass is the table:
-the defaults, the coercion of YAML/env/flag values, the validation that names the field,
-the argparse flags and the docs table all read it (and the tooling's argv that rebuilds a
-config in a child process, prefix_sidecar_tools/emulator/config.py), and cannot drift apart.
-The sidecar's Config (prefix_sidecar/config/) and the emulator's pod model are both
-declared this way.
+defaults, YAML/env/flag coercion, validation, argparse flags, the docs table and the tooling's
+child-process argv (prefix_sidecar_tools/emulator/config.py) all read it and cannot drift.
+Used by the sidecar's Config (prefix_sidecar/config/) and the emulator's pod model.
 """
 
 from __future__ import annotations

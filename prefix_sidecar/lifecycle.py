@@ -1,11 +1,10 @@
 """Two shapes of long-lived things.
 
-- AsyncService, for what tests and benches start and stop (fleets, pods, sidecar processes):
-  `async with thing:` calls `start()`, and calls `stop()` both on exit and when `start()`
-  fails half way, so no child process or socket outlives a failed start.
-- WokenPass, for a sidecar's background pass over its registered prefixes: woken after a
-  registration or a membership change, one pass at a time, wake-ups during a pass coalesced;
-  what needs its answer (a registration, its prefix's count) waits for `idle`.
+- AsyncService (fleets, pods, sidecar processes in tests and benches): `async with thing:`
+  calls `start()`, then `stop()` on exit and when `start()` fails half way.
+- WokenPass (a background pass over the registered prefixes): woken by a registration or a
+  membership change, one pass at a time, wake-ups during a pass coalesced; what needs its
+  answer (a registration, its prefix's count) waits for `idle`.
 """
 
 from __future__ import annotations

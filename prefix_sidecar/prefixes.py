@@ -1,16 +1,12 @@
 """The prefix store: callers register a fat prefix once, then send its id (or name) per request.
 
-A prefix is keyed by its id (SHA-256 of the UTF-8 text), so registering the same text twice
-is idempotent and every sidecar derives the same id and route key without talking to the
-others. A prefix registered for a LoRA adapter or a cache salt (its scope, routing/scope.py)
-is an entry of its own, with its scope's id and route key (routing contract 10).
+The id is SHA-256 of the UTF-8 text, so registration is idempotent and every sidecar derives
+the same id and route key alone; a scoped prefix (LoRA adapter or cache salt, routing/scope.py)
+is its own entry with its scope's id and key (routing contract 10).
 
-A name points at its newest version; older versions stay resolvable by id until they
-are unregistered, so a rules update does not break requests already in flight.
-
-Several names may point at the same text (one entry, one id). The entry lives while any name
-points at it; its display name (`PrefixEntry.name`, used in logs and for requests by id or by
-prompt) is the oldest of those names, so unregistering one name hands it to the next.
+A name points at its newest version; older ones stay resolvable by id until unregistered, so
+requests in flight survive an update. Several names may share one entry, which lives while any
+does; its display name is the oldest of them.
 """
 
 from __future__ import annotations
@@ -59,8 +55,8 @@ class PrefixEntry:
     replicas: int
     size: int  # UTF-8 bytes of the text
     chars: int
-    # KV size in tokens as a pod's own tokenizer counted it (POST /tokenize at registration,
-    # prefix_sidecar/upstream/tokenize.py); 0 until measured: placement then estimates from bytes.
+    # KV size in tokens by a pod's /tokenize (upstream/tokenize.py); 0 until measured:
+    # placement then estimates from bytes.
     tokens: int = 0
     # The adapter and salt it was registered for; `text_id` and `text_key` are its text's
     # own id and key (the route key unscoped), equal to `id` and `route_key` when unscoped.

@@ -1,13 +1,9 @@
 """Prewarm: put a prefix's KV cache on its pods before traffic needs it.
 
-docs/mission.md pre-warms with fire-and-forget POSTs; here each (prefix, pod) pair is a
-`max_tokens=1` completion whose result is reported (one event per state change), retried
-with jittered exponential backoff, and bounded in concurrency so a warm-up of many prefixes
-does not itself become the peak that saturates the fleet.
-
-The bound is per pod (`concurrency` requests at once on each pod), and a slot is held only
-for one attempt, never through a backoff: a wedged pod (health OK, completions hang) then
-ties up only its own slots, and a healthy pod joining next to it warms in its own time.
+Each (prefix, pod) pair is a `max_tokens=1` completion, reported per state change, retried
+with jittered exponential backoff. Concurrency is bounded per pod, so a mass warm-up is not
+itself the peak, and a slot is held for one attempt, never through a backoff: a wedged pod
+(health OK, completions hang) ties up only its own slots.
 """
 
 from __future__ import annotations
@@ -27,16 +23,13 @@ from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.sse import usage_counts
 
-# Prewarm requests in flight at once, per pod: a prefill each, so a joiner computes a few
-# prefixes together and its own traffic still gets in.
+# Per pod: a few prefills at once, leaving room for the joiner's own traffic.
 CONCURRENCY = 4
-# Tries of one prewarm, and the first pause before a retry (doubled each time, x U(0.5, 1.5)):
-# a pod that just came up may refuse a request or two.
+# Tries, and the first retry pause (doubled each time, x U(0.5, 1.5)): a pod just up may
+# refuse a request or two.
 ATTEMPTS = 3
 RETRY_BACKOFF_S = 0.2
-# The most one prewarm may take: a bound for a hung pod, far above a prefill's seconds. A
-# wedged pod does not hold back other joiners (each pod has its own slots).
-TIMEOUT_S = 120.0
+TIMEOUT_S = 120.0  # per prewarm: bounds a hung pod, far above a prefill's seconds
 
 logger = logging.getLogger(__name__)
 
@@ -170,19 +163,11 @@ class Prewarmer:
         return False  # pragma: no cover - attempts >= 1
 
     async def _complete(self, entry: PrefixEntry, url: str) -> tuple[int, int]:
-        # The prompt is the prefix as registered, trailing whitespace included, as text. The
-        # pod caches the whole blocks of its tokens; a query (prefix + query text) hits those
-        # its own tokens share. BPE pre-tokenizers split where whitespace begins (GPT-2 and
-        # Llama-3 style regexes, SentencePiece's Metaspace), so the prefix's tokens are
-        # those of the prefix without its trailing whitespace, then the whitespace's (or,
-        # after punctuation under Llama-3's regex, punctuation and newlines as one token).
-        # Warming the text as registered therefore warms every block that warming it
-        # stripped would, plus the whitespace's block when the query keeps that token (a
-        # newline before a newline); stripping it is never better, and loses that block. A
-        # query starting with a letter takes a trailing space into its first word: that
-        # block cannot be warmed by any text sent ahead of the query, only by sending the
-        # prefix and the query as token ids (the request path, not the prewarm). Measured on
-        # vLLM, per join: python -m prefix_sidecar_tools.vllm.boundary --url URL.
+        # The prefix is sent as registered, trailing whitespace included: BPE pre-tokenizers
+        # split where whitespace begins, so this warms every block the stripped text would,
+        # plus the whitespace's when the query keeps that token. A query starting with a
+        # letter absorbs a trailing space into its first word; only token ids (the request
+        # path) can warm that block. Check on vLLM: python -m prefix_sidecar_tools.vllm.boundary.
         # A prefix registered for an adapter or a salt is warmed under them (contract 10).
         adapter, salt = entry.scope
         params: dict[str, object] = {"max_tokens": 1, **({"cache_salt": salt} if salt else {})}

@@ -1,15 +1,10 @@
 """The sidecar's configuration: one YAML file, overridden by PREFIX_SIDECAR_* env vars, then flags.
 
-`Config` is one table of fields (prefix_sidecar/fields.py), declared by subsystem: listen.py,
-membership.py, routing.py, startup.py, upstream.py and operations.py, joined in table.py.
-Each field's default, help, flag and check are declared once, and the file, env vars, flags,
-`--print-config`, the docs table and the components' own defaults all read it (loading.py).
-Every field is validated at start; a bad value fails with the field's name and the reason,
-so a broken ConfigMap is caught by the pod's first start, not by the first request.
-
-A tuning constant that only a benchmark can tune is not a field: it is a named constant of
-the module that uses it, with the measurement that chose it; removed.py lists the fields that
-became one, so a config that still sets one fails naming where it went.
+`Config` is one table of fields (prefix_sidecar/fields.py), declared per subsystem module and
+joined in table.py; the file, env, flags, `--print-config`, the docs table and components'
+defaults all read it (loading.py). Every field is validated at start, naming the field, so a
+broken ConfigMap fails the pod's first start, not its first request. A constant only a
+benchmark can tune is not a field; removed.py says where each removed field went.
 """
 
 from prefix_sidecar.config.checks import ConfigError

@@ -1,8 +1,7 @@
-"""The checks and parsers more than one group of config fields uses.
+"""The checks and parsers that several groups of config fields share.
 
-Each check returns why a value is bad ("must be HOST:PORT: ...") or None; each parser turns a
-YAML, env or flag value into the field's type or raises ConfigError naming the field. The
-groups' own checks live next to their fields.
+A check returns why a value is bad ("must be HOST:PORT: ...") or None; a parser turns a YAML,
+env or flag value into the field's type or raises ConfigError naming the field.
 """
 
 from __future__ import annotations

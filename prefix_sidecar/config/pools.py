@@ -1,17 +1,11 @@
 """Pools: several models, each on its own vLLM deployment, behind one sidecar.
 
-A pool is one model's pods: the names a request's `model` may give for it (aliases
-included), its membership, given with the keys a one-pool sidecar takes at the top level
-(backends, backends_file, backends_dns and the rest of membership.py), and, if it wants
-its own, the prefixes registered in it at start. What a pool does not set it takes from the
-top level, except where its pods are: with `pools` set, the top level names no pods.
-
-Every pool gets its own ring, prefix store, health checks, load signals and prewarm (built
-in server/model_pool.py); keys do not depend on the pool (routing contract section 10), so
-one pool routes exactly as a sidecar with that pool alone would.
-
-Without `pools`, the top-level fields are the one pool, as before pools existed: it takes
-any model a request names.
+A pool is one model's pods: its model names (aliases included), its membership keys (those
+of membership.py) and optionally its own start prefixes; the rest comes from the top level,
+which then names no pods. Each pool has its own ring, store, health, load signals and prewarm
+(server/model_pool.py); keys do not depend on the pool (routing contract section 10), so a
+pool routes as a sidecar with it alone would. Without `pools`, the top level is the one pool
+and takes any model.
 """
 
 from __future__ import annotations
@@ -30,12 +24,10 @@ from prefix_sidecar.config.membership import MembershipSettings
 from prefix_sidecar.config.startup import StartupSettings
 from prefix_sidecar.fields import setting
 
-# A pool name is a metric label: short, plain characters.
-POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a metric label: short, plain
 MAX_MODEL_NAME_CHARS = 256
 MAX_POOLS = 64
-# The name of the one pool a config without `pools` has.
-DEFAULT_POOL = "default"
+DEFAULT_POOL = "default"  # the one pool of a config without `pools`
 # What a pool entry may set besides its name and models.
 _POOL_FIELDS = {
     **fields.table(MembershipSettings),

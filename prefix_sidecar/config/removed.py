@@ -1,8 +1,7 @@
-"""The fields cut from the config and where each value lives now.
+"""Fields removed from the config, and where each value lives now.
 
-They were tuning constants that only a benchmark could tune, so each is a named constant of
-the module that uses it, equal to the field's old default. A config file, flag or env var
-that still sets one fails at start and says where it went, rather than being ignored.
+Each is a tuning constant only a benchmark can tune, now a named constant of the module that
+uses it. A file, flag or env var that still sets one fails at start saying where it went.
 """
 
 from __future__ import annotations

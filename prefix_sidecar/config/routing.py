@@ -1,9 +1,8 @@
 """How a request picks its pod: the route-key scheme, the replicas per prefix, bounded load,
 the KV budget of homed prefixes, the hash table and the failover depth.
 
-Only what an operator sets is here. The organic scheme's spreads and floors, the pods' load
-rules and the placement's balance are named constants of their modules, each with the
-measurement that chose it (routing/organic.py, membership/load_signals/, routing/placement.py).
+Only what an operator sets is here; benchmark-tuned constants live in their modules
+(routing/organic.py, membership/load_signals/, routing/placement.py).
 """
 
 from __future__ import annotations
@@ -22,11 +21,9 @@ LOAD_UNITS = ("tokens", "requests")  # routing/cost.py
 class RoutingSettings:
     """The pick and what it reads."""
 
-    # How an unregistered prompt or chat routes (docs/organic-routing.md, routing contract 9):
-    # organic keys a chat by its system and first user message and a raw prompt by learnt
-    # anchors, spreading a tenant's sessions over a home set sized by its share; window is
-    # the original key of the first 4 KB (a chat's first message); precise is organic moved
-    # to the pod the KV events say holds the longest prefix of the prompt.
+    # docs/organic-routing.md, routing contract 9: organic keys a chat by its system and first
+    # user message and a raw prompt by learnt anchors; window keys the first 4 KB; precise
+    # moves organic's pick to the pod whose KV events show the longest prefix of the prompt.
     unregistered_routing: str = setting(
         "organic",
         "organic (learnt anchors, chat structure), window (key of the first bytes) or precise "
@@ -48,19 +45,16 @@ class RoutingSettings:
     load_factor: float = setting(
         1.25, "bounded-load factor c: a pod's cap is c x its fair share", check=at_least(1.0)
     )
-    # What bounded load counts (routing/cost.py): a request's uncached prefill tokens until
-    # its first token plus a decode term, or every request as 1 (the routing contract's
-    # original pick). The cap's floor is REQUEST_CAP_FLOOR thin requests in both.
+    # See routing/cost.py. The cap's floor is REQUEST_CAP_FLOOR thin requests in either unit.
     load_unit: str = setting(
         "tokens",
         "what bounded load counts: tokens (a request's uncached prefill tokens until its "
         "first token, plus a decode term) or requests",
         check=one_of(LOAD_UNITS),
     )
-    # The most prefix KV tokens one pod (per unit of weight) is home to (routing contract
-    # section 6). Set it to the pods' KV cache size minus what in-flight requests need; 0
-    # takes half the pods' smallest reported KV (docs/load-signals.md), or, with none
-    # reported, keeps the ring's plain placement.
+    # Routing contract section 6: set it to the pods' KV size minus what in-flight requests
+    # need. 0 takes half the pods' smallest reported KV (docs/load-signals.md), else the plain
+    # ring placement.
     home_kv_budget_tokens: int = setting(
         0,
         "most prefix KV tokens a pod is home to, per unit of weight; 0 = plain ring",

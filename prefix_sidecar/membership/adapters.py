@@ -1,16 +1,10 @@
 """Which LoRA adapters each pod of a pool holds, from the pods' own GET /v1/models.
 
-vLLM lists its served model with `parent: null` and each adapter it holds (`--lora-modules`
-at start, `/v1/load_lora_adapter` since) with its base model as `parent`. Pods of one pool
-need not hold the same adapters, so every pod is asked, a few per interval at the load
-signals' cadence (POLL_INTERVAL_S, POLL_SAMPLE: the pod asked longest ago first, a pod never
-asked before any other), each answer bounded in time and bytes like every pod answer.
-Routing reads `holds` (routing/adapters.py); the pool lookup reads the names
-(server/pools.py): a model no pool names may be an adapter some pod holds.
-
-Untrusted: at most MAX_ADAPTERS_PER_POD names of at most MAX_NAME_CHARS are kept per pod,
-and at most MAX_ADAPTERS names in all (a pod's names past them are not learnt); a pod that
-stops answering keeps its last list until it leaves the membership.
+vLLM lists its base model with `parent: null` and each adapter with its base as `parent`.
+Pods of a pool may differ, so each is asked, a few per interval at the load signals' cadence
+(longest-unasked first), bounded in time and bytes. Readers: routing/adapters.py (`holds`),
+server/pools.py (the names). Untrusted: at most MAX_ADAPTERS_PER_POD names of at most
+MAX_NAME_CHARS per pod, MAX_ADAPTERS in all; a silent pod keeps its last list until it leaves.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Which backends may take traffic: active health checks plus passive request failures.
 
-Design (after Envoy's health checker: interval, unhealthy threshold, faster edge checks):
-- Each member has its own check loop: `GET {url}{path}` every `interval_s` (with a little
-  jitter so a thousand sidecars do not check in lock-step); 2xx is healthy.
-- A member is ejected after `failure_threshold` consecutive failures, active or passive.
-  After any failure it is re-checked after FAILURE_RECHECK_S instead of a full interval,
-  so a sick pod leaves in ~threshold x recheck, while a healthy one costs one GET per
-  interval. A passive failure also wakes that recheck at once.
-- A dead pod must leave within 2 s even when no traffic reaches it, and a 2 s interval
-  alone cannot promise that. So each member also has one idle TCP "liveness" connection:
-  when the pod's process dies, its kernel closes the socket, we see EOF within
-  milliseconds and recheck at once; connection refused then ejects it in ~2 x recheck.
-  (A server that closes idle connections just costs one extra check per close.)
-- New members are UNKNOWN until their first check decides. An ejected member is
-  re-admitted by the first healthy active check (a passive success does not count: it
-  may be a request that started before the ejection).
+Per member (after Envoy's checker): `GET {url}{path}` every jittered `interval_s`, 2xx is
+healthy; `failure_threshold` consecutive failures (active or passive) eject it. After a
+failure it is rechecked in FAILURE_RECHECK_S (a passive one wakes it at once), so a sick pod
+leaves in ~threshold x recheck. An idle TCP "liveness" connection per pod turns a dead process
+into EOF within milliseconds and a recheck, so a dead pod leaves within 2 s without traffic.
+New members are UNKNOWN until their first check; only an active check re-admits (a passive
+success may predate the ejection).
 """
 
 from __future__ import annotations
@@ -64,12 +56,9 @@ class _Tracked:
         _resolve(self.waker)
 
     async def nap(self, delay: float) -> None:
-        """Sleep up to delay, less if woken.
-
-        Not asyncio.wait_for(event.wait(), delay): on Python <= 3.11 it can swallow a
-        cancel that lands together with a wake-up (gh-86296), and run() would then wait
-        forever for this task at shutdown.
-        """
+        """Sleep up to delay, less if woken. Not asyncio.wait_for(event.wait(), delay): on
+        Python <= 3.11 it can swallow a cancel that lands with a wake-up
+        (gh-86296), hanging run()."""
         if self.woken:
             return
         loop = asyncio.get_running_loop()

@@ -1,25 +1,14 @@
-"""The backend pool: membership + health + warmth -> the ring that routes requests.
+"""The backend pool: membership + health + warmth -> the routing table requests pick from.
 
-A pod is *serving* when it is healthy and warm; only serving pods are on the routing ring.
-Removing a pod's points from the ring sends exactly its keys to the next pod clockwise,
-which is what skipping it on the full ring would do, so every sidecar that sees the same
-pods serving still agrees (routing contract v1). A pod that joins or comes back is
-*warming* until the prefixes it is home for are prewarmed on it (warm before serve); it
-then joins the ring. When no pod is serving (a cold start), traffic goes to the pods that
-are not ejected: a cold answer beats no answer.
+Only *serving* pods (healthy and warm) are on the ring. Dropping a pod's points sends exactly
+its keys to the next pod clockwise, so sidecars that see the same pods serving agree (routing
+contract v1). A joining pod is *warming* until its home prefixes are prewarmed (warm before
+serve); with no pod serving (a cold start), the non-ejected pods route: a cold answer beats none.
 
-The ring is built once per change and swapped by one reference (Envoy's pattern), so the
-request path never locks. Each pod's load is kept per pod and mirrored into the snapshot's
-`loads` array, which `Ring.pick` reads without copying, together with their running total,
-so a pick never sums the array (routing contract section 4: the total is the caller's
-invariant). A pod's load is its *effective* load, max(own in-flight, pod-reported load):
-the sidecar's own requests, or what the pod says it is running and queueing when that is
-more (other sidecars' traffic); an unknown or stale report counts as 0, i.e. own in-flight
-alone. With load counted in tokens (config load_unit, routing/cost.py) a pod's load is its
-own requests' tokens (prefill until the first token, the decode term while they run), and
-each request more that the pod or the fleet view counts weighs what ours weigh on average.
-Every change moves one entry and the total by the same delta: O(1). What derives from the
-ring (the budgeted home placement) is rebuilt by a watcher, right after the swap.
+The table is rebuilt per change and swapped by one reference, so the request path never locks.
+Each pod's effective load (`Backend.load`) is mirrored into the table's `loads` with their
+running total, which `Ring.pick` reads without summing (routing contract section 4): every
+change moves one entry and the total by the same delta, O(1).
 """
 
 from __future__ import annotations
@@ -39,15 +28,13 @@ from prefix_sidecar.routing.table import RoutingTable
 
 logger = logging.getLogger(__name__)
 
-# A pod's report is untrusted: clamp it so that no report can push the loads' total near the
-# int64 limit the core refuses (2**20 per pod x 2**24 pods at most is far below 2**63).
+# Clamp on a pod's untrusted report: at 2**20 per pod x 2**24 pods the loads' total stays far
+# below the int64 limit the core refuses.
 MAX_REPORTED_LOAD = 1 << 20
-# The fleet view's K-estimate (how many sidecars' traffic a pod carries per request of
-# ours) is bounded, and taken only from readings that saw enough of our own requests.
+# Bound on the fleet view's K-estimate (sidecars' traffic a pod carries per request of ours).
 MAX_FLEET_SCALE = 4096.0
-# K = sum R / sum a from n = sum a of our requests is off by ~1/sqrt(n): 50 % at 4, 25 % at
-# 16. At 4, 8 sidecars spilled 3-6 tail prefixes to cold pods in the first seconds of a run
-# (bench fleet, 5 runs), at 16 1-2 (4 runs); until then own counts decide.
+# K from n of our requests is off by ~1/sqrt(n); 16 (25 %) cut cold spills at start vs 4
+# (bench fleet). Below it, own counts decide.
 MIN_SCALE_SAMPLE = 16  # own requests in flight on freshly read pods, summed
 SCALE_STEP = 0.1  # a new estimate within 10 % of the one in use changes nothing
 MAX_COMPUTED = 1024  # Backend.computed: as many prefixes as a sidecar registers by default
@@ -62,8 +49,8 @@ class FleetEstimate:
     """The fleet view's K-estimate, one per pool, read by every Backend's load."""
 
     scale: float = 1.0  # K: for a pod without a fresh reading, and our sends since one
-    # Readings are used once K is estimated: before, a read pod at everyone's count beside
-    # unread ones at ours, or readings a ramp-up has outrun, draw spills to cold pods.
+    # Readings count only once K is estimated: a read pod (everyone's requests) beside unread
+    # ones (ours only) would draw spills to cold pods.
     ready: bool = True
 
 
@@ -76,8 +63,8 @@ class Backend:
     in_flight: int = 0  # this sidecar's own requests on the pod
     tokens: int = 0  # ... and what they weigh in tokens (routing/cost.py)
     counts_tokens: bool = False  # the pool's load_unit is tokens
-    # ... of which the pod was a choice: among two or more pods by their loads, a spill or a
-    # failover (the rest went to the only home the key has, whatever the loads said).
+    # ... of which the pod was chosen among 2+ pods by load (a spill or a failover), not
+    # taken as the key's only home.
     chosen: int = 0
     reported_load: int | None = None  # the pod's own report (running + waiting); None: unknown
     # The fleet view: own in-flight (and chosen) when the pod's reading was taken; our
@@ -115,10 +102,9 @@ class Backend:
         if self.anchor is not None:
             if not self.fleet.ready:
                 return own
-            # Our requests since the reading; and where the pod was a choice, as many per
-            # sidecar from the others (the K-estimate): every sidecar choosing on the same
-            # reading sees the pod it just filled as fuller. A key's only home takes the
-            # others' requests independently of ours: K-fold, ours would add their noise.
+            # Our requests since the reading, plus K - 1 others' per choice of ours: every
+            # sidecar choosing on the same reading fills the same pod. Only-home requests are
+            # not scaled: others send those independently of ours.
             reported += own - self.anchor + round((self.chosen - self.chosen_anchor) * (scale - 1))
         return own if reported < own else reported
 
@@ -235,10 +221,9 @@ class BackendPool:
     # --- load accounting ----------------------------------------------------------------
 
     def acquire(self, url: str, chosen: bool = True, prefill: int = 0) -> None:
-        """One more of this sidecar's requests is in flight on `url`, with `prefill`
-        uncached tokens to compute before its first token; `chosen` False when `url` was the
-        key's only home and took it under its cap (the fleet view counts the other
-        sidecars' requests for a choice, not for that)."""
+        """One more of our requests is in flight on `url`, with `prefill` uncached tokens
+        before its first token; `chosen` False when `url` was the key's only home (the fleet
+        view scales only choices by K)."""
         backend = self.backends.get(url)
         if backend is not None:
             backend.in_flight += 1
@@ -286,11 +271,9 @@ class BackendPool:
         return pod is not None and (prefix_id in pod.warm_prefixes or prefix_id in pod.computed)
 
     def report_load(self, url: str, load: int | None) -> None:
-        """What the pod reports it is running and queueing, from its response headers or its
-        /metrics; None when that is unknown or stale: its load falls back to own in-flight.
-
-        A pod that is not (or no longer) in the membership is ignored. Reports above
-        MAX_REPORTED_LOAD are clamped (untrusted input)."""
+        """The pod's reported running + queued load (response header or /metrics); None when
+        unknown or stale (own in-flight then). Ignored for a non-member; clamped to
+        MAX_REPORTED_LOAD (untrusted input)."""
         load = _checked_report(load)
         backend = self.backends.get(url)
         if backend is not None and backend.reported_load != load:
@@ -298,12 +281,10 @@ class BackendPool:
             self._publish(backend)
 
     def report_reading(self, url: str, load: int | None) -> None:
-        """The fleet view (docs/load-signals.md, rule 3): the pod's own running + waiting,
-        read just now, counts every sidecar's requests on it; ours since the reading move
-        it by as many. None: the reading is unknown or stale, and the pod counts as own
-        in-flight x the K-estimate, the ratio of the pods' reported loads to our own
-        requests on them, over the pods read, so that every pod's load is in the same
-        (fleet-wide) units. Bounded like report_load."""
+        """The fleet view (docs/load-signals.md, rule 3): a fresh running + waiting reading,
+        which counts every sidecar's requests; ours since move it. None (unknown or stale):
+        the pod counts own in-flight x K, the read pods' reported / own ratio, so every pod's
+        load is in fleet-wide units. Bounded like report_load."""
         backend = self.backends.get(url)
         if backend is None:
             return

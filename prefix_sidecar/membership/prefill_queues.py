@@ -1,17 +1,10 @@
-"""When each pod will have computed the prefills this sidecar has sent it: a per-pod queue,
-predicted at each send and set again at each first token, in seconds of the pod's own speed,
-learned from the same first tokens.
+"""Per-pod prefill queues: when each pod will have computed the prefills we sent it, predicted
+at each send and reset at each first token, at a per-token rate learned from those first tokens.
 
-A pod computes prefills about one after another (a GPU's prefill is throughput-bound), so a
-request sent to a pod with a backlog waits for it before its own prefill starts. Precise
-routing weighs that wait against what a pod would compute of the prompt (routing/precise.py
-to_quickest), as SGLang's and Dynamo's routers weigh queued work against cache overlap.
-
-The rate is the pod's seconds per token over the first tokens seen lately (PrefillRate): a
-request's time from when it could start (its send, or the pod's previous first token of
-ours, whichever is later) to its first token, over its tokens. Each sidecar sees only its
-own requests: with several, each underestimates the queues, and moves on them less. Pods
-are untrusted: samples out of bounds are dropped, and the learned rate is clamped.
+A pod computes prefills about one after another (throughput-bound), so a request waits for
+the backlog; precise routing weighs that wait against cache overlap (routing/precise.py
+to_quickest). Each sidecar sees only its own requests, so it underestimates shared queues.
+Pods are untrusted: out-of-bounds samples are dropped and the learned rate is clamped.
 """
 
 from __future__ import annotations
@@ -20,15 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-# How much a sample's weight shrinks with each newer one: about the last 50 first tokens count.
-FORGET = 0.98
-# Before the first sample, the prior: 10,000 tokens/s.
-PRIOR_PER_TOKEN_S = 1e-4
-# Bounds on the rate: 100 to 10M tokens/s.
-PER_TOKEN_S = (1e-7, 1e-2)
+FORGET = 0.98  # per-sample decay: about the last 50 first tokens count
+PRIOR_PER_TOKEN_S = 1e-4  # before the first sample: 10,000 tokens/s
+PER_TOKEN_S = (1e-7, 1e-2)  # bounds on the rate: 100 to 10M tokens/s
 MAX_SAMPLE_S = 60.0  # a first token later than this after its start says nothing of the rate
-# A prompt this short is mostly the request's fixed costs (the hop, the pod's scheduling):
-# it says little of the pod's speed.
+# Shorter prompts are mostly fixed costs (the hop, the pod's scheduling), not speed.
 MIN_SAMPLE_TOKENS = 64
 
 
@@ -41,14 +30,10 @@ class PodQueue:
 
 
 class PrefillRate:
-    """The pod's seconds per prompt token: the seconds over the tokens of the first tokens
-    seen lately, summed with forgetting.
-
-    A line with a fixed part fitted worse: on `bench organic` (time x6, pods at 9,000 tokens/s
-    real) it learned 11 ms + 40 us a token, the fixed part mostly the sidecar's own hop, which
-    the pod does not queue: each request waiting counted as 275 tokens of queue, and 5-10 % of
-    the requests moved, to 0.980-0.991 of the hit ceiling. The ratio counts the hop into the
-    rate instead, so the queue drains a little slower than it does."""
+    """Seconds per prompt token: a sample is a request's time from when it could start (its
+    send, or our previous first token on the pod, if later) to its first token, over its
+    tokens; seconds and tokens are summed with forgetting. A pure ratio, not a line with a
+    fixed part: that part was mostly our own hop, which the pod does not queue (bench organic)."""
 
     def __init__(self) -> None:
         self.per_token_s = PRIOR_PER_TOKEN_S
@@ -107,10 +92,9 @@ class PrefillQueues:
             self._done(pod, queue, max(tokens, 0), self.clock())
 
     def _done(self, pod: str, queue: PodQueue, tokens: int, now: float) -> None:
-        """One request left the queue: what is still waiting is all it holds from now, so a
-        prediction that was off does not build up while the pod is never empty. A pod with
-        none of ours waiting is forgotten (its queue is empty, and the next request's start
-        is its send): the map holds only pods with requests in flight, whatever the churn."""
+        """One request left: re-predict from what still waits, so an error does not build up
+        on a never-empty pod. A pod with none of ours waiting is dropped: the map holds only
+        pods with requests in flight, whatever the churn."""
         queue.waiting = max(queue.waiting - 1, 0)
         if not queue.waiting:
             del self._pods[pod]

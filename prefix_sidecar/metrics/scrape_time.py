@@ -1,10 +1,8 @@
-"""Series computed when scraped, from routing state the sidecar reads, not pushes: the
-prefix tokens each pod is home to and the budget in use, the loads bounded load picks on,
-organic routing's decisions and table; each pool's.
+"""Series read from each pool's routing state when scraped: homed prefix tokens and budget,
+the loads bounded load picks on, organic routing's decisions and table.
 
-`snapshot` reads the state on the event loop (the routing state is the loop's); `collect`,
-possibly in a thread, renders that reading. Every label set here is bounded: member pods,
-configured pools, or a fixed list of kinds and maps.
+`snapshot` reads the state on the event loop (which owns it); `collect`, possibly in a thread,
+renders that reading. Label sets are bounded: member pods, pools, fixed kinds and maps.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.
 # A label value that never names a pod or a prefix ("no backend", "no prefix"): always kept.
 NONE_LABEL = "-"
 
-# The `front` label of the per-request series: which listener took the request (the gRPC
-# service, or the OpenAI-compatible HTTP front). Two values, so the label sets stay bounded.
+# The `front` label: which listener took the request (gRPC, or the OpenAI HTTP front).
 FRONT_GRPC = "grpc"
 FRONT_HTTP = "http"
 

@@ -1,14 +1,9 @@
-"""What a pod says about its load, read from untrusted text: vLLM's ORCA response header and
-its Prometheus /metrics page.
+"""A pod's load from untrusted text: vLLM's ORCA response header (`parse_load_header`: queue
+and KV usage, sent when the request asks via `endpoint-load-metrics-format`) and its
+Prometheus /metrics page (`parse_metrics`: running, waiting, KV usage and KV size).
 
-- the header `endpoint-load-metrics` (queue length and KV usage) rides on the traffic when
-  the request carried `endpoint-load-metrics-format: TEXT|JSON`; `parse_load_header`;
-- `GET /metrics` says `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-  `vllm:kv_cache_usage_perc` and `vllm:cache_config_info` (num_gpu_blocks x block_size =
-  the pod's KV tokens); `parse_metrics`.
-
-Both are size-bounded and parsed in one linear pass, and every number must be finite and in
-range or it is ignored: a reading is a `PodReport`, None where the pod did not say.
+Both are size-bounded and parsed in one linear pass; a number that is not finite and in
+range is ignored. A reading is a `PodReport`, None where the pod did not say.
 """
 
 from __future__ import annotations

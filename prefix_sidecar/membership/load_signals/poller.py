@@ -1,9 +1,7 @@
-"""Asking the pods for /metrics where the traffic has not told us their load lately.
+"""Polls /metrics of the pods whose load the traffic has not reported lately.
 
-`MetricsPoller` asks a few pods per interval, bounded in time and bytes, and hands each
-parsed page to `LoadSignals`; the ORCA header on the traffic is free, the polls are the
-cost: POLL_SAMPLE / POLL_INTERVAL_S requests per second per sidecar, whatever the fleet
-size (arithmetic in docs/load-signals.md).
+The ORCA header on the traffic is free; polls cost POLL_SAMPLE / POLL_INTERVAL_S requests
+per second per sidecar, whatever the fleet size (arithmetic in docs/load-signals.md).
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ from prefix_sidecar.upstream.errors import UpstreamError
 
 logger = logging.getLogger(__name__)
 
-# Every ~0.5 s (x U(0.5, 1.5)) ask 2 pods, each poll within 0.5 s: at most 4 polls per second
-# per sidecar, 16 per pod at 1,000 sidecars x 250 pods, 1/60 of the health checks' count
-# (docs/load-signals.md, "Arithmetic"); the pods a sidecar picks among stay 1-2 s fresh, within
-# MAX_AGE_S. Pods that report on streams are never stale, so they are not polled at all.
+# <= 4 polls/s per sidecar, 16/s per pod at 1,000 sidecars x 250 pods; picked-among pods stay
+# 1-2 s fresh, within MAX_AGE_S (docs/load-signals.md, "Arithmetic").
 POLL_INTERVAL_S = 0.5
 POLL_SAMPLE = 2
 POLL_TIMEOUT_S = 0.5
@@ -59,12 +55,9 @@ async def fetch_metrics(
 
 
 class MetricsPoller:
-    """Every ~interval_s (jittered +-50 %, so a thousand sidecars do not poll in step) ask
-    at most `sample` pods for /metrics, chosen among the ones not heard from for half the
-    readings' max age (so a reading is refreshed before it ages out): first those this
-    sidecar sent requests to lately (it is about to pick among them), then the rest, at
-    random. Cost per sidecar: sample / interval_s requests per second, whatever the fleet
-    size (arithmetic in docs/load-signals.md)."""
+    """Every ~interval_s (+-50 % jitter) asks at most `sample` pods not heard from for half
+    the max reading age (refreshed before it ages out): first, at random, those we sent
+    requests to lately (we are about to pick among them), then the rest."""
 
     def __init__(
         self,

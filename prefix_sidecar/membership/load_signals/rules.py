@@ -1,13 +1,10 @@
 """What a pod's readings mean for the load the pick sees (docs/load-signals.md's rules).
 
-Each sidecar sees only its own in-flight requests; the pods see everyone's. `LoadSignals`
-keeps one timestamped record per pod and hands the pool one of two rules. The fleet view
-(rule 3, the default): each fresh running + waiting reading, which the pool moves by our
-requests since it, our choices among pods times the K-estimate (K sidecars choosing alike on
-the same stale number would overfill a pod K times faster than one). The saturation report
-(rule 2): a pod whose fresh readings say it queues or its KV is full is reported at a load
-over its bounded-load cap. A reading older than `MAX_AGE_S` is None: the pool falls back to
-own in-flight counts (scaled by K in the fleet view).
+A sidecar sees only its own requests; the pods see everyone's. `LoadSignals` keeps one
+timestamped record per pod and feeds the pool one rule: the fleet view (rule 3, default)
+passes each fresh running + waiting reading (the pool adds our requests since, choices x K);
+the saturation report (rule 2) puts a queueing or KV-full pod over its bounded-load cap.
+A reading older than `MAX_AGE_S` is None: own in-flight counts decide (x K in the fleet view).
 """
 
 from __future__ import annotations
@@ -19,17 +16,16 @@ from dataclasses import dataclass
 
 from prefix_sidecar.membership.load_signals.parse import PodReport, parse_load_header
 
-# A: seconds a reading counts (docs/load-signals.md section 2). Four poll intervals: a pod
-# not heard from for A / 2 is polled again before its reading ages out.
+# A: seconds a reading counts (docs/load-signals.md section 2); four poll intervals, and a pod
+# unheard for A / 2 is polled again before its reading ages out.
 MAX_AGE_S = 2.0
 # KV usage at or above this counts as saturated (rule 2): vLLM preempts near a full cache.
 KV_THRESHOLD = 0.95
-# Rule 3, the fleet view (docs/benchmarks.md "The fleet view"): 8 sidecars kept a 1.0000 hit
-# rate with it in 4 runs of bench fleet, and lost it on own counts alone.
+# Rule 3: 8 sidecars keep a 1.0000 hit rate with it, not without (docs/benchmarks.md "The
+# fleet view").
 FLEET_VIEW = True
-# Rule 2, the saturation report: measured harmful at 2x rate with 4 sidecars (docs/
-# benchmarks.md "Pod load signals", 2x today's rate): off; when on, it replaces rule 3. It
-# reports a load in requests: meant for load_unit requests.
+# Rule 2: harmful at 2x rate with 4 sidecars (docs/benchmarks.md "Pod load signals"). When on
+# it replaces rule 3; it reports loads in requests, so it suits load_unit requests.
 REPORT_SATURATION = False
 
 
@@ -86,14 +82,12 @@ class PodState:
 
 
 class LoadSignals:
-    """Per-pod readings -> `on_load(url, load | None)` whenever a pod's reported load
-    changes, and the pods' KV sizes -> `on_kv(tokens | None)` whenever the agreed size
-    changes.
+    """Per-pod readings -> `on_load(url, load | None)` when a pod's reported load changes,
+    and KV sizes -> `on_kv(tokens | None)` when the agreed size changes.
 
-    A saturated pod is reported at `over_cap(url)`: the load that puts it over its bounded-
-    load cap as things stand (the pool's own in-flight count plus the pod's cap), so every
-    sidecar spills past it while it queues; any other pod is reported None (own in-flight
-    decides). Without `over_cap` nothing is reported (readings are still kept)."""
+    A saturated pod is reported at `over_cap(url)`, a load over its bounded-load cap, so every
+    sidecar spills past it while it queues; others are reported None (own in-flight decides).
+    Without `over_cap` nothing is reported (readings are still kept)."""
 
     def __init__(
         self,
@@ -183,9 +177,8 @@ class LoadSignals:
                     self._on_reading(url, None)
 
     def _read_all(self, now: float) -> None:
-        """The fleet view after every pod became saturated, or one stopped being: while all
-        are, no reading is used (each sidecar's own live counts spread an overload better
-        than readings up to an interval old that all say "full"); after, the fresh ones."""
+        """Re-send the fleet view when all-saturated flips: while every pod is saturated no
+        reading is used (see `_check_all_saturated`); after, the fresh ones."""
         assert self._on_reading is not None
         fresh = now - self.rule.max_age_s
         for url, pod in self.pods.items():
@@ -214,13 +207,10 @@ class LoadSignals:
 
     def _check_all_saturated(self, now: float) -> bool:
         """Whether every member is saturated now; True when that changed. Then no pod is
-        reported: all of them over their caps would send every pick to the least loaded by
-        readings up to an interval old, i.e. all sidecars to one pod until the next reading
-        (measured); each sidecar's own live counts spread the overload better."""
-        # The fleet view asks whether every pod queues; KV use alone does not count there:
-        # a prefix cache budgeted to its pods' KV runs near full by design (measured: bench
-        # fleet's pods at 93-95 % pinned: 5 of 17 spills of an 8-sidecar run came while every pod
-        # counted own in-flight for that, 0-1 of 15-16 without).
+        reported: with all over their caps, readings up to an interval old would send every
+        sidecar to the same least-loaded pod; own live counts spread the overload better."""
+        # The fleet view tests queueing only: KV near full is by design under a home budget
+        # (bench fleet: counting it caused spills).
         test = self.rule.queues if self._on_reading is not None else self.rule.saturated
         every = bool(self.pods) and all(test(pod, now) for pod in self.pods.values())
         changed = every != self.all_saturated

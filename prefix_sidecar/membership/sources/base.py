@@ -1,11 +1,8 @@
-"""The shape of a membership source, the one watch loop all sources share, and the union
-of several sources.
+"""The membership source interface, the watch loop all sources share, and their union.
 
-The watch loop (`_poll_sources`) polls each source on its own interval, keeps each
-source's last good answer, and only reports a change. An error, a garbage file or an empty
-DNS answer is logged and the last good membership is kept: a router that drops every
-backend because a ConfigMap was half-written, or because CoreDNS hiccupped, turns a small
-fault into an outage.
+The loop (`_poll_sources`) polls each source on its own interval and reports only changes.
+An error, a garbage file or an empty DNS answer is logged and the source's last good answer
+kept: dropping every backend over a half-written ConfigMap or a DNS hiccup makes an outage.
 """
 
 from __future__ import annotations

@@ -107,11 +107,10 @@ def _file_kind(mode: int) -> str:
 
 
 def read_regular_file(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; anything else is refused.
+    """The bytes of a regular file of at most `limit` bytes; anything else raises OSError.
 
-    O_NONBLOCK: opening a FIFO must not wait for a writer. A FIFO, a device (/dev/zero) or
-    a socket would never end or never start; the size is checked before reading and the read
-    is capped, in case the file grows meanwhile.
+    O_NONBLOCK: opening a FIFO must not wait for a writer. The size is checked before the
+    read, and the read is capped in case the file grows meanwhile.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -169,15 +168,10 @@ def _in_daemon_thread(read: Callable[[], bytes]) -> asyncio.Future[bytes]:
 
 
 class FileSource(MembershipSource):
-    """A YAML/JSON backend file, re-read every interval_s.
+    """A YAML/JSON backend file, re-read every interval_s within the module's bounds.
 
-    Changes are detected by content, not mtime: a Kubernetes ConfigMap volume swaps a
-    `..data` symlink to a new timestamped directory, so a watch on the mtime of the path
-    itself misses the update. Reading a small file once a second costs ~nothing.
-
-    Only a regular file of at most MAX_BACKENDS_FILE_BYTES is read, in a thread, for at most
-    FILE_READ_TIMEOUT_S; anything else is an error (logged, the last good set kept). While a
-    read is stuck, no second one is started.
+    Changes are detected by content, not mtime: a ConfigMap volume swaps a `..data` symlink,
+    which the path's own mtime does not show. While a read is stuck, no second one starts.
     """
 
     def __init__(

@@ -1,9 +1,8 @@
-"""What every source emits: a `Member`, whose url is the one spelling of a backend all
-sidecars agree on, and the check that refuses addresses that cannot be pods.
+"""What every source emits: a `Member` with a canonical url, and the check that refuses
+addresses that cannot be pods.
 
-Every sidecar in the fleet must hash over the *same* member ids, so every url goes through
-`canonical_backend_url` ("http://10.0.0.5:8000", never "10.0.0.5:8000/" on one sidecar and
-"HTTP://10.0.0.5:8000" on another).
+Every sidecar must hash over the *same* member ids, so every url goes through
+`canonical_backend_url` ("http://10.0.0.5:8000", never "10.0.0.5:8000/" or "HTTP://...").
 """
 
 from __future__ import annotations
