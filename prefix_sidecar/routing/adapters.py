@@ -14,8 +14,8 @@ from typing import Protocol
 from prefix_sidecar import _core
 from prefix_sidecar.prefixes import PrefixEntry
 from prefix_sidecar.routing.decision import Decision
-from prefix_sidecar.routing.pick import Branch, Pick
-from prefix_sidecar.routing.policy import Policy
+from prefix_sidecar.routing.pick import Branch
+from prefix_sidecar.routing.policy import Policy, first_home
 from prefix_sidecar.routing.scope import Scope
 from prefix_sidecar.routing.table import RoutingTable
 
@@ -43,13 +43,9 @@ def to_adapter_holder(
     ]
     if not holders:
         return decision
-    chosen = min(holders, key=lambda pod: table.loads[table.index[pod]])
-    for pod in holders:
-        # The baselines never answer HOME: the least-loaded holder then.
-        _, branch = policy.select(table, Pick(key, 1, (table.index[pod],)))
-        if branch is Branch.HOME:
-            chosen = pod
-            break
+    chosen = first_home(policy, table, key, holders)
+    if chosen is None:  # the baselines never answer HOME: the least-loaded holder then
+        chosen = min(holders, key=lambda pod: table.loads[table.index[pod]])
     rest = [pod for pod in order if pod != chosen]
     held = [pod for pod in rest if view.holds(pod, adapter)]
     preference = [chosen, *held, *(pod for pod in rest if pod not in held)]

@@ -47,14 +47,7 @@ class AnchorTable:
 
     def __len__(self) -> int:
         """Entries held, all maps together: what the bound is about."""
-        return (
-            len(self._seen)
-            + len(self._seen_old)
-            + len(self._fanout)
-            + len(self._fanout_old)
-            + len(self._families)
-            + len(self._families_old)
-        )
+        return sum(self.sizes().values())
 
     def sizes(self) -> dict[str, int]:
         """Entries per map, both generations: block keys remembered, branch points (an

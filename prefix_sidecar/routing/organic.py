@@ -65,8 +65,6 @@ class OrganicKeys(NamedTuple):
     after: int = NO_MARK
 
 
-MIN_HOMES = 1
-
 # What an organic decision was, for the decisions metric (a fixed set: bounded labels):
 # - unanchored: the family has not branched yet (session key = family key: one pod);
 # - later_turn: a request with history past its anchor, on its session's pod;
@@ -88,7 +86,7 @@ DECISION_KINDS = (
 
 def home_size(share: float, members: int, spread: float = HOME_SPREAD) -> int:
     """Contract 9c: min(N, max(1, ceil(spread * share * N))), in doubles in that order."""
-    return min(members, max(MIN_HOMES, math.ceil(spread * share * float(members))))
+    return min(members, max(1, math.ceil(spread * share * float(members))))
 
 
 def message_keys(messages: Iterable[tuple[str, str]], limit: int) -> list[int]:

@@ -7,7 +7,7 @@ sidecar and trace, only the pick differs), not recommendations.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from prefix_sidecar.routing.consistent_hash import ConsistentHash
@@ -26,10 +26,24 @@ class Policy(Protocol):
         ...
 
 
-def ignores_key(policy: Policy) -> bool:
-    """Whether the policy ignores the Pick's key (a baseline such as round_robin): it then
-    gets no organic keys, and no organic decisions are counted for it."""
-    return bool(getattr(policy, "ignores_key", False))
+def first_home(
+    policy: Policy,
+    table: RoutingTable,
+    key: int,
+    pods: Iterable[str],
+    min_cap: int | None = None,
+    prefill: Callable[[str], int] = lambda pod: 0,
+) -> str | None:
+    """The first of `pods` in `table` the policy answers HOME for as a one-pod home set
+    (under its cap, weighed with `prefill(pod)`); None if none (baselines never answer HOME)."""
+    for pod in pods:
+        index = table.index.get(pod)
+        if index is None:
+            continue
+        _, branch = policy.select(table, Pick(key, 1, (index,), min_cap, prefill(pod)))
+        if branch is Branch.HOME:
+            return pod
+    return None
 
 
 class PolicySettings(Protocol):

@@ -13,14 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from prefix_sidecar.routing.pick import Branch, Pick
-from prefix_sidecar.routing.policy import Policy
+from prefix_sidecar.routing.policy import Policy, first_home
 from prefix_sidecar.routing.table import RoutingTable
 
 
 class BlockSource(Protocol):
     """Where the fleet's blocks are known: this sidecar's own subscriptions
-    (kv_events/fleet_blocks.py) or the shared index (kv_index/source.py)."""
+    (kv_events/fleet_blocks.py) or the shared index (kv_index/lookup.py)."""
 
     async def block_sizes(self) -> set[int]:
         """The block sizes the pods report; none while no pod's blocks are known (then a
@@ -45,18 +44,13 @@ class Move(NamedTuple):
     tokens: int = 0
 
     def first_fitting(self, pods: Sequence[str], held: Mapping[str, int]) -> str | None:
-        """The first of `pods` the policy answers HOME for as a one-pod home set (under its
-        cap, with organic routing's floor), weighed with what it would compute."""
-        for pod in pods:
-            index = self.table.index.get(pod)
-            if index is None:
-                continue
-            prefill = max(self.tokens - held.get(pod, 0), 0)
-            pick = Pick(self.key, 1, (index,), self.min_cap, prefill)
-            _, branch = self.policy.select(self.table, pick)
-            if branch is Branch.HOME:  # the baselines never answer HOME: they keep their pick
-                return pod
-        return None
+        """`first_home` of `pods` with organic routing's floor, each weighed with what it
+        would compute; None: keep the pick."""
+
+        def prefill(pod: str) -> int:
+            return max(self.tokens - held.get(pod, 0), 0)
+
+        return first_home(self.policy, self.table, self.key, pods, self.min_cap, prefill)
 
     def rank(self) -> dict[str, int]:
         return {pod: n for n, pod in enumerate(self.preference)}

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from prefix_sidecar.routing.pick import Branch, Pick
-from prefix_sidecar.routing.policy import Policy
+from prefix_sidecar.routing.policy import Policy, first_home
 from prefix_sidecar.routing.table import RoutingTable
 
 
@@ -39,11 +38,9 @@ def to_resident(
     holds = residency.holds
     if holds(picked, prefix_id) is not False:
         return picked
-    for pod in home_set:
-        index = table.index.get(pod)
-        if pod != picked and index is not None and holds(pod, prefix_id):
-            # The baselines never answer HOME: they keep their own pick.
-            _, branch = policy.select(table, Pick(key, 1, (index,)))
-            if branch is Branch.HOME:
-                return pod
-    return picked
+    # Lazily: `holds` only up to the first that fits.
+    others = (
+        pod for pod in home_set if pod != picked and pod in table.index and holds(pod, prefix_id)
+    )
+    moved = first_home(policy, table, key, others)
+    return picked if moved is None else moved  # the baselines keep their own pick

@@ -26,17 +26,15 @@ from prefix_sidecar.routing.decision import Decision, PreciseStep, serving_ring
 from prefix_sidecar.routing.organic import HEAD_BYTES, OrganicKeys, OrganicRouter
 from prefix_sidecar.routing.pick import Branch, Pick
 from prefix_sidecar.routing.placement import HomePlacer
-from prefix_sidecar.routing.policy import Policy, ignores_key, make_policy
+from prefix_sidecar.routing.policy import Policy, make_policy
 from prefix_sidecar.routing.policy_names import PREFIX_AFFINITY
 from prefix_sidecar.routing.resident import ResidencyView, to_resident
 from prefix_sidecar.routing.router_settings import settings
 from prefix_sidecar.routing.scope import NO_SCOPE, Scope, scoped_key
 from prefix_sidecar.routing.table import RoutingTable
 
-# The bytes of a prompt its organic keys can depend on: the learnt blocks and one more.
-ORGANIC_HEAD_BYTES = HEAD_BYTES
 # The pick production uses; the others are baselines that benchmarks run the same sidecar
-# with (`Sidecar(config, policy)`), so the name is no setting.
+# with (`--tune policy=...`, prefix_sidecar_tools.tuned), so the name is no setting.
 DEFAULT_POLICY = PREFIX_AFFINITY
 
 
@@ -59,7 +57,7 @@ class Router:
         organic_table_blocks: int,
         organic_load_cap_floor: int,
         organic_balance_starts: bool,
-        organic_follow_sessions: bool = True,
+        organic_follow_sessions: bool,
     ) -> None:
         if unregistered_routing not in ("organic", "window", "precise"):
             raise ValueError(
@@ -72,10 +70,10 @@ class Router:
         # A policy that ignores the key (a baseline) gets no organic keys: they would cost
         # time and count decisions it never made.
         # precise starts from the organic decision (kv_events/precise.py moves it)
-        organic_on = unregistered_routing != "window" and not ignores_key(policy)
+        organic_on = unregistered_routing != "window" and not getattr(policy, "ignores_key", False)
         # How much of an unregistered prompt's head routing reads: a caller may pass just
         # that much (the HTTP front decodes no more of a long prompt).
-        self.head_bytes = max(route_window_bytes, ORGANIC_HEAD_BYTES if organic_on else 0)
+        self.head_bytes = max(route_window_bytes, HEAD_BYTES if organic_on else 0)
         self.default_replicas = default_replicas
         self.max_attempts = max_attempts
         self.placer = HomePlacer(
@@ -85,7 +83,6 @@ class Router:
             bytes_per_token=bytes_per_token,
             balance=home_balance_factor,
         )
-        self._placing = self.placer.enabled
         # Loads counted in tokens: a spill that would compute a prefix weighs it (cost.py).
         self._tokens = getattr(policy, "load_unit", "") == TOKENS
         # The one-call path from a prompt's bytes to a pod, when the policy has one.
@@ -110,7 +107,7 @@ class Router:
         self.precise: PreciseStep | None = None
         # Set by the pool: which pod holds which LoRA adapter (routing/adapters.py).
         self.adapters: AdapterView | None = None
-        if self._placing:
+        if self.placer.enabled:
             self._watch_and_place()
 
     @property
@@ -132,8 +129,7 @@ class Router:
         if tokens == self.placer.budget_tokens:
             return
         self.placer.budget_tokens = tokens
-        self._placing = self.placer.enabled
-        if self._placing:
+        if self.placer.enabled:
             self._watch_and_place()
 
     @classmethod
@@ -196,7 +192,7 @@ class Router:
             return self._for_entry(started, entry, scope, tokens - tokens_of(entry.size))
         organic = self.organic
         if organic is not None:
-            head = prompt[:ORGANIC_HEAD_BYTES].encode("utf-8")[:ORGANIC_HEAD_BYTES]
+            head = prompt[:HEAD_BYTES].encode("utf-8")[:HEAD_BYTES]
             if organic.follow is None:
                 marks = NOT_FOLLOWED  # nothing is followed: nothing to read
             elif marks is None:
@@ -275,17 +271,10 @@ class Router:
         for member in (ring.members[home], *ring.preference(keys.family, self.max_attempts)):
             if member not in preference and len(preference) < self.max_attempts:
                 preference.append(member)
-        decision = Decision(
-            backend=backend,
-            preference=preference,
-            prefix=None,
-            route_key=keys.session,
-            branch=branch,
-            decision_ns=time.perf_counter_ns() - started,
-            generation=table.generation,
-            # a later turn on its session's pod; a start's pod is a choice (9f)
-            forced=branch is Branch.HOME and not keys.start,
-            prefill=prefill,
+        # a later turn on its session's pod; a start's pod is a choice (9f)
+        forced = branch is Branch.HOME and not keys.start
+        decision = self._decision(
+            started, table, keys.session, None, backend, branch, preference, forced, prefill
         )
         return self._scoped(decision, scope)
 
@@ -299,8 +288,7 @@ class Router:
             replicas = self.default_replicas
         else:
             replicas = entry.replicas or self.default_replicas  # replicas_of, inlined
-            if self._placing:
-                homes = self.placer.homes(ring, entry)
+            homes = self.placer.homes(ring, entry)
         backend, branch = self.policy.select(
             table, Pick(key, replicas, homes.indexes if homes is not None else None, None, prefill)
         )
