@@ -145,11 +145,11 @@ def route_string_cut(raw: bytes, chat: bool, store: PrefixStore | None) -> Cut |
     """The route string to cut out of the body before json.loads reads the rest, when the
     registered prefixes can be matched on its bytes (bounded: at most MAX_QUOTES quotes
     and the longest prefix are looked at)."""
-    found = _route_string(raw, chat) if store is not None else None
-    if found is None:
+    if store is None:
         return None
-    assert store is not None
-    start = found
+    start = _route_string(raw, chat)
+    if start is None:
+        return None
     prefix = store.match_escaped(raw, start)
     proven = len(prefix.json_bytes) if prefix is not None else 0  # the same bytes as escape()
     end = _string_end(raw, start + proven)
@@ -273,12 +273,7 @@ def _decoded_head(raw: bytes, start: int, end: int, window: int) -> str:
 
 
 def _string(escaped: bytes) -> str:
-    try:
-        text = json.loads(b'"' + escaped + b'"')
-    except UnicodeDecodeError:
-        raise bad_request("the body is not UTF-8 JSON") from None
-    except ValueError as exc:
-        raise bad_request(f"the body is not valid JSON: {str(exc)[:QUOTE_CHARS]}") from None
+    text = _loads(b'"' + escaped + b'"')
     assert isinstance(text, str)
     return text
 

@@ -149,11 +149,6 @@ def _value(event: str, value: Any, depth: int) -> Events:
             level -= 1
 
 
-def _rest(depth: int) -> Events:
-    """The rest of an array that opened `depth` levels deep, skipped."""
-    yield from _value("start_array", None, depth - 1)
-
-
 def _prompt(head_chars: int, event: str, value: Any, depth: int) -> Events:
     """The prompt as body._prompt_text reads it: a string; a batch's first string or first
     list of token ids; token ids (a bool is refused among them, as an int it is)."""
@@ -169,7 +164,7 @@ def _prompt(head_chars: int, event: str, value: Any, depth: int) -> Events:
         first = yield from _token_ids(head_chars, event, value, depth + 2)
     else:
         first = yield from _value(event, value, depth + 1)
-    yield from _rest(depth + 1)  # the batch past its first prompt is the pod's to check
+    yield from _value("start_array", None, depth)  # the rest of the batch: the pod's to check
     return [first]
 
 

@@ -16,7 +16,6 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import InitVar, dataclass, field
 
 from prefix_sidecar import __version__
@@ -42,7 +41,8 @@ from prefix_sidecar.server.common.trace_context import (
 )
 from prefix_sidecar.server.common.unix_socket import SocketFile
 from prefix_sidecar.server.openai.body import FrontError, FrontRequest, bad_request
-from prefix_sidecar.server.openai.http1 import HTTP1Server, Request, Response, StreamedResponse
+from prefix_sidecar.server.openai.http1 import Handler, HTTP1Server, Response, StreamedResponse
+from prefix_sidecar.server.openai.http1_request import Request
 from prefix_sidecar.server.openai.models import models_body, pod_models
 from prefix_sidecar.server.openai.request_pool import read_in_pool
 from prefix_sidecar.server.openai.splice import rename_model, splice_prefix
@@ -63,7 +63,6 @@ PREFIX_ID_HEADER = "x-prefix-id"
 PREFIX_NAME_HEADER = "x-prefix-name"
 
 Answer = Response | StreamedResponse
-Handler = Callable[[Request], Awaitable[Answer]]
 
 
 @dataclass(eq=False)
@@ -82,7 +81,6 @@ class OpenAIFront:
     _listener: asyncio.AbstractServer | None = field(default=None, init=False)
     _socket_file: SocketFile | None = field(default=None, init=False)
     _requests: set[asyncio.Task[object]] = field(default_factory=set, init=False)
-    _draining: bool = field(default=False, init=False)
 
     def __post_init__(self, api_key: str) -> None:
         self._pod_headers = {
@@ -133,7 +131,6 @@ class OpenAIFront:
         """Stop listening, refuse new requests on open connections, give the running ones
         `grace_s` (default: the config's grace_s) to finish, then cancel what is left."""
         grace = self.config.grace_s if grace_s is None else grace_s
-        self._draining = True
         if self._server is not None:
             self._server.draining = True  # each answer from now on closes its connection
         if self._listener is not None:
@@ -168,7 +165,8 @@ class OpenAIFront:
                 if any(path == request.path for _, path in self._routes):
                     raise FrontError(405, f"{request.method} is not allowed on {request.path}")
                 raise FrontError(404, f"no such endpoint: {request.path[:100]}", code="404")
-            if self._draining:
+            assert self._server is not None  # it runs this handler
+            if self._server.draining:
                 raise FrontError(
                     503,
                     "the sidecar is shutting down",
@@ -327,8 +325,7 @@ class OpenAIFront:
         key = request.headers.get("authorization")
         if key:
             headers["Authorization"] = key
-        if trace.traceparent or trace.request_id:
-            headers.update(trace.http_headers())
+        headers.update(trace.http_headers())
         return headers
 
     async def models(self, request: Request) -> Answer:

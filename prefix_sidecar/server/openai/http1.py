@@ -22,7 +22,7 @@ from prefix_sidecar.server.common.connections import AcceptLog
 from prefix_sidecar.server.openai.http1_answer import Response, StreamedResponse, answer_head
 from prefix_sidecar.server.openai.http1_connection import Connection
 from prefix_sidecar.server.openai.http1_reading import MAX_HEAD_BYTES, MAX_WIRE_OVERHEAD
-from prefix_sidecar.server.openai.http1_request import HTTPError, Request, too_large
+from prefix_sidecar.server.openai.http1_request import HTTPError, Request
 
 __all__ = [
     "MAX_HEAD_BYTES",
@@ -64,15 +64,13 @@ class HTTP1Server:
     def error(self, status: int, message: str) -> Response:
         return Response(status, self.error_body(status, message), content_type="application/json")
 
-    def too_large(self, size: int) -> HTTPError:
-        return too_large(size, self.max_body_bytes)
-
     def refused(self, transport: asyncio.Transport) -> None:
         """A connection over the cap: a 503 and the close, now (its fd is back at once)."""
         self.refused_connections += 1
         answer = self.error(503, f"the sidecar is at its {self.max_connections} connections")
         headers = [*answer.headers, ("Retry-After", "1")]
-        transport.write(answer_head(503, headers, None, len(answer.body), True, True) + answer.body)
+        head = answer_head(503, headers, False, len(answer.body), True, True)
+        transport.write(head + answer.body)
         if transport.get_write_buffer_size():
             transport.abort()  # a caller that cannot take 200 bytes now gets none
         else:

@@ -73,8 +73,7 @@ class StreamedResponse:
         framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
         if not self._started:
             self._started = True
-            framing = "Transfer-Encoding" if self._chunked else None
-            framed = connection.head(self.status, self.headers, framing, None) + framed
+            framed = connection.head(self.status, self.headers, self._chunked, None) + framed
         await connection.send(framed)
 
     async def end(self, last: bytes = b"") -> None:
@@ -86,7 +85,7 @@ class StreamedResponse:
         connection = self._connection
         if not self._started:
             self._started = True
-            head = connection.head(self.status, self.headers, None, len(last))
+            head = connection.head(self.status, self.headers, False, len(last))
             await connection.send(head + last)
         elif self._chunked:
             await connection.send(
@@ -106,19 +105,19 @@ class StreamedResponse:
 def answer_head(
     status: int,
     headers: list[tuple[str, str]],
-    framing: str | None,
+    chunked: bool,
     length: int | None,
     close: bool,
     http11: bool,
 ) -> bytes:
-    """The status line and headers; `framing` "Transfer-Encoding" for chunked, else
-    `length` for a Content-Length (None: the close ends the body; the caller closes).
+    """The status line and headers; the body `chunked`, else `length` for a Content-Length
+    (None: the close ends the body; the caller closes).
     `close`: the connection closes after this answer."""
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"]
     for name, value in headers:
         if _TOKEN.fullmatch(name) and not _UNSAFE_VALUE.search(value):
             lines.append(f"{name}: {value}\r\n")
-    if framing is not None:
+    if chunked:
         lines.append("Transfer-Encoding: chunked\r\n")
     elif length is not None:
         lines.append(f"Content-Length: {length}\r\n")

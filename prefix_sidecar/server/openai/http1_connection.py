@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prefix_sidecar.server.openai.http1_answer import Response, answer_head
 from prefix_sidecar.server.openai.http1_reading import (
@@ -13,10 +14,12 @@ from prefix_sidecar.server.openai.http1_reading import (
     _HEAD,
     _SERVING,
     MAX_HEAD_BYTES,
-    ConnectionServer,
     Reading,
 )
 from prefix_sidecar.server.openai.http1_request import HTTPError, Request, RequestReader
+
+if TYPE_CHECKING:
+    from prefix_sidecar.server.openai.http1 import HTTP1Server
 
 logger = logging.getLogger("prefix_sidecar.server.openai.http1")
 
@@ -29,7 +32,7 @@ MAX_LINGER_BYTES = 64 * 1024 * 1024
 class Connection(Reading, asyncio.Protocol):
     """One caller's connection: read a request, run the handler, write its answer, again."""
 
-    def __init__(self, server: ConnectionServer) -> None:
+    def __init__(self, server: HTTP1Server) -> None:
         self._server = server
         self._loop = server.loop
         self._transport: asyncio.Transport | None = None
@@ -160,7 +163,7 @@ class Connection(Reading, asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         body = answer.body
-        head = self.head(answer.status, answer.headers, None, len(body))
+        head = self.head(answer.status, answer.headers, False, len(body))
         transport.write(head if request.method == "HEAD" or not body else head + body)
 
     def _finish(self) -> None:
@@ -169,16 +172,13 @@ class Connection(Reading, asyncio.Protocol):
         self._task = None
         self._answer_started = False
         self._phase = _HEAD
-        transport = self._transport
-        if transport is None:
+        if self._transport is None:
             return
         if self.must_close or self._server.draining:
             self._close_after_answer()
             return
         self._arm(IDLE_TIMEOUT_S, self._idle_expired)
-        if self._read_paused:
-            self._read_paused = False
-            transport.resume_reading()
+        self._resume_reading()
         if self._buffer:
             self._advance()
 
@@ -186,18 +186,18 @@ class Connection(Reading, asyncio.Protocol):
         self,
         status: int,
         headers: list[tuple[str, str]],
-        framing: str | None,
+        chunked: bool,
         length: int | None,
     ) -> bytes:
-        """The status line and headers; `framing` "Transfer-Encoding" for chunked, else
-        `length` for a Content-Length (None: the close ends the body)."""
+        """The status line and headers; the body `chunked`, else `length` for a
+        Content-Length (None: the close ends the body)."""
         self._answer_started = True
-        if framing is None and length is None:
+        if not chunked and length is None:
             self.must_close = True
         request = self._request
         close = self.must_close or self._server.draining
         return answer_head(
-            status, headers, framing, length, close, request is None or request.http11
+            status, headers, chunked, length, close, request is None or request.http11
         )
 
     async def send(self, data: bytes) -> None:
@@ -227,7 +227,7 @@ class Connection(Reading, asyncio.Protocol):
         self._reader.reset()
         answer = self._server.error(error.status, error.message)
         transport.write(
-            self.head(answer.status, answer.headers, None, len(answer.body)) + answer.body
+            self.head(answer.status, answer.headers, False, len(answer.body)) + answer.body
         )
         self._close_after_answer()
 
@@ -242,9 +242,7 @@ class Connection(Reading, asyncio.Protocol):
             self._closed_by_us = True
             transport.close()
             return
-        if self._read_paused:
-            self._read_paused = False
-            transport.resume_reading()
+        self._resume_reading()
         if transport.can_write_eof():
             transport.write_eof()
         self._arm(LINGER_S, self.abort)

@@ -10,18 +10,20 @@ starts a feed. A read that starts a request is read where it lies; only the rest
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import httptools
 
-from prefix_sidecar.server.openai.http1_answer import Response
 from prefix_sidecar.server.openai.http1_request import (
     HTTPError,
     Request,
     RequestReader,
     check_request_line,
 )
+
+if TYPE_CHECKING:
+    from prefix_sidecar.server.openai.http1 import HTTP1Server  # which imports this module
 
 MAX_HEAD_BYTES = 16 * 1024  # the request line and headers
 HEAD_TIMEOUT_S = 10.0  # from a request's first byte to its head's end
@@ -35,34 +37,13 @@ MIN_WIRE_OVERHEAD = 64 * 1024
 CHUNKED_STEP = 64 * 1024
 MAX_FEEDS_PER_STEP = 256  # a body dense with CRLFCRLF is fed up to each of them
 
-HEAD, BODY, SERVING = 0, 1, 2  # a connection's phase
-_HEAD, _BODY, _SERVING = HEAD, BODY, SERVING
-
-
-class ConnectionServer(Protocol):
-    """What a connection uses of its server (http1.HTTP1Server): the server's module
-    imports the connection's, never the reverse."""
-
-    @property
-    def max_body_bytes(self) -> int: ...
-    @property
-    def max_connections(self) -> int: ...
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
-    @property
-    def connections(self) -> set[Any]: ...
-    @property
-    def draining(self) -> bool: ...
-    @property
-    def handler(self) -> Callable[[Request], Awaitable[Any]]: ...
-    def error(self, status: int, message: str) -> Response: ...
-    def refused(self, transport: asyncio.Transport) -> None: ...
+_HEAD, _BODY, _SERVING = 0, 1, 2  # a connection's phase
 
 
 class Reading:
     """The reading half of http1_connection.Connection (which sets these and does the rest)."""
 
-    _server: ConnectionServer
+    _server: HTTP1Server
     _loop: asyncio.AbstractEventLoop
     _transport: asyncio.Transport | None
     _reader: RequestReader
@@ -248,9 +229,8 @@ class Reading:
         if self._transport is None or self._lingering or self._phase != _BODY:
             return
         self._advance()
-        if self._phase == _BODY and not self._stepping and self._read_paused:
-            self._read_paused = False
-            self._transport.resume_reading()
+        if self._phase == _BODY and not self._stepping:
+            self._resume_reading()
 
     def _feed_body(self, data: bytes | memoryview) -> None:
         """A Content-Length body's next bytes (at most what is left of it)."""
@@ -273,6 +253,11 @@ class Reading:
         if not self._read_paused and self._transport is not None:
             self._read_paused = True
             self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._read_paused and self._transport is not None:
+            self._read_paused = False
+            self._transport.resume_reading()
 
     def _head_expired(self) -> None:
         self._timer = None

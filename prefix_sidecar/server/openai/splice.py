@@ -89,8 +89,7 @@ def _top_level_value(text: str, wanted: str) -> tuple[Any, int] | None:
 
 def _skip(text: str, index: int) -> int:
     """The index after any JSON whitespace at `index`."""
-    match = _WHITESPACE.match(text, index)
-    return match.end() if match is not None else index
+    return _WHITESPACE.match(text, index).end()  # type: ignore[union-attr]  # always matches
 
 
 def _byte_offset(raw: bytes, text: str, index: int) -> int:
