@@ -9,7 +9,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +114,6 @@ def _print(args: argparse.Namespace, message: Any, text: str) -> None:
         print(text)
 
 
-def _print_listing(args: argparse.Namespace, reply: Any, lines: Iterable[str], empty: str) -> None:
-    """Print a List* reply: one line per item, `empty` when there is none."""
-    _print(args, reply, "\n".join(lines) or empty)
-
-
 def _backend_line(backend: Any) -> str:
     return (
         f"{backend.url:<32} {backend.state:<8} weight={backend.weight} "
@@ -215,7 +210,7 @@ async def _backends(channel: Any, args: argparse.Namespace) -> int:
     reply = await router_pb2_grpc.RouterStub(channel).ListBackends(
         router_pb2.ListBackendsRequest(), timeout=args.timeout
     )
-    _print_listing(args, reply, map(_backend_line, reply.backends), "(no backends)")
+    _print(args, reply, "\n".join(map(_backend_line, reply.backends)) or "(no backends)")
     return 0
 
 
@@ -249,7 +244,7 @@ async def _prefixes(channel: Any, args: argparse.Namespace) -> int:
         _print(args, removed, "\n".join(removed.removed_ids))
         return 0
     listing = await stub.ListPrefixes(router_pb2.ListPrefixesRequest(), timeout=args.timeout)
-    _print_listing(args, listing, map(_prefix_line, listing.prefixes), "(no prefixes)")
+    _print(args, listing, "\n".join(map(_prefix_line, listing.prefixes)) or "(no prefixes)")
     return 0
 
 

@@ -153,15 +153,11 @@ def above(low: float) -> Check:
     return lambda value: None if value > low else f"must be > {low}, got {value}"
 
 
-def one_of(choices: Iterable[str], fold_case: bool = False) -> Check:
+def one_of(choices: Iterable[str]) -> Check:
     allowed = tuple(choices)
-
-    def check(value: str) -> str | None:
-        if (value.lower() if fold_case else value) in allowed:
-            return None
-        return f"must be one of {', '.join(allowed)}, got {value!r}"
-
-    return check
+    return lambda value: (
+        None if value in allowed else f"must be one of {', '.join(allowed)}, got {value!r}"
+    )
 
 
 # --- command line -----------------------------------------------------------------------

@@ -314,19 +314,19 @@ class PrefixStore:
         the caller escaped it as `escape` does)."""
         if not self._by_id:
             return None
-        best: PrefixEntry | None = None
-        head = escaped[start : start + MATCH_HEAD_BYTES]
-        candidates = [*self._by_head.get(head, ()), *self._short]
-        for candidate in candidates:
-            if escaped.startswith(candidate.json_bytes, start) and (
-                best is None or candidate.size > best.size
-            ):
-                best = candidate
-        return best
+        matching = [
+            candidate
+            for candidate in self._candidates(escaped, start)
+            if escaped.startswith(candidate.json_bytes, start)
+        ]
+        return max(matching, key=lambda entry: entry.size, default=None)  # ties: the first
 
     def escaped_reach(self, escaped: bytes, start: int = 0) -> int:
         """How many bytes from `start` match_escaped reads: the head it looks up, and the
         longest prefix it compares. Nothing past them can change its answer."""
-        head = escaped[start : start + MATCH_HEAD_BYTES]
-        candidates = [*self._by_head.get(head, ()), *self._short]
+        candidates = self._candidates(escaped, start)
         return max([MATCH_HEAD_BYTES, *(len(entry.json_bytes) for entry in candidates)])
+
+    def _candidates(self, escaped: bytes, start: int) -> list[PrefixEntry]:
+        """The prefixes `escaped[start:]` may begin with: those of its head, and the short."""
+        return [*self._by_head.get(escaped[start : start + MATCH_HEAD_BYTES], ()), *self._short]

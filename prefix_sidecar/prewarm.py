@@ -116,7 +116,7 @@ class Prewarmer:
         """Exponential, with jitter so that many pairs failing together do not retry in step."""
         return float(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
 
-    async def _warm(self, entry: PrefixEntry, url: str, emit: Callable[[WarmEvent], None]) -> bool:
+    async def _warm(self, entry: PrefixEntry, url: str, emit: Callable[[WarmEvent], None]) -> None:
         for attempt in range(1, self.attempts + 1):
             async with self._slot(url):
                 started = time.perf_counter()
@@ -145,7 +145,7 @@ class Prewarmer:
                             "prewarm of %s on %s failed: %s", entry.name, url, failure_class(exc)
                         )
                         logger.debug("prewarm of %s on %s failed: %s", entry.name, url, error)
-                        return False
+                        return
                 else:
                     event = WarmEvent(
                         url,
@@ -157,10 +157,9 @@ class Prewarmer:
                         cached_tokens=cached,
                     )
                     emit(event)
-                    return True
+                    return
             # The slot is free during the backoff: the pod's other pairs go on meanwhile.
             await asyncio.sleep(self._backoff(attempt))
-        return False  # pragma: no cover - attempts >= 1
 
     async def _complete(self, entry: PrefixEntry, url: str) -> tuple[int, int]:
         # The prefix is sent as registered, trailing whitespace included: BPE pre-tokenizers

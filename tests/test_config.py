@@ -29,7 +29,7 @@ from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.load_signals import poller, rules
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import MAX_WEIGHT, DnsSource, FileSource, Member
-from prefix_sidecar.metrics import Prices
+from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.prefixes import PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
 from prefix_sidecar.routing import anchors, cost, organic, placement, router, router_settings
@@ -142,10 +142,7 @@ def test_components_take_their_defaults_from_the_config() -> None:
     store = inspect.signature(PrefixStore).parameters
     assert store["max_prefixes"].default == DEFAULTS.max_prefixes
     assert store["max_bytes"].default == DEFAULTS.max_prefix_bytes
-    prices = inspect.signature(Prices).parameters
-    assert [prices[k].default for k in ("base", "cache", "out")] == [
-        *DEFAULTS.prices,
-    ]  # fmt: skip
+    assert inspect.signature(Metrics).parameters["prices"].default == DEFAULTS.prices
     pool = inspect.signature(BackendPool).parameters
     assert pool["hash_table"].default == DEFAULTS.hash_table
     assert pool["warm_before_serve"].default == DEFAULTS.warm_before_serve

@@ -14,7 +14,7 @@ import yaml
 
 from prefix_sidecar import fields
 from prefix_sidecar.config.checks import ConfigError
-from prefix_sidecar.config.removed import removed_reason
+from prefix_sidecar.config.removed import REMOVED_FIELDS
 from prefix_sidecar.config.table import FIELDS, Config, validate
 
 ENV_PREFIX = "PREFIX_SIDECAR_"
@@ -49,9 +49,11 @@ def _merge(values: dict[str, Any], source: Mapping[str, Any], source_name: str) 
 
 
 def _refuse_removed(name: str, where: str) -> None:
-    reason = removed_reason(name)
-    if reason is not None:
-        raise ConfigError(f"config field {name!r} (in {where}) {reason}")
+    now = REMOVED_FIELDS.get(name)
+    if now is not None:
+        raise ConfigError(
+            f"config field {name!r} (in {where}) was removed from the config: it is now {now}"
+        )
 
 
 def load_file(path: str) -> dict[str, Any]:

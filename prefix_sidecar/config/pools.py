@@ -64,8 +64,6 @@ def _pools(name: str, value: Any) -> tuple[PoolSpec, ...]:
 
 def _pool(index: int, item: Any) -> PoolSpec:
     where = f"config field 'pools'[{index}]"
-    if isinstance(item, PoolSpec):
-        return item
     if not isinstance(item, Mapping):
         raise ConfigError(f"{where} must be a mapping with name, models and backends")
     unknown = sorted(str(key) for key in item if key not in ("name", "models", *_POOL_FIELDS))

@@ -44,9 +44,3 @@ REMOVED_FIELDS: dict[str, str] = {
     "price_cache": "the second of prices: [base, cache, out]",
     "price_out": "the third of prices: [base, cache, out]",
 }
-
-
-def removed_reason(name: str) -> str | None:
-    """Why `name` is no field any more, or None when it never was one."""
-    where = REMOVED_FIELDS.get(name)
-    return None if where is None else f"was removed from the config: it is now {where}"

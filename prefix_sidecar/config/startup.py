@@ -37,8 +37,6 @@ def _prefixes(name: str, value: Any) -> tuple[PrefixSpec, ...]:
 
 def _prefix_spec(index: int, item: Any) -> PrefixSpec:
     where = f"config field 'prefixes'[{index}]"
-    if isinstance(item, PrefixSpec):
-        return item
     if isinstance(item, str):
         return parse_prefix_flag(item)
     if not isinstance(item, Mapping):

@@ -30,10 +30,6 @@ class ExpectedBlocks:
         # pod -> credits made by then are settled: the pod's events say the rest (prefilled)
         self._settled: dict[str, float] = {}
 
-    @property
-    def _count(self) -> int:
-        return len(self._order)
-
     def expect(self, pod: str, keys: Sequence[int]) -> None:
         """`pod` is about to compute a prompt: credit it with its whole blocks' `keys`
         (block_keys.chain at the pods' block size)."""

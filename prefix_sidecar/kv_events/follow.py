@@ -62,7 +62,7 @@ class KvEventsFollow:
             interval_s=config.reprewarm_interval_s,
         )
         # Precise routing reads every pod's blocks: it follows the whole fleet.
-        # (the shared index instead, with kv_index_url: kv_index/source.py)
+        # (the shared index instead, with kv_index_url: kv_index/lookup.py)
         precise = config.unregistered_routing == "precise" and not config.kv_index_url
         self.blocks = FleetBlocks() if precise else None
         if self.blocks is not None:

@@ -1,6 +1,6 @@
 """Precise organic routing's request step: an unregistered prompt's token ids, its longest
 cached prefix per pod from the fleet's blocks (fleet_blocks.py, or the shared index:
-kv_index/source.py), and the organic decision moved to the pod holding the most
+kv_index/lookup.py), and the organic decision moved to the pod holding the most
 (routing/precise.py).
 
 Token ids come from the chosen pod's `POST /tokenize`, which renders a chat with its own
@@ -45,7 +45,6 @@ TOKENIZE_TIMEOUT_S = 0.5
 TOKENIZE_HEDGE_S = 0.05
 # What a chat template adds around each message, in bytes at most.
 TEMPLATE_BYTES_PER_MESSAGE = 64
-OUTCOMES = ("moved", "kept", "placed", "cold", "quickest", "tokenize_error", "no_answer")
 
 
 @dataclasses.dataclass(eq=False)

@@ -28,7 +28,6 @@ REPREWARM_DEBOUNCE_S = 1.0
 # reprewarm_interval_s's default: a prewarm is a full prefill (1-2 s for a few thousand tokens
 # on CPU), so once per 30 s per prefix and pod is a few percent of a pod that keeps evicting.
 REPREWARM_INTERVAL_S = 30.0
-REASONS = ("evicted", "cleared", "restarted", "unknown", "throttled", "no_room", "busy")
 
 
 class ReprewarmSink:

@@ -33,7 +33,7 @@ class Residency:
         self._prefixes: dict[str, tuple[tuple[int, ...], str | None]] = {}
         self._chains: dict[int, dict[str, list[int]]] = {}  # block size -> prefix -> keys
         self._wanted: dict[int, set[int]] = {}  # block size -> every key on a chain
-        self._held: dict[str, dict[int, int]] = {}  # pod -> our key -> engine hash
+        self._held: dict[str, set[int]] = {}  # pod -> our keys it holds
         self._engine: dict[str, dict[int, int]] = {}  # pod -> engine hash -> our key, oldest first
         self._block_size: dict[str, int] = {}  # pod -> the block size it reports
         # Pods followed from a point on (`resume`: replay no longer held batch 0, a gap, a
@@ -114,7 +114,7 @@ class Residency:
         self._removed.pop(pod, None)
         self._cached.pop(pod, None)
         if known:
-            self._held[pod], self._engine[pod] = {}, {}
+            self._held[pod], self._engine[pod] = set(), {}
         else:
             self._held.pop(pod, None)
             self._engine.pop(pod, None)
@@ -141,7 +141,7 @@ class Residency:
                 for engine_hash in event.block_hashes:
                     key = engine.pop(engine_hash, None)
                     if key is not None:
-                        held.pop(key, None)
+                        held.discard(key)
                         if removed is not None and key in wanted:
                             removed.add(key)  # bounded: blocks of registered prefixes
             elif isinstance(event, AllBlocksCleared):
@@ -150,9 +150,7 @@ class Residency:
                 engine.clear()
                 self._removed.pop(pod, None)  # empty: known whole again
 
-    def _stored(
-        self, pod: str, event: BlockStored, held: dict[int, int], engine: dict[int, int]
-    ) -> None:
+    def _stored(self, pod: str, event: BlockStored, held: set[int], engine: dict[int, int]) -> None:
         size = event.block_size
         self._block_size[pod] = size
         fresh = sum(1 for engine_hash in event.block_hashes if engine_hash not in engine)
@@ -163,7 +161,7 @@ class Residency:
             return
         removed = self._removed.get(pod)
         for engine_hash, key in stored_keys(event, engine.get):
-            held[key] = engine_hash
+            held.add(key)
             engine[engine_hash] = key
             if removed is not None:
                 removed.discard(key)
@@ -174,7 +172,7 @@ class Residency:
             if key in wanted:
                 engine[oldest] = key  # kept, now the newest
             else:
-                held.pop(key, None)
+                held.discard(key)
 
     def _wanted_at(self, size: int) -> set[int]:
         if size not in self._chains:

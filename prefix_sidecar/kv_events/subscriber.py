@@ -217,7 +217,7 @@ class KvEventSubscriber:
             if monitor in ready:
                 return
             if not ready:
-                await self._tail(feed, source)
+                await self._catch_up(feed, source)
                 continue
             budget = StepBudget()
             while int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
@@ -240,9 +240,9 @@ class KvEventSubscriber:
         expected = feed.next_seq
         if expected is None or seq < expected:
             # A (re)start: whatever the pod held before is void, its history from 0 if kept.
-            self._outcome(feed, "start" if expected is None else "restart")
+            self.on_outcome(feed.url, "start" if expected is None else "restart")
             if seq == 0:
-                self._reset(feed, known=True)
+                self.sink.reset(feed.url, known=True)
             elif not await self._replay(feed, source, 0, seq):
                 self.sink.resume(feed.url)  # its history is gone: followed from here on
         elif seq > expected and not await self._replay(feed, source, expected, seq):
@@ -256,34 +256,23 @@ class KvEventSubscriber:
         self._deliver(feed, batch)
 
     async def _catch_up(self, feed: Feed, source: Source) -> None:
-        """The pod's history from 0, asked as the SUB socket connects; when the pod has no
-        replay or no longer holds batch 0, the first batch on the SUB socket decides."""
-        if source.replay_endpoint is None:
-            return
-        batches = await self._fetch(source, 0, None)
-        if batches is None:
-            return
-        self._outcome(feed, "replayed")
-        self._reset(feed, known=True)
-        await self._deliver_all(feed, batches)
-        feed.next_seq = feed.replayed_below = len(batches)
-
-    async def _tail(self, feed: Feed, source: Source) -> None:
-        """After QUIET_S without a batch, ask the replay ROUTER for any batch past the last
-        one: a gap shows only at the next batch, so batches lost at the end of a burst (a
-        full queue, or published before our subscription took effect) would otherwise stay
-        lost while the pod is idle, and a cache hit publishes nothing."""
+        """Any batch past the last one, from the replay ROUTER: with none known (on
+        connect), the pod's history from 0 (without it, the first batch on the SUB socket
+        decides); after QUIET_S without a batch, the rest, as a gap shows only at the next
+        batch: batches lost at a burst's end (a full queue, or published before our
+        subscription took effect) would otherwise stay lost while the pod is idle, and a
+        cache hit publishes nothing."""
         start = feed.next_seq
-        if start is None:  # the connect's replay did not answer, and no batch came since
-            await self._catch_up(feed, source)
-            return
         if source.replay_endpoint is None:
             return
-        batches = await self._fetch(source, start, None)
-        if batches:  # None: no answer in time, which is no sign of a loss; the next batch tells
-            self._outcome(feed, "replayed")
-            await self._deliver_all(feed, batches)
-            feed.next_seq = feed.replayed_below = start + len(batches)
+        batches = await self._fetch(source, start or 0, None)
+        # None: no answer in time, which is no sign of a loss; the next batch tells.
+        if batches is None or (start is not None and not batches):
+            return
+        if start is None:
+            self.sink.reset(feed.url, known=True)
+        await self._deliver_all(feed, batches)
+        feed.next_seq = feed.replayed_below = (start or 0) + len(batches)
 
     async def _replay(self, feed: Feed, source: Source, start: int, stop: int) -> bool:
         """Deliver batches start..stop-1 from the pod's replay socket; False when it has
@@ -295,9 +284,8 @@ class KvEventSubscriber:
         batches = await self._fetch(source, start, stop)
         if batches is None or len(batches) != stop - start:
             return False
-        self._outcome(feed, "replayed")
         if start == 0:
-            self._reset(feed, known=True)
+            self.sink.reset(feed.url, known=True)
         await self._deliver_all(feed, batches)
         return True
 
@@ -335,19 +323,18 @@ class KvEventSubscriber:
         return None  # more than a replay buffer holds
 
     async def _deliver_all(self, feed: Feed, batches: list[EventBatch]) -> None:
+        """Replayed batches, in order."""
+        self.on_outcome(feed.url, "replayed")
         budget = StepBudget()
         for batch in batches:
             self._deliver(feed, batch)
             await budget.spend()
 
     def _deliver(self, feed: Feed, batch: EventBatch) -> None:
-        self._outcome(feed, "batch")
+        self.on_outcome(feed.url, "batch")
         self.on_lag(feed.url, min(max(time.time() - batch.ts, 0.0), MAX_LAG_S))
         if batch.events:
             self.sink.apply(feed.url, batch.events)
-
-    def _reset(self, feed: Feed, known: bool) -> None:
-        self.sink.reset(feed.url, known)
 
     def _lose(self, feed: Feed, reason: str, detail: str) -> None:
         """Events were lost: what the pod held is void, what follows is true."""
@@ -357,14 +344,11 @@ class KvEventSubscriber:
     def _gone(self, feed: Feed, reason: str, detail: str) -> None:
         """The publisher went away (a restart?): the pod is unknown until it is back."""
         self._note(feed, reason, detail)
-        self._reset(feed, known=False)
+        self.sink.reset(feed.url, known=False)
 
     def _note(self, feed: Feed, reason: str, detail: str) -> None:
-        self._outcome(feed, reason)
+        self.on_outcome(feed.url, reason)
         key = (feed.url, reason)
         if key not in self._logged:
             self._logged.add(key)
             logger.warning("KV events of %s: %s: %s (logged once)", feed.url, reason, detail)
-
-    def _outcome(self, feed: Feed, outcome: str) -> None:
-        self.on_outcome(feed.url, outcome)

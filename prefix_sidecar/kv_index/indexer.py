@@ -12,7 +12,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from prefix_sidecar import logs
@@ -81,12 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def run_indexer(
-    backends: Sequence[str],
-    redis_url: str,
-    namespace: str = layout.DEFAULT_NAMESPACE,
-    until: Callable[[], Awaitable[object]] | None = None,
-) -> IndexWriter:
-    """Index `backends` until `until()` returns (default: SIGTERM or SIGINT)."""
+    backends: Sequence[str], redis_url: str, namespace: str = layout.DEFAULT_NAMESPACE
+) -> None:
+    """Index `backends` until SIGTERM or SIGINT."""
     from redis.asyncio import Redis
 
     redis = Redis.from_url(
@@ -104,22 +101,17 @@ async def run_indexer(
             "kv-indexer: %d pods into %s (namespace %r)", len(backends), redis_url, namespace
         )
         try:
-            await (until() if until is not None else _signalled())
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
         finally:
             await subscriber.stop()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await redis.aclose()
-    return writer
-
-
-async def _signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 async def _report(writer: IndexWriter) -> None:

@@ -1,5 +1,7 @@
 """A sidecar's query of the shared block index (layout.py): which pods hold how much of a
-chain of block keys, in one round trip (a script run in Redis) under a deadline.
+chain of block keys, in one round trip (a script run in Redis) under a deadline. It is precise
+routing's block source (routing.precise.BlockSource) with kv_index_url set: the prompt is keyed
+at each block size the pods report, and each size is one query.
 
 A hint, never a dependency: a query over its deadline, or Redis down, answers None and the
 caller keeps its hash decision; after a failure Redis is not asked again for DOWN_S, so a dead
@@ -12,12 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from prefix_sidecar.config import Config
+from prefix_sidecar.kv_events.precise import PreciseRouting
 from prefix_sidecar.kv_index import layout
+from prefix_sidecar.metrics import Metrics
+from prefix_sidecar.routing.router import Router
+from prefix_sidecar.upstream.client import UpstreamClient
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +34,6 @@ SIZES_S = 5.0  # the pods' block sizes are read again after this
 SIZES_UNKNOWN_S = 0.25  # or after this while none is known (a fleet starting)
 MAX_BLOCK_SIZES = 4
 MAX_FIELDS = 4096  # of one HGETALL read: a block held by more pods than this is not ours
-OUTCOMES = ("hit", "miss", "timeout", "down")
 
 
 class IndexLookup:
@@ -48,20 +54,20 @@ class IndexLookup:
         self._script = redis.register_script(layout.LONGEST_MATCH_LUA)
         self._sizes: tuple[float, set[int]] = (-SIZES_S, set())  # (read at, sizes)
 
-    async def block_sizes(self) -> set[int] | None:
-        """The block sizes the pods report (read at most every SIZES_S); None when the
+    async def block_sizes(self) -> set[int]:
+        """The block sizes the pods report (read at most every SIZES_S); none when the
         index did not answer."""
         read_at, sizes = self._sizes
         if time.monotonic() - read_at < (SIZES_S if sizes else SIZES_UNKNOWN_S):
             return sizes
         if time.monotonic() < self._down_until:
-            return None
+            return set()
         try:
             reply = await asyncio.wait_for(
                 self.redis.hvals(layout.block_sizes_name(self.namespace)), self.deadline_s * 4
             )
         except (TimeoutError, OSError, RedisError):
-            return None
+            return set()
         self._sizes = (time.monotonic(), _block_sizes(reply))
         return self._sizes[1]
 
@@ -75,7 +81,9 @@ class IndexLookup:
             return None
         args = layout.lookup_args(self.namespace, keys, MAX_FIELDS)
         try:
-            replies = await asyncio.wait_for(self._ask(args), self.deadline_s)
+            replies = await asyncio.wait_for(
+                self._script(keys=[layout.pods_name(self.namespace)], args=args), self.deadline_s
+            )
         except TimeoutError:
             self.on_outcome("timeout")
             return None
@@ -91,8 +99,34 @@ class IndexLookup:
         self.on_outcome("hit" if found else "miss")
         return found
 
-    async def _ask(self, args: list[str]) -> Any:
-        return await self._script(keys=[layout.pods_name(self.namespace)], args=args)
+    async def longest(self, keys_at: Callable[[int], Sequence[int]]) -> dict[str, int] | None:
+        found: dict[str, int] = {}
+        for size in sorted(await self.block_sizes()):
+            matches = await self.matches(list(keys_at(size)))
+            if matches is None:
+                return None
+            # a pod holds blocks of its own size only
+            found.update({pod: blocks * size for pod, blocks in matches.items()})
+        return found
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+def attach_index(
+    router: Router, client: UpstreamClient, metrics: Metrics, config: Config
+) -> IndexLookup | None:
+    """With kv_index_url and precise routing: the router's precise step reads the index."""
+    if not config.kv_index_url or config.unregistered_routing != "precise":
+        return None
+    from redis.asyncio import Redis
+
+    redis = Redis.from_url(config.kv_index_url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    lookup = IndexLookup(
+        redis, on_outcome=lambda outcome: metrics.child(metrics.kv_index_queries, outcome).inc()
+    )
+    PreciseRouting.install(client, lookup, router, config, metrics)
+    return lookup
 
 
 def _block_sizes(reply: Any) -> set[int]:

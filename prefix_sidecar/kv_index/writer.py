@@ -135,15 +135,14 @@ class IndexWriter:
                 await self._drain()
                 wait = RETRY_S[0]
             except (TimeoutError, OSError, RedisError) as exc:
-                self._lost(exc)
+                if not self.rewrite:
+                    logger.warning(
+                        "kv-index: Redis failed (%s); rewriting the index when it is back", exc
+                    )
+                self.rewrite = True
+                self.pending.clear()
                 await asyncio.sleep(wait)
                 wait = min(RETRY_S[1], wait * 2)
-
-    def _lost(self, exc: BaseException) -> None:
-        if not self.rewrite:
-            logger.warning("kv-index: Redis failed (%s); rewriting the index when it is back", exc)
-        self.rewrite = True
-        self.pending.clear()
 
     async def _rewrite(self) -> None:
         """Every pod a new generation, every block it holds written under it. What is

@@ -127,9 +127,7 @@ class BackendPool:
         load_unit: str = DEFAULTS.load_unit,
         needs_warming: Callable[[], bool] = lambda: False,
         on_warm_needed: Callable[[str], None] | None = None,
-        on_change: Callable[[RoutingTable], None] | None = None,
     ) -> None:
-        """`on_change` is the first watcher (see `watch`)."""
         if hash_table not in _core.HASH_TABLES:
             choices = ", ".join(_core.HASH_TABLES)
             raise ValueError(f"unknown hash table {hash_table!r}; choose one of {choices}")
@@ -141,9 +139,8 @@ class BackendPool:
         self._counts_tokens = load_unit == TOKENS
         self._needs_warming = needs_warming
         self._on_warm_needed = on_warm_needed
-        self._watchers = [on_change] if on_change is not None else []
+        self._watchers: list[Callable[[RoutingTable], None]] = []
         self.backends: dict[str, Backend] = {}
-        self._generation = 0
         self.table = RoutingTable(None, {}, array.array("q"), 0)
         self._target_ring: _core.HashTable | None = None
         self._fleet = FleetEstimate()
@@ -336,10 +333,6 @@ class BackendPool:
 
     # --- outputs ------------------------------------------------------------------------
 
-    @property
-    def generation(self) -> int:
-        return self._generation
-
     def target_ring(self) -> _core.HashTable | None:
         """The ring over every pod that is not ejected: where prefixes *will* live once
         warming pods are warm. Prewarm targets come from here."""
@@ -354,8 +347,7 @@ class BackendPool:
         self._target_ring = ring if same else self._ring(alive)
         index = {url: i for i, url in enumerate(ring.members)} if ring is not None else {}
         loads = array.array("q", (self.backends[url].load for url in index))
-        self._generation += 1
-        self.table = RoutingTable(ring, index, loads, self._generation, sum(loads))
+        self.table = RoutingTable(ring, index, loads, self.table.generation + 1, sum(loads))
         for watcher in self._watchers:
             watcher(self.table)
 

@@ -6,8 +6,8 @@ when scraped; endpoint: the metrics port. Every name callers use is importable f
 """
 
 from prefix_sidecar.metrics.endpoint import start_metrics_server
-from prefix_sidecar.metrics.registry import Metrics, Prices
-from prefix_sidecar.metrics.scrape_time import OrganicState, PodLoads, PoolState
+from prefix_sidecar.metrics.registry import Metrics
+from prefix_sidecar.metrics.scrape_time import OrganicState, PoolState
 from prefix_sidecar.metrics.series import FRONT_GRPC, FRONT_HTTP
 
 __all__ = [
@@ -15,8 +15,6 @@ __all__ = [
     "FRONT_HTTP",
     "Metrics",
     "OrganicState",
-    "PodLoads",
     "PoolState",
-    "Prices",
     "start_metrics_server",
 ]

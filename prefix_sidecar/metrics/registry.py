@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import (
@@ -68,25 +67,17 @@ def _always(_: str) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Prices:
-    """docs/mission.md's price model, in yuan per million tokens: a prompt token computed,
-    a prompt token read from the prefix cache, an output token."""
-
-    base: float = DEFAULTS.prices[0]
-    cache: float = DEFAULTS.prices[1]
-    out: float = DEFAULTS.prices[2]
-
-
 class Metrics:
-    def __init__(self, prices: Prices = Prices()) -> None:
+    def __init__(self, prices: tuple[float, float, float] = DEFAULTS.prices) -> None:
+        """`prices`: docs/mission.md's price model, in yuan per million tokens: a prompt token
+        computed, a prompt token read from the prefix cache, an output token."""
         self.registry = CollectorRegistry()
         # The standard process_* (memory, fds, CPU), python_info and python_gc_* series,
         # which prometheus_client only puts on its default registry.
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self._prices = (prices.base / 1e6, prices.cache / 1e6, prices.out / 1e6)
+        self._prices = tuple(price / 1e6 for price in prices)
         self._per_backend: Bounded = []
         self._per_prefix: Bounded = []
         self.requests = self._register(REQUESTS)

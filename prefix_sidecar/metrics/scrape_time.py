@@ -20,19 +20,14 @@ class OrganicState:
 
 
 @dataclass(frozen=True)
-class PodLoads:
-    loads: dict[str, tuple[int, int | None]]  # url -> (effective load, report or None)
-    fleet_scale: float
-
-
-@dataclass(frozen=True)
 class PoolState:
     """One pool's routing state as a scrape reads it."""
 
     name: str
     homed: dict[str, int]  # url -> prefix tokens the pod is home to
     budget: int  # the home KV budget in use (0: plain ring placement)
-    loads: PodLoads
+    loads: dict[str, tuple[int, int | None]]  # url -> (effective load, report or None)
+    fleet_scale: float
     organic: OrganicState | None  # None: the pool routes no prompt organically
 
 
@@ -99,11 +94,11 @@ def families(pools: list[PoolState]) -> Iterator[Metric]:
         for url, count in pool.homed.items():
             tokens.add_metric([url], count)
         budget.add_metric([pool.name], pool.budget)
-        for url, (load, report) in pool.loads.loads.items():
+        for url, (load, report) in pool.loads.items():
             effective.add_metric([url], load)
             if report is not None:
                 reported.add_metric([url], report)
-        scale.add_metric([pool.name], pool.loads.fleet_scale)
+        scale.add_metric([pool.name], pool.fleet_scale)
         if pool.organic is not None:
             organic = True
             for kind, count in pool.organic.decisions.items():

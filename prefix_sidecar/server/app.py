@@ -24,7 +24,7 @@ from grpc_health.v1.health import aio as health_aio
 from prefix_sidecar.config import Config
 from prefix_sidecar.config.pools import pool_configs
 from prefix_sidecar.lifecycle import AsyncService
-from prefix_sidecar.metrics import Metrics, Prices, start_metrics_server
+from prefix_sidecar.metrics import Metrics, start_metrics_server
 from prefix_sidecar.server.common import connections, memory
 from prefix_sidecar.server.common.probes import Readiness, probe_routes
 from prefix_sidecar.server.common.unix_socket import SocketFile
@@ -42,13 +42,13 @@ logger = logging.getLogger(__name__)
 class Sidecar(AsyncService):
     """One running sidecar. `async with Sidecar(config) as sidecar:` starts and stops it."""
 
-    def __init__(self, config: Config, policy: str | None = None) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
-        self.metrics = Metrics(Prices(*config.prices))
+        self.metrics = Metrics(config.prices)
         self.readiness = Readiness()  # /readyz on the metrics port
         self.pools = Pools(
             [
-                ModelPool(spec, pool_config, self.metrics, policy, self._table_changed)
+                ModelPool(spec, pool_config, self.metrics, self._table_changed)
                 for spec, pool_config in pool_configs(config)
             ],
             any_model=not config.pools,
@@ -192,11 +192,10 @@ def _exit_deadline(seconds: float) -> None:
 async def serve(
     config: Config,
     shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
-    policy: str | None = None,
     ready: Callable[[Sidecar], None] | None = None,
 ) -> None:
     """Run a sidecar until the trigger fires (default: SIGTERM or SIGINT)."""
-    sidecar = Sidecar(config, policy=policy)
+    sidecar = Sidecar(config)
     await sidecar.start()
     # What start-up built (modules, descriptors, prefixes) lives as long as the process:
     # frozen, a full collection does not walk it on the loop.

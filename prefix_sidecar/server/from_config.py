@@ -1,14 +1,11 @@
 """What a sidecar reads from its config before it serves: the membership source its
-backend fields name, and the prefixes its `prefixes` files hold.
+backend fields name.
 
-Both fail as ValueError with the field or file in the message, so a bad config stops the
-start with a line an operator can act on, before any socket or session is opened.
+It fails as ValueError with the field in the message, so a bad config stops the start with a
+line an operator can act on, before any socket or session is opened.
 """
 
 from __future__ import annotations
-
-import logging
-from pathlib import Path
 
 from prefix_sidecar.config import Config
 from prefix_sidecar.hostport import split_host_port
@@ -17,9 +14,6 @@ from prefix_sidecar.membership.sources.dns_source import DnsSource, parse_dns_ta
 from prefix_sidecar.membership.sources.file_source import FileSource
 from prefix_sidecar.membership.sources.members import Member
 from prefix_sidecar.membership.sources.static_source import StaticSource
-from prefix_sidecar.prefixes import PrefixError, PrefixStore
-
-logger = logging.getLogger(__name__)
 
 
 def membership_source(config: Config) -> MembershipSource:
@@ -51,17 +45,3 @@ def membership_source(config: Config) -> MembershipSource:
             "no backends configured: give --backend URL, --backends-file or --backends-dns"
         )
     return sources[0] if len(sources) == 1 else CombinedSource(sources)
-
-
-def load_prefixes(config: Config, store: PrefixStore) -> None:
-    """Register every prefix the config names, from its file."""
-    for spec in config.prefixes:
-        try:
-            text = Path(spec.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"prefix {spec.name!r}: cannot read {spec.file}: {exc}") from None
-        try:
-            entry, _ = store.register(spec.name, text, spec.replicas)
-        except PrefixError as exc:
-            raise ValueError(f"prefix {spec.name!r} from {spec.file}: {exc}") from None
-        logger.info("prefix %s loaded from %s (%s)", spec.name, spec.file, entry.id[:12])

@@ -12,25 +12,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from prefix_sidecar.config import Config
 from prefix_sidecar.config.pools import PoolSpec
 from prefix_sidecar.kv_events.follow import KvEventsFollow
 from prefix_sidecar.kv_events.residency import Residency
-from prefix_sidecar.kv_index.source import IndexSource, attach_index
+from prefix_sidecar.kv_index.lookup import IndexLookup, attach_index
 from prefix_sidecar.membership.adapters import AdapterWatch
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.load_signals import LoadSignals, MetricsPoller, poller, rules
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member, MembershipError
-from prefix_sidecar.metrics import Metrics, OrganicState, PodLoads, PoolState
-from prefix_sidecar.prefixes import PrefixStore
+from prefix_sidecar.metrics import Metrics, OrganicState, PoolState
+from prefix_sidecar.prefixes import PrefixError, PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
 from prefix_sidecar.routing import placement
 from prefix_sidecar.routing.cost import REQUEST_CAP_FLOOR, floor_units
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.routing.table import RoutingTable
-from prefix_sidecar.server.from_config import load_prefixes, membership_source
+from prefix_sidecar.server.from_config import membership_source
 from prefix_sidecar.server.warm_before_serve import JoinerWarmup, NewHomeWarmup
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import Relay, RelayPolicy
@@ -52,7 +53,6 @@ class ModelPool:
         spec: PoolSpec,
         config: Config,
         metrics: Metrics,
-        policy: str | None = None,
         on_table: Callable[[], None] = lambda: None,
     ) -> None:
         """`config`: the pool's own (config.pools.pool_configs); `on_table`: called after each
@@ -92,9 +92,9 @@ class ModelPool:
             load_unit=config.load_unit,
             needs_warming=lambda: len(self.store) > 0,
             on_warm_needed=lambda url: self.joiners(url),
-            on_change=self._table_changed,
         )
-        self.router = Router.from_config(self.pool, self.store, config, policy)
+        self.pool.watch(self._table_changed)
+        self.router = Router.from_config(self.pool, self.store, config)
         self.prewarmer = Prewarmer(self.client, model=config.model)
         self.joiners = JoinerWarmup(self.prewarmer, self.store, self.router, self.pool, metrics)
         self.new_homes = NewHomeWarmup(self.prewarmer, self.store, self.router, self.pool, metrics)
@@ -122,16 +122,13 @@ class ModelPool:
         self.sizer: PrefixSizer | None = None  # prefix sizes from a pod's POST /tokenize
         self.residency = Residency()  # fed by the pods' KV events when kv_events is on
         self.kv_events: KvEventsFollow | None = None
-        self.kv_index: IndexSource | None = None  # precise routing's, with kv_index_url
+        self.kv_index: IndexLookup | None = None  # precise routing's, with kv_index_url
         # Which pod holds which LoRA adapter, from their /v1/models (membership/adapters.py).
         self.adapters = AdapterWatch(self.client)
         self.router.adapters = self.adapters
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- what the sidecar reads ---------------------------------------------------------
-
-    def serves(self, url: str) -> bool:
-        return url in self.pool.backends
 
     def adapter_of(self, model: str) -> str:
         """`model` when it names a LoRA adapter the pool's pods hold, else ""."""
@@ -151,7 +148,8 @@ class ModelPool:
             self.name,
             self.router.homed_tokens(),
             self.router.placer.budget_tokens,
-            PodLoads(loads, self.pool.fleet_scale),
+            loads,
+            self.pool.fleet_scale,
             OrganicState(dict(organic.decisions), organic.table.sizes()) if organic else None,
         )
 
@@ -165,7 +163,16 @@ class ModelPool:
 
     def load_prefixes(self) -> None:
         """Register the prefixes the pool's config names (ValueError naming the file)."""
-        load_prefixes(self.config, self.store)
+        for spec in self.config.prefixes:
+            try:
+                text = Path(spec.file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"prefix {spec.name!r}: cannot read {spec.file}: {exc}") from None
+            try:
+                entry, _ = self.store.register(spec.name, text, spec.replicas)
+            except PrefixError as exc:
+                raise ValueError(f"prefix {spec.name!r} from {spec.file}: {exc}") from None
+            logger.info("prefix %s loaded from %s (%s)", spec.name, spec.file, entry.id[:12])
 
     async def start(self) -> None:
         """Follow the pool's pods: membership, health, KV events, sizes, load polls."""

@@ -28,7 +28,6 @@ class UnknownModel(LookupError):
             f"model {model[:ECHOED_CHARS]!r} is not served here; this sidecar serves: "
             f"{listed}{more}"
         )
-        self.model = model
 
 
 class Pools:
@@ -40,7 +39,6 @@ class Pools:
             raise ValueError("a sidecar has at least one pool")
         self._pools = tuple(pools)
         self._any_model = any_model
-        self.by_name = {pool.name: pool for pool in pools}
         self._by_model = {model: pool for pool in pools for model in pool.models}
 
     @property
@@ -75,6 +73,6 @@ class Pools:
     def serving(self, url: str) -> ModelPool | None:
         """The pool a pod belongs to (the first, if a URL is in several)."""
         for pool in self._pools:
-            if pool.serves(url):
+            if url in pool.pool.backends:
                 return pool
         return None

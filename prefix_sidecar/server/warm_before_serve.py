@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from prefix_sidecar.membership.pool import SERVING, BackendPool
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
-from prefix_sidecar.prewarm import WARMED, Prewarmer
+from prefix_sidecar.prewarm import FAILED, WARMED, Prewarmer, WarmEvent
 from prefix_sidecar.routing.router import Router
 
 logger = logging.getLogger(__name__)
@@ -26,6 +26,14 @@ logger = logging.getLogger(__name__)
 NEW_HOME_CHECK_S = 5.0
 # A pass reads every prefix's home set (~5 ms for 1,024): it yields to the loop this often.
 PREFIXES_PER_STEP = 256
+
+
+def note_prewarm(event: WarmEvent, store: PrefixStore, pool: BackendPool, metrics: Metrics) -> None:
+    """Count a final prewarm event; WARMED marks its pod warm if the prefix is registered."""
+    if event.state in (WARMED, FAILED):
+        metrics.child(metrics.prewarm, event.backend, event.state.lower()).inc()
+    if event.state == WARMED and store.has_id(event.prefix_id):
+        pool.note_warm_prefix(event.backend, event.prefix_id)
 
 
 @dataclass
@@ -143,9 +151,6 @@ class NewHomeWarmup:
             if pairs:
                 logger.info("placement moved: warming %d prefix home(s)", len(pairs))
                 for event in await self.prewarmer.warm_all(pairs):
-                    state = event.state.lower()
-                    self.metrics.child(self.metrics.prewarm, event.backend, state).inc()
-                    if event.state == WARMED and self.store.has_id(event.prefix_id):
-                        self.pool.note_warm_prefix(event.backend, event.prefix_id)
+                    note_prewarm(event, self.store, self.pool, self.metrics)
             if not self._again:
                 return

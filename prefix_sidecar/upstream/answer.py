@@ -15,7 +15,7 @@ from prefix_sidecar.upstream.pod_connection import PodHTTPError
 from prefix_sidecar.upstream.sse import clip
 
 
-async def read_from(answer: PodAnswer, backend: str, redact: Callable[[str], str] = str) -> bytes:
+async def read_from(answer: PodAnswer, backend: str, redact: Callable[[str], str]) -> bytes:
     """The answer's next bytes; UpstreamError (retryable: before the first token another pod
     may serve) when it breaks."""
     try:
@@ -43,7 +43,7 @@ async def read_capped(answer: PodAnswer, limit: int, timeout_s: float) -> bytes:
 
 
 async def read_whole(
-    answer: PodAnswer, backend: str, limit: int, redact: Callable[[str], str] = str
+    answer: PodAnswer, backend: str, limit: int, redact: Callable[[str], str]
 ) -> bytes | None:
     """The whole body, or None as soon as it passes `limit` bytes (the rest is never read,
     so a pod cannot make us hold more than limit + one read); UpstreamError when it breaks."""

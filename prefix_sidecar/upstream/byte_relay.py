@@ -24,11 +24,10 @@ from prefix_sidecar.server.openai.http1 import Request, Response, StreamedRespon
 from prefix_sidecar.upstream.answer import read_capped, read_from
 from prefix_sidecar.upstream.byte_usage import UsageTail
 from prefix_sidecar.upstream.client import ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S, UpstreamClient
-from prefix_sidecar.upstream.errors import UpstreamError, error_words, retryable_status
+from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.lean_http import PodAnswer
 from prefix_sidecar.upstream.outcome import RelayOutcome
 from prefix_sidecar.upstream.relay import Relay
-from prefix_sidecar.upstream.sse import clip
 
 logger = logging.getLogger("sidecar.requests")
 
@@ -86,13 +85,10 @@ class ByteExchange:
         status = answer.status
         if status != 200:
             body = await read_capped(answer, ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S)
-            if retryable_status(status):
-                words = clip(self.client.redact(error_words(body, f"HTTP {status}")))
-                raise UpstreamError(
-                    backend, f"HTTP {status}: {words}", retryable=True, status=status
-                )
-            self._refusal = PodRefusal(backend, status, body, _passed(answer.headers))
-            raise UpstreamError(backend, f"HTTP {status}", retryable=False, status=status)
+            error = self.client.refused(backend, status, body)
+            if not error.retryable:
+                self._refusal = PodRefusal(backend, status, body, _passed(answer.headers))
+            raise error
         data = await self._read()
         if not data:
             raise UpstreamError(backend, "the pod answered 200 with an empty body", retryable=True)

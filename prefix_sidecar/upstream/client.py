@@ -138,9 +138,11 @@ class UpstreamClient(AsyncService):
             timeout_s=timeout_s,
         )
         if answer.status != 200:
-            raise await self.refusal(backend, answer)
+            raw = await read_capped(answer, ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S)
+            answer.close()
+            raise self.refused(backend, answer.status, raw)
         return UpstreamStream(
-            backend, answer, chat, self._redact, self._recycle, raw_events=raw_events
+            backend, answer, chat, self.redact, self._recycle, raw_events=raw_events
         )
 
     async def post(
@@ -168,7 +170,7 @@ class UpstreamClient(AsyncService):
         except BaseException:
             release()
             raise
-        self._refuse_non_answer(backend, answer)
+        self._refuse_redirect(backend, answer)
         if observer is not None:
             observer.observe_header(backend, answer.headers.get(LOAD_HEADER))
         return answer
@@ -193,9 +195,9 @@ class UpstreamClient(AsyncService):
                 answer = await self._send(
                     method, backend, path, body, headers or {}, None, lambda: None
                 )
-                self._refuse_non_answer(backend, answer)
+                self._refuse_redirect(backend, answer)
                 try:
-                    whole = await read_whole(answer, backend, limit, self._redact)
+                    whole = await read_whole(answer, backend, limit, self.redact)
                 finally:
                     answer.close()  # the connection is kept only when the body was read whole
         except TimeoutError:
@@ -224,18 +226,24 @@ class UpstreamClient(AsyncService):
         except PodHTTPError as exc:
             raise UpstreamError(
                 backend,
-                clip(self._redact(str(exc))),
+                clip(self.redact(str(exc))),
                 retryable=True,
                 connection_failure=exc.connection_failure,
             ) from None
 
-    def _refuse_non_answer(self, backend: str, answer: PodAnswer) -> None:
-        """UpstreamError (retryable) for a redirect or a status outside 200-599; the answer
-        is closed, as its body is not worth reading."""
-        if not 200 <= answer.status <= 599 or 300 <= answer.status < 400:
+    def _refuse_redirect(self, backend: str, answer: PodAnswer) -> None:
+        """UpstreamError (retryable) for a redirect; the answer is closed, as its body is not
+        worth reading (lean_http answers only a final status, 200-599)."""
+        status = answer.status
+        if 300 <= status < 400:
             answer.close()
+            location = clip(self.redact(answer.headers.get("location", "")), 200)
             raise UpstreamError(
-                backend, self._not_an_answer(answer), retryable=True, status=answer.status
+                backend,
+                f"HTTP {status} redirect to {location or '(no Location)'}: "
+                "the sidecar does not follow redirects from a pod",
+                retryable=True,
+                status=status,
             )
 
     async def _slot(self, backend: str, deadline: float | None) -> Callable[[], None]:
@@ -258,27 +266,15 @@ class UpstreamClient(AsyncService):
             raise
         return slots.release
 
-    def _not_an_answer(self, answer: PodAnswer) -> str:
-        status = answer.status
-        if 300 <= status < 400:
-            location = clip(self._redact(answer.headers.get("location", "")), 200)
-            return (
-                f"HTTP {status} redirect to {location or '(no Location)'}: "
-                "the sidecar does not follow redirects from a pod"
-            )
-        return f"HTTP {status}: not a valid final status"
-
-    async def refusal(self, backend: str, answer: PodAnswer) -> UpstreamError:
-        """The error of a pod that answered neither 200 nor 3xx, in its own (redacted, clipped)
-        words; its connection is released. Retryable unless a 4xx other than 429."""
-        raw = await read_capped(answer, ERROR_BODY_BYTES, ERROR_BODY_TIMEOUT_S)
-        answer.close()
-        message = clip(self._redact(error_words(raw, f"HTTP {answer.status}")))
+    def refused(self, backend: str, status: int, raw: bytes) -> UpstreamError:
+        """The error of a pod that answered `status` (neither 200 nor 3xx) with the body `raw`,
+        in its own (redacted, clipped) words. Retryable unless a 4xx other than 429."""
+        message = clip(self.redact(error_words(raw, f"HTTP {status}")))
         return UpstreamError(
             backend,
-            f"HTTP {answer.status}: {message}",
-            retryable=retryable_status(answer.status),
-            status=answer.status,
+            f"HTTP {status}: {message}",
+            retryable=retryable_status(status),
+            status=status,
         )
 
     def _asking_load(self, headers: Mapping[str, str]) -> Mapping[str, str]:
@@ -304,12 +300,10 @@ class UpstreamClient(AsyncService):
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
 
-    def _redact(self, text: str) -> str:
+    def redact(self, text: str) -> str:
         """A careless pod may echo the Authorization header in its error: the key must not
         reach callers or logs through the pod's words."""
         return text.replace(self._api_key, "[redacted]") if self._api_key else text
-
-    redact = _redact
 
 
 async def _drain(answer: PodAnswer) -> None:

@@ -52,12 +52,10 @@ class DeltaExchange:
     headers: Mapping[str, str] | None
     raw_events: bool
     stream: UpstreamStream | None = field(default=None, init=False)
-    backend: str = field(default="", init=False)
     finish_reason: str = field(default="", init=False)
     limit: int = field(default=0, init=False)
 
     async def first(self, backend: str, attempt: int, timeout_s: float) -> list[router_pb2.Chunk]:
-        self.backend = backend
         self.stream = stream = await self.client.open(
             backend,
             self.path,
@@ -101,7 +99,7 @@ class DeltaExchange:
             if delta.text or delta.finish_reason or delta.usage is not None or delta.raw_events:
                 return self._chunks(delta)
         if not self.finish_reason:
-            raise UpstreamError(self.backend, TRUNCATED, retryable=True)
+            raise UpstreamError(stream.backend, TRUNCATED, retryable=True)
         return None
 
     def close(self) -> None:
@@ -133,21 +131,11 @@ class DeltaExchange:
         if expired:
             # The last attempt's timeouts were the caller's deadline: say so, whichever
             # timer (ours or the client's) fired first.
-            return RpcAbort(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                clip(
-                    f"the deadline expired after {len(errors)} attempt(s): " + "; ".join(errors),
-                    STATUS_BYTES,
-                ),
-            )
-        return RpcAbort(
-            grpc.StatusCode.UNAVAILABLE,
-            clip(
-                f"no pod could serve the request after {len(errors)} attempt(s): "
-                + "; ".join(errors),
-                STATUS_BYTES,
-            ),
-        )
+            code, words = grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline expired"
+        else:
+            code, words = grpc.StatusCode.UNAVAILABLE, "no pod could serve the request"
+        message = f"{words} after {len(errors)} attempt(s): " + "; ".join(errors)
+        return RpcAbort(code, clip(message, STATUS_BYTES))
 
     def _text_limit(self, backend: str) -> int:
         """UTF-8 bytes of text one Chunk may carry."""

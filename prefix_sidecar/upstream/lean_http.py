@@ -111,7 +111,6 @@ class LeanHTTP:
         self._tls_context = tls_context
         self._idle: dict[str, list[PodConnection]] = {}
         self._addresses: dict[str, _Address] = {}
-        self.unasked_closed = 0
 
     async def send(
         self,
@@ -235,7 +234,6 @@ class LeanHTTP:
     def _count_unasked(self, connection: PodConnection) -> None:
         connection.unasked = False  # counted once
         connection.lost = True
-        self.unasked_closed += 1
         if self._on_unasked is not None:
             self._on_unasked(connection.backend)
 

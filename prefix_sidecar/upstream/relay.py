@@ -15,22 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.pool import BackendPool
-from prefix_sidecar.metrics import FRONT_GRPC, Metrics
+from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.routing.cost import NO_PREFILL, Prefill
-from prefix_sidecar.upstream.body import SplicedBody
 from prefix_sidecar.upstream.caller import deadline_spent
 from prefix_sidecar.upstream.client import UpstreamClient
-from prefix_sidecar.upstream.delta_exchange import DeltaExchange
 from prefix_sidecar.upstream.errors import UpstreamError
 from prefix_sidecar.upstream.outcome import RelayOutcome
 from prefix_sidecar.upstream.sse import clip
-from prefix_sidecar.v1 import router_pb2
 
 logger = logging.getLogger("sidecar.requests")
 
@@ -180,46 +177,6 @@ class Relay:
                 in_flight.dec()
         outcome.status = "UNAVAILABLE"
         raise exchange.exhausted(outcome.errors, deadline_spent(time_remaining()))
-
-    def stream(
-        self,
-        candidates: list[str],
-        path: str,
-        body: bytes | SplicedBody,
-        *,
-        chat: bool,
-        time_remaining: Callable[[], float | None],
-        outcome: RelayOutcome,
-        on_accepted: Callable[[], None] | None = None,
-        headers: Mapping[str, str] | None = None,
-        raw_events: bool = False,
-        forced_first: bool = False,
-        prefill: Prefill = NO_PREFILL,
-    ) -> AsyncGenerator[router_pb2.Chunk, None]:
-        """The gRPC front's chunks of the first pod that streams. `on_accepted` runs when a pod
-        first answers 200 (the caller may send its headers); `headers` go on every attempt
-        (the caller's trace context); `raw_events` adds each event's JSON text to the chunks.
-        RpcAbort with the call's final status when no pod streams or the stream breaks."""
-        exchange = DeltaExchange(
-            self.client,
-            path,
-            body,
-            chat=chat,
-            outcome=outcome,
-            max_message_bytes=self.policy.max_message_bytes,
-            on_accepted=on_accepted,
-            headers=headers,
-            raw_events=raw_events,
-        )
-        return self.attempts(
-            candidates,
-            exchange,
-            front=FRONT_GRPC,
-            outcome=outcome,
-            time_remaining=time_remaining,
-            forced_first=forced_first,
-            prefill=prefill,
-        )
 
     def _first_token_budget(
         self, remaining: float | None, attempts_left: int, first_timeout_s: float | None

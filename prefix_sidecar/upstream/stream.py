@@ -72,10 +72,7 @@ class UpstreamStream:
             )
         return data
 
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Delta]:
+    async def __aiter__(self) -> AsyncIterator[Delta]:
         while not self.finished:
             yield await self.next_delta()
 

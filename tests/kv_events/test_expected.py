@@ -45,7 +45,7 @@ def test_the_credit_lasts_expect_s_and_a_resend_renews_it() -> None:
     assert blocks.matches(chain(PROMPT, BLOCK), BLOCK) == {"a": BLOCK, "b": 2 * BLOCK}
     clock.now += EXPECT_S
     assert blocks.matches(chain(PROMPT, BLOCK), BLOCK) == {}
-    assert blocks._until == {} and blocks._count == 0
+    assert blocks._until == {} and len(blocks._order) == 0
 
 
 def test_the_keys_kept_are_bounded_the_oldest_going_first(
@@ -57,7 +57,7 @@ def test_the_keys_kept_are_bounded_the_oldest_going_first(
     blocks.expect("a", chain(PROMPT, BLOCK))  # 5 keys
     clock.now += 0.1
     blocks.expect("b", chain([9, *PROMPT[1:]], BLOCK))  # 5 more: a's two oldest go
-    assert blocks._count == 8
+    assert len(blocks._order) == 8
     assert blocks.matches(chain(PROMPT, BLOCK), BLOCK) == {}  # a's first block went: no prefix left
     assert blocks.matches(chain([9, *PROMPT[1:]], BLOCK), BLOCK) == {"b": 5 * BLOCK}
 

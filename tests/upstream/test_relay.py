@@ -18,10 +18,10 @@ from prefix_sidecar.abort import RpcAbort
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.membership.sources import Member
-from prefix_sidecar.metrics import Metrics
+from prefix_sidecar.metrics import FRONT_GRPC, Metrics
 from prefix_sidecar.upstream.chunks import split_utf8
 from prefix_sidecar.upstream.client import UpstreamClient
-from prefix_sidecar.upstream.delta_exchange import TRUNCATED
+from prefix_sidecar.upstream.delta_exchange import TRUNCATED, DeltaExchange
 from prefix_sidecar.upstream.outcome import RelayOutcome
 from prefix_sidecar.upstream.relay import Relay, RelayPolicy
 from prefix_sidecar.v1 import router_pb2
@@ -161,15 +161,23 @@ async def relay_once(
     abort = None
     try:
         async with asyncio.timeout(20):
-            async for chunk in rig.relay.stream(
-                candidates,
+            exchange = DeltaExchange(
+                rig.relay.client,
                 "/v1/completions",
                 b'{"prompt":"hi","stream":true}',
                 chat=False,
-                time_remaining=time_remaining,
                 outcome=outcome,
+                max_message_bytes=rig.relay.policy.max_message_bytes,
                 on_accepted=lambda: accepted.append(1),
                 headers=headers,
+                raw_events=False,
+            )
+            async for chunk in rig.relay.attempts(
+                candidates,
+                exchange,
+                front=FRONT_GRPC,
+                outcome=outcome,
+                time_remaining=time_remaining,
                 forced_first=forced_first,
             ):
                 chunks.append(chunk)

@@ -9,7 +9,6 @@ range is ignored. A reading is a `PodReport`, None where the pod did not say.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 
@@ -42,24 +41,17 @@ class PodReport:
     kv_tokens: int | None = None  # num_gpu_blocks x block_size
 
 
-def _count(text: str) -> float | None:
-    """A request count: finite, >= 0, at most MAX_REQUESTS; else None."""
+def _number(text: str, high: float) -> float | None:
+    """`text` as a number from 0 to `high` (NaN and infinities are not); else None."""
     try:
         value = float(text)
     except ValueError:
         return None
-    return value if math.isfinite(value) and 0.0 <= value <= MAX_REQUESTS else None
+    return value if 0.0 <= value <= high else None
 
 
-def _fraction(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
-
-
-_NAMED = {"num_requests_waiting": ("waiting", _count), "kv_cache_usage_perc": ("kv", _fraction)}
+# A header's metric -> (the field it fills, its highest value)
+_NAMED = {"num_requests_waiting": ("waiting", MAX_REQUESTS), "kv_cache_usage_perc": ("kv", 1.0)}
 
 
 def parse_load_header(value: str | None) -> PodReport | None:
@@ -93,9 +85,10 @@ def parse_load_header(value: str | None) -> PodReport | None:
     for key, number in pairs:
         known = _NAMED.get(key)
         if known is not None:
-            parsed = known[1](number)
+            field, high = known
+            parsed = _number(number, high)
             if parsed is not None:
-                found[known[0]] = parsed
+                found[field] = parsed
     if not found:
         return None
     return PodReport(waiting=found.get("waiting"), kv_usage=found.get("kv"))
@@ -129,11 +122,11 @@ def parse_metrics(text: str) -> PodReport:
         if sample is None:
             continue
         name, labels, number = sample
-        if name == RUNNING and (value := _count(number)) is not None:
+        if name == RUNNING and (value := _number(number, MAX_REQUESTS)) is not None:
             running = min(MAX_REQUESTS, (running or 0.0) + value)
-        elif name == WAITING and (value := _count(number)) is not None:
+        elif name == WAITING and (value := _number(number, MAX_REQUESTS)) is not None:
             waiting = min(MAX_REQUESTS, (waiting or 0.0) + value)
-        elif name in (KV_USAGE, KV_USAGE_V0) and (value := _fraction(number)) is not None:
+        elif name in (KV_USAGE, KV_USAGE_V0) and (value := _number(number, 1.0)) is not None:
             kv_usage = value if kv_usage is None else max(kv_usage, value)
         elif name == CACHE_INFO:
             tokens = _cache_tokens(labels)

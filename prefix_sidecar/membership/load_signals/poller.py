@@ -76,7 +76,6 @@ class MetricsPoller:
         self.timeout_s = timeout_s
         self.refresh_after_s = signals.rule.max_age_s / 2
         self.rng = rng or random.Random()
-        self.polls = 0
         self.failures = 0
 
     def choose(self) -> list[str]:
@@ -96,7 +95,6 @@ class MetricsPoller:
         self.signals.expire()
 
     async def _poll(self, url: str) -> None:
-        self.polls += 1
         pod = self.signals.pods.get(url)
         if pod is not None:
             pod.asked_at = self.signals.now()  # a failing pod is not asked again at once

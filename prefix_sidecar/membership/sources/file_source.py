@@ -119,17 +119,11 @@ def read_regular_file(path: Path, limit: int) -> bytes:
             raise OSError(errno.EINVAL, f"it is {_file_kind(info.st_mode)}, not a regular file")
         if info.st_size > limit:
             raise OSError(errno.EFBIG, f"{info.st_size} bytes, over the {limit}-byte limit")
-        chunks = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(limit + 1)
+        if len(data) > limit:
             raise OSError(errno.EFBIG, f"it grew over the {limit}-byte limit while read")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
@@ -189,7 +183,6 @@ class FileSource(MembershipSource):
         self._cached_bytes: bytes | None = None
         self._cached: list[Member] | str = ""  # parsed members, or the parse error text
         self._stuck: asyncio.Future[bytes] | None = None
-        self.max_bytes = MAX_BACKENDS_FILE_BYTES
         self.read_timeout_s = FILE_READ_TIMEOUT_S
 
     @property
@@ -200,7 +193,7 @@ class FileSource(MembershipSource):
         where = f"cannot read backends file {self.path}"
         if self._stuck is not None and not self._stuck.done():
             raise MembershipError(f"{where}: an earlier read is still stuck")
-        reading = _in_daemon_thread(lambda: read_regular_file(self.path, self.max_bytes))
+        reading = _in_daemon_thread(lambda: read_regular_file(self.path, MAX_BACKENDS_FILE_BYTES))
         try:
             async with asyncio.timeout(self.read_timeout_s):
                 return await asyncio.shield(reading)

@@ -35,13 +35,6 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 _malloc_trim = _load_malloc_trim()
 
 
-async def trim_now() -> bool:
-    """Return freed heap pages to the OS; True if anything was released."""
-    if _malloc_trim is None:
-        return False
-    return bool(await asyncio.to_thread(_malloc_trim, 0))
-
-
 async def trim_forever() -> None:
     """Trim every TRIM_INTERVAL_S until cancelled (a task of the running sidecar)."""
     if _malloc_trim is None:
@@ -49,4 +42,4 @@ async def trim_forever() -> None:
         return
     while True:
         await asyncio.sleep(TRIM_INTERVAL_S)
-        await trim_now()
+        await asyncio.to_thread(_malloc_trim, 0)

@@ -21,10 +21,13 @@ SERVICE = "sidecar.v1.Router"
 
 
 class Undecodable:
-    """A request whose bytes did not parse; carries the reason."""
+    """A request whose bytes did not parse; carries the INVALID_ARGUMENT message it gets."""
 
     def __init__(self, reason: str) -> None:
-        self.reason = reason
+        self.message = (
+            f"the request could not be decoded ({reason}); string fields must be valid "
+            "UTF-8 and the message must match prefix_sidecar.v1"
+        )
 
 
 def _decoder(message_class: Any) -> Callable[[bytes], Any]:
@@ -37,20 +40,13 @@ def _decoder(message_class: Any) -> Callable[[bytes], Any]:
     return decode
 
 
-def _reject_message(request: Undecodable) -> str:
-    return (
-        f"the request could not be decoded ({request.reason}); string fields must be valid "
-        "UTF-8 and the message must match prefix_sidecar.v1"
-    )
-
-
 def _reject_undecodable(method: Callable[..., Any]) -> Callable[..., Any]:
     """Answer an Undecodable request with INVALID_ARGUMENT before a coroutine method runs
     (unary, or streaming with context.write: one await, not a generator resume per message)."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _reject_message(request))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         return await method(request, context)
 
     return handle
@@ -63,7 +59,7 @@ def _reject_undecodable_stream(
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _reject_message(request))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         async for item in method(request, context):
             yield item
 
@@ -78,21 +74,19 @@ def add_router_servicer(servicer: Any, server: grpc.aio.Server) -> None:
         request_class = database.GetSymbol(method.input_type.full_name)
         response_class = database.GetSymbol(method.output_type.full_name)
         implementation = getattr(servicer, method.name)
-        if method.server_streaming:
-            wrap = (
-                _reject_undecodable
-                if inspect.iscoroutinefunction(implementation)
-                else _reject_undecodable_stream
-            )
-            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                wrap(implementation),
-                request_deserializer=_decoder(request_class),
-                response_serializer=response_class.SerializeToString,
-            )
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _reject_undecodable(implementation),
-                request_deserializer=_decoder(request_class),
-                response_serializer=response_class.SerializeToString,
-            )
+        wrap = (
+            _reject_undecodable_stream
+            if inspect.isasyncgenfunction(implementation)
+            else _reject_undecodable
+        )
+        kind = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = kind(
+            wrap(implementation),
+            request_deserializer=_decoder(request_class),
+            response_serializer=response_class.SerializeToString,
+        )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -96,17 +96,17 @@ class Planner:
         except NoBackendError as exc:
             raise RpcAbort(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
 
-    def by_id(self, prefix_id: str) -> PrefixEntry:
+    def entry(self, request: Any, which: str | None, scope: Scope = NO_SCOPE) -> PrefixEntry | None:
+        """The prefix a request's prefix_id or prefix_name (`which`) names, NOT_FOUND when none
+        is registered; None when `which` is another field."""
         try:
-            return self.store.get(prefix_id)
+            if which == "prefix_id":
+                return self.store.get(request.prefix_id)
+            if which == "prefix_name":
+                return self.store.by_name(request.prefix_name, scope)
         except PrefixNotFound as exc:
             raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
-
-    def by_name(self, name: str, scope: Scope = NO_SCOPE) -> PrefixEntry:
-        try:
-            return self.store.by_name(name, scope)
-        except PrefixNotFound as exc:
-            raise RpcAbort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+        return None
 
     def scope(self, request: Any) -> Scope:
         """The request's adapter (its model, when the pool's pods hold one of that name) and
@@ -122,11 +122,8 @@ class Planner:
         which = request.WhichOneof("target")
         scope = self.scope(request)
         router = self.router
-        if which == "prefix_id":
-            entry = self.by_id(request.prefix_id)
-            return self.decide(lambda: router.for_prefix(entry, scope))
-        if which == "prefix_name":
-            entry = self.by_name(request.prefix_name, scope)
+        entry = self.entry(request, which, scope)
+        if entry is not None:
             return self.decide(lambda: router.for_prefix(entry, scope))
         if which == "prompt":
             prompt = text_field(
@@ -229,21 +226,18 @@ class Planner:
         `query_chars`: the size of what follows the prefix (its weight in load, cost.py)."""
         tokens = tokens_of(query_chars)
         which = request.WhichOneof("prefix")
-        if which == "prefix_id":
-            entry = self.by_id(request.prefix_id)
-        elif which == "prefix_name":
-            entry = self.by_name(request.prefix_name, scope)
-        elif which == "prefix_text":
-            text = text_field(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
-            if not text:
-                return b"", None, None
-            decision = self.decide(lambda: self.router.for_prefix_text(text, scope, tokens))
-            prefix = decision.prefix.json_bytes if decision.prefix is not None else escape(text)
-            return prefix, decision, decision.prefix
-        else:
+        entry = self.entry(request, which, scope)
+        if entry is not None:
+            decision = self.decide(lambda: self.router.for_prefix(entry, scope, tokens))
+            return entry.json_bytes, decision, entry
+        if which != "prefix_text":
             return b"", None, None
-        decision = self.decide(lambda: self.router.for_prefix(entry, scope, tokens))
-        return entry.json_bytes, decision, entry
+        text = text_field(request.prefix_text, "prefix_text", self.config.max_prefix_bytes)
+        if not text:
+            return b"", None, None
+        decision = self.decide(lambda: self.router.for_prefix_text(text, scope, tokens))
+        prefix = decision.prefix.json_bytes if decision.prefix is not None else escape(text)
+        return prefix, decision, decision.prefix
 
     def _body_fields(self, rpc: str, request: Any) -> tuple[dict[str, object], str, bytes]:
         """(sampling params, model, extra_json members) for the pod's body. A model in

@@ -20,12 +20,13 @@ from prefix_sidecar.abort import RpcAbort, invalid_argument
 from prefix_sidecar.config import Config
 from prefix_sidecar.metrics import FRONT_GRPC, Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixError, PrefixNotFound
-from prefix_sidecar.prewarm import FAILED, WARMED, WarmEvent
+from prefix_sidecar.prewarm import WarmEvent
 from prefix_sidecar.server.grpc.plan import Planner
 from prefix_sidecar.server.grpc.stream import stream_reply
 from prefix_sidecar.server.grpc.validation import registration_text
 from prefix_sidecar.server.model_pool import ModelPool
 from prefix_sidecar.server.pools import Pools, UnknownModel
+from prefix_sidecar.server.warm_before_serve import note_prewarm
 from prefix_sidecar.v1 import router_pb2, router_pb2_grpc
 
 logger = logging.getLogger("sidecar.requests")
@@ -102,7 +103,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if not targets:
             raise RpcAbort(grpc.StatusCode.UNAVAILABLE, "no pod to prewarm on: none is up")
         for event in await pool.prewarmer.warm_all([(entry, url) for url in targets]):
-            self._note_warm(pool, entry, event)
+            note_prewarm(event, pool.store, pool.pool, self.metrics)
             reply.prewarm.append(_event_message(event))
         await pool.new_homes.settle()
         return reply
@@ -201,14 +202,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.PrewarmRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.PrewarmEvent]:
         try:
-            which = request.WhichOneof("prefix")
             pool = self._pool(request.model)
-            planner = self._planners[pool.name]
-            if which == "prefix_id":
-                entry = planner.by_id(request.prefix_id)
-            elif which == "prefix_name":
-                entry = planner.by_name(request.prefix_name)
-            else:
+            entry = self._planners[pool.name].entry(request, request.WhichOneof("prefix"))
+            if entry is None:
                 raise invalid_argument("set prefix_id or prefix_name")
             if request.all_backends:
                 targets = [b.url for b in pool.pool.backends.values() if b.healthy is not False]
@@ -220,15 +216,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             await context.abort(exc.code, exc.message)
             return
         async for event in pool.prewarmer.run([(entry, url) for url in targets]):
-            self._note_warm(pool, entry, event)
+            note_prewarm(event, pool.store, pool.pool, self.metrics)
             yield _event_message(event)
-
-    def _note_warm(self, pool: ModelPool, entry: PrefixEntry, event: WarmEvent) -> None:
-        # A prewarm that ends after its prefix was unregistered must not list it as warm.
-        if event.state == WARMED and pool.store.has_id(entry.id):
-            pool.pool.note_warm_prefix(event.backend, entry.id)
-        if event.state in (WARMED, FAILED):
-            self.metrics.child(self.metrics.prewarm, event.backend, event.state.lower()).inc()
 
     @_status_on_error
     async def ListBackends(
@@ -249,7 +238,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             for pool in self.pools
             for b in sorted(pool.pool.backends.values(), key=lambda b: b.url)
         ]
-        generation = sum(pool.pool.generation for pool in self.pools)
+        generation = sum(pool.pool.table.generation for pool in self.pools)
         return router_pb2.ListBackendsReply(backends=backends, generation=generation)
 
 

@@ -25,6 +25,7 @@ from prefix_sidecar.server.common.trace_context import TraceContext
 from prefix_sidecar.server.grpc.early_headers import EarlyHeaders
 from prefix_sidecar.server.grpc.plan import CHAT, Planner
 from prefix_sidecar.upstream import caller
+from prefix_sidecar.upstream.delta_exchange import DeltaExchange
 from prefix_sidecar.upstream.outcome import RelayOutcome
 
 logger = logging.getLogger("sidecar.requests")
@@ -44,7 +45,7 @@ async def stream_reply(
     branch = prefix_label = ""
     decision_ns: int | None = None  # None: refused before a pod was chosen
     writing = False
-    headers: EarlyHeaders | None = None
+    headers = EarlyHeaders(context)
     trace = TraceContext.from_metadata(context.invocation_metadata())
     caller.watch(context)
     try:
@@ -56,17 +57,24 @@ async def stream_reply(
         prefix_label = upstream.prefix_label
         decision_ns = upstream.decision.decision_ns
         metrics.child(metrics.decision, FRONT_GRPC, rpc).observe(decision_ns / 1e9)
-        headers = EarlyHeaders(context)
-        chunks = planner.relay.stream(
-            upstream.decision.preference,
+        relay = planner.relay
+        exchange = DeltaExchange(
+            relay.client,
             upstream.path,
             upstream.body,
             chat=upstream.chat,
-            raw_events=upstream.raw_events,
-            time_remaining=context.time_remaining,
             outcome=outcome,
+            max_message_bytes=relay.policy.max_message_bytes,
             on_accepted=headers.send,
             headers=trace.http_headers(),
+            raw_events=upstream.raw_events,
+        )
+        chunks = relay.attempts(
+            upstream.decision.preference,
+            exchange,
+            front=FRONT_GRPC,
+            outcome=outcome,
+            time_remaining=context.time_remaining,
             forced_first=upstream.decision.forced,
             prefill=Prefill.of(upstream.decision),
         )
@@ -81,8 +89,7 @@ async def stream_reply(
                 writing = False
     except RpcAbort as exc:
         outcome.status = exc.code.name
-        if headers is not None:
-            await headers.settle()
+        await headers.settle()
         await _abort(context, exc.code, exc.message, outcome)
     except asyncio.CancelledError:
         # grpc cancels the task when the caller cancels or its deadline ends.
@@ -99,8 +106,7 @@ async def stream_reply(
             raise
         outcome.status = "INTERNAL"
         logger.exception("%s failed unexpectedly", rpc)
-        if headers is not None:
-            await headers.settle()
+        await headers.settle()
         await _abort(context, grpc.StatusCode.INTERNAL, f"{rpc}: internal error", outcome)
     finally:
         record_outcome(

@@ -9,7 +9,7 @@ empty one), then:
 - lookup: a sidecar's query (lookup.py) for chains of 1 to 256 sampled blocks, interleaved
   with a bare PING round trip over the same connection (the floor): p50 and p99 of each,
   one at a time;
-- decision: precise routing's step on the index (kv_index/source.py) for a prompt of that
+- decision: precise routing's step on the index (kv_index/lookup.py) for a prompt of that
   many blocks' token ids: its keys made, at the pods' block size, and looked up.
 """
 
@@ -28,7 +28,6 @@ from redis.asyncio import Redis
 from prefix_sidecar.kv_events.block_keys import PromptKeys, chain
 from prefix_sidecar.kv_events.decode import BlockStored
 from prefix_sidecar.kv_index.lookup import IndexLookup
-from prefix_sidecar.kv_index.source import IndexSource
 from prefix_sidecar.kv_index.writer import IndexWriter
 from prefix_sidecar_tools.percentile import percentile
 from prefix_sidecar_tools.redis_server import RedisServer
@@ -118,13 +117,12 @@ async def _write(redis: Redis, args: argparse.Namespace, rng: random.Random) -> 
 
 async def _lookups(redis: Redis, prompts: list[tuple[int, ...]], rounds: int) -> dict[str, Any]:
     lookup = IndexLookup(redis, deadline_s=1.0)
-    source = IndexSource(lookup)
     names = ["ping", *map(_chain_name, CHAINS), *map(_decision_name, CHAINS)]
     samples: dict[str, list[float]] = {name: [] for name in names}
     # the first prompt's blocks are held, then blocks no pod holds past them
     tokens = [token for prompt in [prompts[0], *prompts] for token in prompt]
     keys = chain(tokens, BLOCK)
-    await source.block_sizes()
+    await lookup.block_sizes()
     for _ in range(rounds):
         started = time.perf_counter()
         await redis.ping()
@@ -134,7 +132,7 @@ async def _lookups(redis: Redis, prompts: list[tuple[int, ...]], rounds: int) ->
             await lookup.matches(keys[:length])
             samples[_chain_name(length)].append(time.perf_counter() - started)
             started = time.perf_counter()
-            await source.longest(PromptKeys(tokens[: length * BLOCK]).at)
+            await lookup.longest(PromptKeys(tokens[: length * BLOCK]).at)
             samples[_decision_name(length)].append(time.perf_counter() - started)
     return {
         name: {"p50_ms": percentile(values, 50) * 1e3, "p99_ms": percentile(values, 99) * 1e3}
