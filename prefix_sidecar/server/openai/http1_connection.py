@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from prefix_sidecar.server.openai.http1_answer import Response, answer_head
 from prefix_sidecar.server.openai.http1_reading import (
@@ -14,12 +13,10 @@ from prefix_sidecar.server.openai.http1_reading import (
     _HEAD,
     _SERVING,
     MAX_HEAD_BYTES,
+    ConnectionServer,
     Reading,
 )
 from prefix_sidecar.server.openai.http1_request import HTTPError, Request, RequestReader
-
-if TYPE_CHECKING:
-    from prefix_sidecar.server.openai.http1 import HTTP1Server
 
 logger = logging.getLogger("prefix_sidecar.server.openai.http1")
 
@@ -32,7 +29,7 @@ MAX_LINGER_BYTES = 64 * 1024 * 1024
 class Connection(Reading, asyncio.Protocol):
     """One caller's connection: read a request, run the handler, write its answer, again."""
 
-    def __init__(self, server: HTTP1Server) -> None:
+    def __init__(self, server: ConnectionServer) -> None:
         self._server = server
         self._loop = server.loop
         self._transport: asyncio.Transport | None = None

@@ -10,20 +10,18 @@ starts a feed. A read that starts a request is read where it lies; only the rest
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import httptools
 
+from prefix_sidecar.server.openai.http1_answer import Response
 from prefix_sidecar.server.openai.http1_request import (
     HTTPError,
     Request,
     RequestReader,
     check_request_line,
 )
-
-if TYPE_CHECKING:
-    from prefix_sidecar.server.openai.http1 import HTTP1Server  # which imports this module
 
 MAX_HEAD_BYTES = 16 * 1024  # the request line and headers
 HEAD_TIMEOUT_S = 10.0  # from a request's first byte to its head's end
@@ -40,10 +38,30 @@ MAX_FEEDS_PER_STEP = 256  # a body dense with CRLFCRLF is fed up to each of them
 _HEAD, _BODY, _SERVING = 0, 1, 2  # a connection's phase
 
 
+class ConnectionServer(Protocol):
+    """What a connection uses of its server (http1.HTTP1Server): the server's module
+    imports the connection's, never the reverse."""
+
+    @property
+    def max_body_bytes(self) -> int: ...
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def connections(self) -> set[Any]: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def handler(self) -> Callable[[Request], Awaitable[Any]]: ...
+    def error(self, status: int, message: str) -> Response: ...
+    def refused(self, transport: asyncio.Transport) -> None: ...
+
+
 class Reading:
     """The reading half of http1_connection.Connection (which sets these and does the rest)."""
 
-    _server: HTTP1Server
+    _server: ConnectionServer
     _loop: asyncio.AbstractEventLoop
     _transport: asyncio.Transport | None
     _reader: RequestReader
