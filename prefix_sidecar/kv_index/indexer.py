@@ -19,6 +19,7 @@ from prefix_sidecar import logs
 from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.kv_index import layout
 from prefix_sidecar.kv_index.writer import IndexWriter
+from prefix_sidecar.membership.sources.members import canonical_backend_url
 from prefix_sidecar.upstream.client import UpstreamClient
 
 logger = logging.getLogger(__name__)
@@ -62,10 +63,12 @@ def check_redis_url(url: str) -> str:
 
 
 def check_backend(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--backend {url!r}: expected http://HOST:PORT")
-    return url.rstrip("/")
+    """The pod's canonical URL, the name every sidecar gives it (the index's keys carry it),
+    or ValueError saying what to fix."""
+    try:
+        return canonical_backend_url(url)
+    except ValueError as exc:
+        raise ValueError(f"--backend: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

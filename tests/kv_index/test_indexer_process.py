@@ -44,7 +44,9 @@ async def test_the_indexer_follows_every_pod_into_redis(
 ) -> None:
     async with EmulatorFleet(2, POD) as fleet, aiohttp.ClientSession() as session:
         command = [sys.executable, "-m", "prefix_sidecar.cli", "kv-indexer", "--redis"]
-        command += [redis_server.url, *(f"--backend={url}" for url in fleet.urls)]
+        # Spelled as an operator might; the index names each pod as the sidecars do.
+        spelled = [url.replace("http://", "HTTP://") + "/" for url in fleet.urls]
+        command += [redis_server.url, *(f"--backend={url}" for url in spelled)]
         indexer = await asyncio.create_subprocess_exec(*command)
         try:
             prompt = "the rules of the flash sale, and then a question. " * 12  # 9 blocks
