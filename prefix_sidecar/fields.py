@@ -38,7 +38,6 @@ class Spec:
     kind: type | None = None  # the scalar type, when the default (None) does not tell
     parse: Parse | None = None  # for values that are not a plain bool/int/float/str
     check: Check | None = None
-    verbatim: bool = False  # read as written, not as YAML (an octal mode: 0660 vs 660)
 
 
 def setting(
@@ -51,12 +50,11 @@ def setting(
     kind: type | None = None,
     parse: Parse | None = None,
     check: Check | None = None,
-    verbatim: bool = False,
 ) -> Any:
     """A dataclass field with its table entry; the default must be immutable."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("a setting's default must be immutable (use a tuple)")
-    spec = Spec(help, flag, metavar, repeat, kind, parse, check, verbatim)
+    spec = Spec(help, flag, metavar, repeat, kind, parse, check)
     return dataclasses.field(default=default, metadata={_KEY: spec})
 
 

@@ -1,15 +1,17 @@
-"""Two shapes of long-lived things.
+"""Two shapes of long-lived things, and what ends a long-lived process.
 
 - AsyncService (fleets, pods, sidecar processes in tests and benches): `async with thing:`
   calls `start()`, then `stop()` on exit and when `start()` fails half way.
 - WokenPass (a background pass over the registered prefixes): woken by a registration or a
   membership change, one pass at a time, wake-ups during a pass coalesced; what needs its
   answer (a registration, its prefix's count) waits for `idle`.
+- stop_signal: a process's first SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable
 from types import TracebackType
 from typing import Self
@@ -79,3 +81,12 @@ class WokenPass:
 
     async def run_pass(self) -> None:
         raise NotImplementedError
+
+
+async def stop_signal() -> None:
+    """Return on the first SIGTERM or SIGINT; the running loop handles both from now on."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

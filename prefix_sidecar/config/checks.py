@@ -9,14 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefix_sidecar.fields import FieldError, above, at_least
+from prefix_sidecar.fields import FieldError
 from prefix_sidecar.hostport import split_host_port
 
 ConfigError = FieldError  # the name callers catch: a value that cannot be used, field named
-
-POSITIVE = above(0)
-AT_LEAST_ONE = at_least(1)
-NOT_NEGATIVE = at_least(0)
 
 
 def fail(name: str, reason: str) -> ConfigError:

@@ -63,9 +63,7 @@ class ListenSettings:
     listen: str = setting(
         DEFAULT_SOCKET, "the gRPC unix socket, unix:///path.sock", flag="--listen", check=_unix_url
     )
-    socket_mode: int = setting(
-        0o660, "the socket file's mode, octal", parse=_octal_mode, verbatim=True
-    )
+    socket_mode: int = setting(0o660, "the socket file's mode, octal", parse=_octal_mode)
     socket_group: str = setting("", "the socket file's group (must exist)", check=_group)
     tcp_listen: str = setting(
         "", "HOST:PORT of an extra TLS-only gRPC listener; empty = none", check=host_and_port
@@ -83,8 +81,8 @@ class ListenSettings:
 
     @property
     def socket_path(self) -> str:
-        """The unix socket path of `listen` (empty when listening on TCP only)."""
-        return self.listen[len("unix://") :] if self.listen.startswith("unix://") else ""
+        """The unix socket path of `listen`."""
+        return self.listen.removeprefix("unix://")
 
 
 def check_listeners(config: ListenSettings) -> None:

@@ -29,7 +29,9 @@ def build_config(
     values: dict[str, Any] = {}
     _merge(values, file_values or {}, "config file")
     for key, raw in (env or {}).items():
-        name = key[len(ENV_PREFIX) :].lower() if key.startswith(ENV_PREFIX) else ""
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
         _refuse_removed(name, f"env var {key}")
         if name in FIELDS:  # other PREFIX_SIDECAR_* vars (the API key) are not fields
             values[name] = fields.coerce(FIELDS[name], raw)
@@ -71,11 +73,10 @@ def load_file(path: str) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path} must hold a mapping of fields, got {type(data).__name__}"
         )
-    for name, entry in FIELDS.items():
-        if entry.spec.verbatim and isinstance(data.get(name), int):
-            # YAML reads `socket_mode: 440` as decimal 440 (0o670) but `0660` as octal: take
-            # the digits as written, so every spelling of a mode means what a chmod user expects.
-            data[name] = _raw_scalar(text, name)
+    if isinstance(data.get("socket_mode"), int):
+        # YAML reads `socket_mode: 440` as decimal 440 (0o670) but `0660` as octal: take
+        # the digits as written, so every spelling of a mode means what a chmod user expects.
+        data["socket_mode"] = _raw_scalar(text, "socket_mode")
     return data
 
 
@@ -102,15 +103,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
-    file_values = load_file(args.config) if getattr(args, "config", None) else {}
+    file_values = load_file(args.config) if args.config else {}
     overrides = fields.given(args, Config)
-    for setting_text in getattr(args, "settings", []) or []:
+    for setting_text in args.settings:
         name, sep, value = setting_text.partition("=")
         if not sep:
             raise ConfigError(f"--set {setting_text!r} must look like FIELD=VALUE")
         name = name.strip()
-        entry = FIELDS.get(name)
-        if entry is not None and entry.spec.verbatim:  # octal text, as chmod reads it
+        if name == "socket_mode":  # octal text, as chmod reads it
             overrides[name] = value
         else:
             overrides[name] = yaml.safe_load(value) if value else ""

@@ -8,14 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prefix_sidecar.config.checks import (
-    AT_LEAST_ONE,
-    POSITIVE,
-    ConfigError,
-    absolute_path,
-    as_list,
-)
-from prefix_sidecar.fields import setting
+from prefix_sidecar.config.checks import ConfigError, absolute_path, as_list
+from prefix_sidecar.fields import above, at_least, setting
 from prefix_sidecar.hostport import split_host_port
 
 
@@ -84,8 +78,8 @@ class MembershipSettings:
         metavar="IP[:PORT]",
         check=_nameserver,
     )
-    dns_interval_s: float = setting(5.0, "seconds between DNS lookups", check=POSITIVE)
-    file_interval_s: float = setting(1.0, "seconds between backends_file reads", check=POSITIVE)
+    dns_interval_s: float = setting(5.0, "seconds between DNS lookups", check=above(0))
+    file_interval_s: float = setting(1.0, "seconds between backends_file reads", check=above(0))
     # Members at 0.0.0.0/::, link-local (169.254.0.0/16: cloud metadata; fe80::/10), multicast
     # or broadcast addresses are refused with a warning unless this is true.
     allow_special_backend_addresses: bool = setting(
@@ -97,10 +91,10 @@ class MembershipSettings:
     health_path: str = setting(
         "/health", "GET path of active health checks", flag="--health-path", check=absolute_path
     )
-    health_interval_s: float = setting(1.0, "seconds between a pod's health checks", check=POSITIVE)
-    health_timeout_s: float = setting(1.0, "seconds a health check may take", check=POSITIVE)
+    health_interval_s: float = setting(1.0, "seconds between a pod's health checks", check=above(0))
+    health_timeout_s: float = setting(1.0, "seconds a health check may take", check=above(0))
     eject_after_failures: int = setting(
-        3, "consecutive failures that take a pod out", check=AT_LEAST_ONE
+        3, "consecutive failures that take a pod out", check=at_least(1)
     )
     kv_events: bool = setting(
         False,
@@ -117,5 +111,5 @@ class MembershipSettings:
         30.0,
         "with kv_events: the least seconds between two prewarms of one registered prefix on "
         "one home pod that lost it; a loss sooner is counted as throttled",
-        check=POSITIVE,
+        check=above(0),
     )

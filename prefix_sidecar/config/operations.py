@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prefix_sidecar.config.checks import NOT_NEGATIVE, ConfigError, as_list
-from prefix_sidecar.fields import coerce_scalar, one_of, setting
+from prefix_sidecar.config.checks import ConfigError, as_list
+from prefix_sidecar.fields import at_least, coerce_scalar, one_of, setting
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -32,8 +32,8 @@ def _prices(name: str, value: Any) -> tuple[float, float, float]:
         )
     prices = [coerce_scalar(name, item, float) for item in items]
     for price in prices:
-        if (reason := NOT_NEGATIVE(price)) is not None:
-            raise ConfigError(f"config field {name!r} {reason}")
+        if price < 0:
+            raise ConfigError(f"config field {name!r} must be >= 0, got {price}")
     return prices[0], prices[1], prices[2]
 
 
@@ -45,7 +45,7 @@ class OperationsSettings:
         0, "Prometheus /metrics port; 0 = off", flag="--metrics-port", check=_port
     )
     metrics_host: str = setting("127.0.0.1", "the address the metrics port binds")
-    grace_s: float = setting(10.0, "seconds to drain streams after SIGTERM", check=NOT_NEGATIVE)
+    grace_s: float = setting(10.0, "seconds to drain streams after SIGTERM", check=at_least(0))
     log_level: str = setting("info", "debug, info, warning or error", check=_log_level)
     log_format: str = setting(
         "text", "text, or json: one JSON object per line", check=one_of(LOG_FORMATS)

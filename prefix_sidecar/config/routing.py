@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefix_sidecar._core_py import HASH_TABLES
-from prefix_sidecar.config.checks import AT_LEAST_ONE, existing_file
+from prefix_sidecar.config.checks import existing_file
 from prefix_sidecar.fields import at_least, one_of, setting
 
 UNREGISTERED_ROUTING = ("organic", "window", "precise")
@@ -41,7 +41,7 @@ class RoutingSettings:
         "ask a pod's /tokenize",
         check=existing_file,
     )
-    replicas: int = setting(1, "pods per prefix (R of the routing contract)", check=AT_LEAST_ONE)
+    replicas: int = setting(1, "pods per prefix (R of the routing contract)", check=at_least(1))
     load_factor: float = setting(
         1.25, "bounded-load factor c: a pod's cap is c x its fair share", check=at_least(1.0)
     )
@@ -73,5 +73,5 @@ class RoutingSettings:
         check=one_of(HASH_TABLES),
     )
     max_attempts: int = setting(
-        3, "pods a request may try before its first token", check=AT_LEAST_ONE
+        3, "pods a request may try before its first token", check=at_least(1)
     )

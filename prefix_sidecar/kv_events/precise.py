@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -86,14 +87,22 @@ class PreciseRouting:
         self, decision: Decision, what: dict[str, Any], model: str = "", scope: Scope = NO_SCOPE
     ) -> Decision:
         """`decision` for an unregistered request whose text is `what` ({"prompt": ...} or
-        {"messages": [...]}), moved to the pod holding the longest prefix of it. Its blocks
-        are keyed in `scope`, as the pods key them: by the LoRA adapter, and the first one by
-        the cache salt too (block_keys.py)."""
+        {"messages": [...]}), moved to the pod holding the longest prefix of it, this step's time
+        added to its decision_ns. Its blocks are keyed in `scope`, as the pods key them: by the
+        LoRA adapter, and the first one by the cache salt too (block_keys.py)."""
+        started = time.perf_counter_ns()
+        moved = await self._moved(decision, what, model or self.model, scope)
+        spent = decision.decision_ns + time.perf_counter_ns() - started
+        return dataclasses.replace(moved, decision_ns=spent)
+
+    async def _moved(
+        self, decision: Decision, what: dict[str, Any], model: str, scope: Scope
+    ) -> Decision:
         sizes = await self.blocks.block_sizes() if decision.prefix is None else None
         if not sizes:
             return decision
         try:
-            tokens = await self.tokens(decision, what, model or self.model)
+            tokens = await self.tokens(decision, what, model)
         except TokenizeError as exc:
             logger.debug("precise routing: /tokenize: %s", exc)
             self.on_outcome("tokenize_error")

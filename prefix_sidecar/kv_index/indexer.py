@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -19,6 +18,7 @@ from prefix_sidecar import logs
 from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.kv_index import layout
 from prefix_sidecar.kv_index.writer import IndexWriter
+from prefix_sidecar.lifecycle import stop_signal
 from prefix_sidecar.membership.sources.members import canonical_backend_url
 from prefix_sidecar.upstream.client import UpstreamClient
 
@@ -104,11 +104,7 @@ async def run_indexer(
             "kv-indexer: %d pods into %s (namespace %r)", len(backends), redis_url, namespace
         )
         try:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
+            await stop_signal()
         finally:
             await subscriber.stop()
             for task in tasks:

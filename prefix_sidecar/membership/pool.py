@@ -16,7 +16,7 @@ from __future__ import annotations
 import array
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prefix_sidecar import _core
@@ -196,12 +196,11 @@ class BackendPool:
             backend.warm = True
             self._rebuild()
 
-    def mark_warm(self, url: str, prefix_ids: Iterable[str] = ()) -> None:
+    def mark_warm(self, url: str) -> None:
         """The prewarm of a warming pod finished: it joins the ring."""
         backend = self.backends.get(url)
         if backend is None:
             return
-        backend.warm_prefixes.update(prefix_ids)
         if not backend.warm and backend.healthy:
             backend.warm = True
             logger.info("backend %s is warm and serving", url)

@@ -43,7 +43,7 @@ class PreciseStep(Protocol):
         self, decision: Decision, what: dict[str, Any], model: str = "", scope: Scope = NO_SCOPE
     ) -> Decision:
         """`decision` for an unregistered request whose text is `what`, in `scope` (its
-        adapter and cache salt), perhaps moved."""
+        adapter and cache salt), perhaps moved; its decision_ns counts this step too."""
 
 
 def serving_ring(table: RoutingTable) -> _core.HashTable:

@@ -13,7 +13,6 @@ import contextlib
 import gc
 import logging
 import os
-import signal
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -23,16 +22,15 @@ from grpc_health.v1.health import aio as health_aio
 
 from prefix_sidecar.config import Config
 from prefix_sidecar.config.pools import pool_configs
-from prefix_sidecar.lifecycle import AsyncService
+from prefix_sidecar.lifecycle import AsyncService, stop_signal
 from prefix_sidecar.metrics import Metrics, start_metrics_server
 from prefix_sidecar.server.common import connections, memory
 from prefix_sidecar.server.common.probes import Readiness, probe_routes
 from prefix_sidecar.server.common.unix_socket import SocketFile
-from prefix_sidecar.server.from_config import membership_source
 from prefix_sidecar.server.grpc.handlers import SERVICE
 from prefix_sidecar.server.grpc.server import add_services, add_tcp_port, grpc_server
 from prefix_sidecar.server.grpc.servicer import RouterServicer
-from prefix_sidecar.server.model_pool import ModelPool
+from prefix_sidecar.server.model_pool import ModelPool, membership_source
 from prefix_sidecar.server.openai.front import OpenAIFront
 from prefix_sidecar.server.pools import Pools
 
@@ -204,11 +202,7 @@ async def serve(
         ready(sidecar)
     try:
         if shutdown_trigger is None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
+            await stop_signal()
             logger.info("signal received: draining for up to %.1f s", config.grace_s)
             _exit_deadline(config.grace_s + SHUTDOWN_MARGIN_S)
         else:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from prefix_sidecar.config import Config
 from prefix_sidecar.config.pools import PoolSpec
+from prefix_sidecar.hostport import split_host_port
 from prefix_sidecar.kv_events.follow import KvEventsFollow
 from prefix_sidecar.kv_events.residency import Residency
 from prefix_sidecar.kv_index.lookup import IndexLookup, attach_index
@@ -23,7 +24,16 @@ from prefix_sidecar.membership.adapters import AdapterWatch
 from prefix_sidecar.membership.health import HealthMonitor
 from prefix_sidecar.membership.load_signals import LoadSignals, MetricsPoller, poller, rules
 from prefix_sidecar.membership.pool import BackendPool
-from prefix_sidecar.membership.sources import Member, MembershipError
+from prefix_sidecar.membership.sources import (
+    CombinedSource,
+    DnsSource,
+    FileSource,
+    Member,
+    MembershipError,
+    MembershipSource,
+    StaticSource,
+    parse_dns_target,
+)
 from prefix_sidecar.metrics import Metrics, OrganicState, PoolState
 from prefix_sidecar.prefixes import PrefixError, PrefixStore
 from prefix_sidecar.prewarm import Prewarmer
@@ -31,7 +41,6 @@ from prefix_sidecar.routing import placement
 from prefix_sidecar.routing.cost import REQUEST_CAP_FLOOR, floor_units
 from prefix_sidecar.routing.router import Router
 from prefix_sidecar.routing.table import RoutingTable
-from prefix_sidecar.server.from_config import membership_source
 from prefix_sidecar.server.warm_before_serve import JoinerWarmup, NewHomeWarmup
 from prefix_sidecar.upstream.client import UpstreamClient
 from prefix_sidecar.upstream.relay import Relay, RelayPolicy
@@ -281,3 +290,38 @@ class ModelPool:
         for backend in self.pool.backends.values():
             self.metrics.set_backend(backend.url, backend.state, backend.healthy)
         self._on_table()
+
+
+def membership_source(config: Config) -> MembershipSource:
+    """The static backends, the backends file and the DNS name, combined when several.
+
+    It fails as ValueError with the field in the message, so a bad config stops the start with
+    a line an operator can act on, before any socket or session is opened.
+    """
+    sources: list[MembershipSource] = []
+    allow_special = config.allow_special_backend_addresses
+    if config.backends:
+        members = [Member(url, weight) for url, weight in config.backends]
+        sources.append(StaticSource(members, allow_special=allow_special))
+    if config.backends_file:
+        sources.append(FileSource(config.backends_file, config.file_interval_s, allow_special))
+    if config.backends_dns:
+        name, port = parse_dns_target(config.backends_dns)
+        nameserver, nameserver_port = None, 53
+        if config.dns_nameserver:
+            nameserver, nameserver_port = split_host_port(config.dns_nameserver, default_port=53)
+        sources.append(
+            DnsSource(
+                name,
+                port,
+                interval_s=config.dns_interval_s,
+                nameserver=nameserver,
+                nameserver_port=nameserver_port,
+                allow_special=allow_special,
+            )
+        )
+    if not sources:
+        raise ValueError(
+            "no backends configured: give --backend URL, --backends-file or --backends-dns"
+        )
+    return sources[0] if len(sources) == 1 else CombinedSource(sources)

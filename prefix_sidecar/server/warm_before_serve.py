@@ -61,19 +61,15 @@ class JoinerWarmup:
 
     async def _warm_then_admit(self, url: str) -> None:
         pairs = [(entry, url) for entry in self.store if url in self.router.home_set(entry)]
-        warmed = []
         if pairs:
             logger.info("warming %s with %d prefix(es) before it serves", url, len(pairs))
             for event in await self.prewarmer.warm_all(pairs):
-                self.metrics.child(self.metrics.prewarm, url, event.state.lower()).inc()
+                note_prewarm(event, self.store, self.pool, self.metrics)
                 if event.state != WARMED:
                     logger.warning("backend %s serves cold: its prewarm failed", url)
                     logger.debug("backend %s prewarm error: %s", url, event.error)
-                elif self.store.has_id(event.prefix_id):
-                    # A prefix unregistered while it warmed is not reported warm.
-                    warmed.append(event.prefix_id)
         self._warming.pop(url, None)
-        self.pool.mark_warm(url, warmed)
+        self.pool.mark_warm(url)
 
 
 @dataclass

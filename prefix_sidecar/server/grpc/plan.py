@@ -9,7 +9,6 @@ input checked, call routed, then sampling fields and extra_json checked as the b
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -214,10 +213,8 @@ class Planner:
         precise = self.router.precise
         if precise is None or plan.tokenize is None:
             return plan
-        started = time.perf_counter_ns()
         decision = await precise.refine(plan.decision, plan.tokenize, plan.model, plan.scope)
-        spent = decision.decision_ns + time.perf_counter_ns() - started
-        return dataclasses.replace(plan, decision=dataclasses.replace(decision, decision_ns=spent))
+        return dataclasses.replace(plan, decision=decision)
 
     def _resolve_prefix(
         self, request: Any, scope: Scope, query_chars: int

@@ -214,17 +214,14 @@ class OpenAIFront:
             if len(raw) > YIELD_ABOVE_BYTES:
                 await asyncio.sleep(0)
             if entry is None:
-                decision, decision_ns = self._route(router, parsed, chat, scope, len(raw))
+                decision = self._route(router, parsed, chat, scope, len(raw))
                 if router.precise is not None and decision.prefix is None:
-                    moving = time.perf_counter_ns()
                     what = request_text(chat, parsed.messages, parsed.route_text)
                     decision = await router.precise.refine(
                         decision, what, parsed.model or "", scope
                     )
-                    decision_ns += time.perf_counter_ns() - moving
             else:
                 decision = router.for_prefix(entry, scope, tokens_of(len(raw)))
-                decision_ns = decision.decision_ns
                 raw = splice_prefix(raw, entry.json_bytes, chat=chat)
         except NoBackendError as exc:
             self._count_refused(rpc, "UNAVAILABLE", started, trace, outcome.pool)
@@ -257,6 +254,7 @@ class OpenAIFront:
             raise
         finally:
             # Recorded as a gRPC call is (front=http, rpc=http_*); after the answer, off its path.
+            decision_ns = decision.decision_ns
             self.metrics.child(self.metrics.decision, FRONT_HTTP, rpc).observe(decision_ns / 1e9)
             prefix = decision.prefix.name if decision.prefix is not None else ""
             record_outcome(
@@ -280,21 +278,17 @@ class OpenAIFront:
     @staticmethod
     def _route(
         router: Router, parsed: FrontRequest, chat: bool, scope: Scope, size: int
-    ) -> tuple[Decision, int]:
-        """The router's decision and its time in ns. A prompt matched in the body routes on
-        its prefix; otherwise its head routes as the whole prompt would (the route key reads
-        only the route window; no prefix matches the head of a prompt none matches).
-        `size`: the body's bytes, the request's load weight (cost.py)."""
+    ) -> Decision:
+        """The router's decision. A prompt matched in the body routes on its prefix; otherwise
+        its head routes as the whole prompt would (the route key reads only the route window;
+        no prefix matches the head of a prompt none matches). `size`: the body's bytes, the
+        request's load weight (cost.py)."""
         prefix = parsed.prefix
         if parsed.matched and prefix is not None:
-            decision = router.for_prefix(prefix, scope, tokens_of(size - prefix.size))
-        elif chat:
-            decision = router.for_chat(
-                list(parsed.messages), parsed.answers, scope, tokens_of(size)
-            )
-        else:
-            decision = router.for_prompt(parsed.route_text, parsed.marks, scope, tokens_of(size))
-        return decision, decision.decision_ns
+            return router.for_prefix(prefix, scope, tokens_of(size - prefix.size))
+        if chat:
+            return router.for_chat(list(parsed.messages), parsed.answers, scope, tokens_of(size))
+        return router.for_prompt(parsed.route_text, parsed.marks, scope, tokens_of(size))
 
     @staticmethod
     def _prefix_of(request: Request, store: PrefixStore, scope: Scope) -> PrefixEntry | None:
