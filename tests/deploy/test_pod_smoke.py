@@ -67,11 +67,18 @@ def dns_port() -> Iterator[int]:
 
 
 def free_port_on_both_families() -> int:
-    with socket.socket(socket.AF_INET6) as v6, socket.socket() as v4:
-        v6.bind(("::1", 0))
-        port = int(v6.getsockname()[1])
-        v4.bind(("127.0.0.1", port))
-        return port
+    """A port free on ::1 and 127.0.0.1 alike; the v6 pick may be taken on v4 (CI88: by
+    another test's process), so a few picks are tried."""
+    for _ in range(20):
+        with socket.socket(socket.AF_INET6) as v6, socket.socket() as v4:
+            v6.bind(("::1", 0))
+            port = int(v6.getsockname()[1])
+            try:
+                v4.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no port free on both ::1 and 127.0.0.1 in 20 picks")
 
 
 def caller_objects() -> tuple[dict[str, Any], dict[str, str]]:
