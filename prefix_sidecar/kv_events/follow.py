@@ -23,9 +23,8 @@ from prefix_sidecar.kv_events.subscriber import KvEventSubscriber
 from prefix_sidecar.membership.pool import BackendPool
 from prefix_sidecar.metrics import Metrics
 from prefix_sidecar.prefixes import PrefixEntry, PrefixStore
-from prefix_sidecar.prewarm import Prewarmer
+from prefix_sidecar.prewarm import WARMED, Prewarmer
 from prefix_sidecar.routing.router import Router
-from prefix_sidecar.server.warm_before_serve import note_prewarm
 from prefix_sidecar.upstream.client import UpstreamClient
 
 
@@ -47,7 +46,10 @@ class KvEventsFollow:
 
         async def warm(entry: PrefixEntry, url: str) -> None:
             for event in await prewarmer.warm_all([(entry, url)]):
-                note_prewarm(event, store, pool, metrics)
+                # As server/warm_before_serve.note_prewarm, which kv_events may not import.
+                metrics.child(metrics.prewarm, url, event.state.lower()).inc()
+                if event.state == WARMED and store.has_id(entry.id):
+                    pool.note_warm_prefix(url, entry.id)
 
         self.reprewarm = ReprewarmSink(
             residency,
